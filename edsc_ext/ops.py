@@ -1,0 +1,280 @@
+"""The public ``deform_sepconv`` API: argument checks, autograd and fake (meta) kernels.
+
+This is the one place where arguments are validated and turned into the flat form that the
+compiled ops take (``torch.ops.edsc_ext.deform_sepconv_forward`` / ``..._backward``). The
+pure-PyTorch reference (:mod:`edsc_ext.reference`) uses the same :func:`normalize_args`, so the
+two can never disagree about what a call means.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+__all__ = ["deform_sepconv", "normalize_args", "check_geometry", "DeformSepconvArgs", "PADDING_MODES", "MAX_KERNEL_WIDTH"]
+
+# padding_mode name -> the integer code the C++ kernels take (include/edsc_ext/sampling.h).
+PADDING_MODES = {"zeros": 0, "border": 1}
+# The backward keeps one accumulator per horizontal tap in a fixed-size array.
+MAX_KERNEL_WIDTH = 128
+
+IntPair = Union[int, Sequence[int]]
+
+
+class DeformSepconvArgs(NamedTuple):
+    input: Tensor
+    vertical: Optional[Tensor]
+    horizontal: Optional[Tensor]
+    offset: Optional[Tensor]
+    mask: Optional[Tensor]
+    kernel_h: int
+    kernel_w: int
+    pad_h: int
+    pad_w: int
+    dilation_h: int
+    dilation_w: int
+    padding_mode: str
+
+    @property
+    def padding_mode_code(self) -> int:
+        return PADDING_MODES[self.padding_mode]
+
+    @property
+    def output_size(self) -> Tuple[int, int]:
+        return output_size(self.input.shape[2], self.input.shape[3], self.kernel_h, self.kernel_w,
+                           self.pad_h, self.pad_w, self.dilation_h, self.dilation_w)
+
+    def op_args(self) -> tuple:
+        """The positional arguments of ``torch.ops.edsc_ext.deform_sepconv_forward``."""
+        return (self.input, self.vertical, self.horizontal, self.offset, self.mask,
+                self.kernel_h, self.kernel_w, self.pad_h, self.pad_w,
+                self.dilation_h, self.dilation_w, self.padding_mode_code)
+
+
+def output_size(h_in: int, w_in: int, kh: int, kw: int, ph: int, pw: int, dh: int, dw: int) -> Tuple[int, int]:
+    return h_in + 2 * ph - dh * (kh - 1), w_in + 2 * pw - dw * (kw - 1)
+
+
+def _pair(value, name: str, minimum: int) -> Tuple[int, int]:
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int or a pair of ints, got bool {value!r}")
+    if isinstance(value, int):
+        pair = (value, value)
+    elif isinstance(value, (tuple, list, torch.Size)) and len(value) == 2 and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    ):
+        pair = (int(value[0]), int(value[1]))
+    else:
+        raise TypeError(f"{name} must be an int or a pair (h, w) of ints, got {value!r}")
+    if min(pair) < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    return pair
+
+
+def _check_tensor(t, name: str, input: Tensor, optional: bool = True) -> None:
+    if t is None:
+        if optional:
+            return
+        raise TypeError(f"{name} must be a Tensor, got None")
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a Tensor or None, got {type(t).__name__}")
+    if not t.dtype.is_floating_point:
+        raise TypeError(
+            f"{name} must have a floating dtype (float32, float64, float16 or bfloat16), got {t.dtype}")
+    if t.dim() != 4:
+        raise ValueError(f"{name} must be 4-D, got {t.dim()}-D tensor of shape {tuple(t.shape)}")
+    if t is input:
+        return
+    if t.device != input.device:
+        raise ValueError(f"{name} is on {t.device} but input is on {input.device}; "
+                         "all tensors must be on one device")
+    if t.dtype != input.dtype:
+        raise TypeError(f"{name} has dtype {t.dtype} but input has dtype {input.dtype}; "
+                        "all tensors must share one dtype (cast them, or use autocast)")
+    if t.shape[0] != input.shape[0]:
+        raise ValueError(f"{name} has batch size {t.shape[0]} but input has batch size {input.shape[0]}")
+
+
+def check_geometry(kernel_size, padding, dilation, padding_mode):
+    """Checks the call's geometry arguments; returns (kernel_size pair or None, padding, dilation)."""
+    if padding_mode not in PADDING_MODES:
+        raise ValueError(f"padding_mode must be one of {sorted(PADDING_MODES)}, got {padding_mode!r}")
+    kernel_size = None if kernel_size is None else _pair(kernel_size, "kernel_size", 1)
+    return kernel_size, _pair(padding, "padding", 0), _pair(dilation, "dilation", 1)
+
+
+def normalize_args(input, vertical=None, horizontal=None, offset=None, mask=None, *,
+                   kernel_size=None, padding=0, dilation=1, padding_mode="zeros") -> DeformSepconvArgs:
+    """Validate a ``deform_sepconv`` call and resolve kernel size, padding and dilation.
+
+    Raises TypeError for wrong types/dtypes and ValueError for wrong shapes, devices and values,
+    each naming the argument with what was expected and what was given.
+    """
+    _check_tensor(input, "input", input, optional=False)
+    for name, t in (("vertical", vertical), ("horizontal", horizontal), ("offset", offset), ("mask", mask)):
+        _check_tensor(t, name, input)
+    kernel_size, (ph, pw), (dh, dw) = check_geometry(kernel_size, padding, dilation, padding_mode)
+
+    kh = vertical.shape[1] if vertical is not None else None
+    kw = horizontal.shape[1] if horizontal is not None else None
+    if kernel_size is not None:
+        ks_h, ks_w = kernel_size
+        if kh is not None and kh != ks_h:
+            raise ValueError(f"kernel_size says KH={ks_h} but vertical has {kh} channels (KH)")
+        if kw is not None and kw != ks_w:
+            raise ValueError(f"kernel_size says KW={ks_w} but horizontal has {kw} channels (KW)")
+        kh, kw = ks_h, ks_w
+    if kh is None or kw is None:
+        kh, kw = _infer_kernel_size(kh, kw, offset, mask)
+    if kh < 1 or kw < 1:
+        raise ValueError(f"vertical/horizontal must have at least one tap, got KH={kh}, KW={kw}")
+    if kw > MAX_KERNEL_WIDTH:
+        raise ValueError(f"kernel width KW={kw} exceeds the supported maximum {MAX_KERNEL_WIDTH}")
+
+    taps = kh * kw
+    if offset is not None and offset.shape[1] != 2 * taps:
+        raise ValueError(f"offset must have 2*KH*KW = {2 * taps} channels for KH={kh}, KW={kw}, "
+                         f"got {offset.shape[1]} (shape {tuple(offset.shape)})")
+    if mask is not None and mask.shape[1] != taps:
+        raise ValueError(f"mask must have KH*KW = {taps} channels for KH={kh}, KW={kw}, "
+                         f"got {mask.shape[1]} (shape {tuple(mask.shape)})")
+
+    h_out, w_out = output_size(input.shape[2], input.shape[3], kh, kw, ph, pw, dh, dw)
+    if h_out < 0 or w_out < 0:
+        raise ValueError(
+            f"output size would be negative: H_out = H_in + 2*pad_h - dilation_h*(KH-1) = {h_out}, "
+            f"W_out = W_in + 2*pad_w - dilation_w*(KW-1) = {w_out} for input of shape {tuple(input.shape)}, "
+            f"KH={kh}, KW={kw}, padding=({ph}, {pw}), dilation=({dh}, {dw})")
+    for name, t in (("vertical", vertical), ("horizontal", horizontal), ("offset", offset), ("mask", mask)):
+        if t is not None and tuple(t.shape[2:]) != (h_out, w_out):
+            raise ValueError(f"{name} must have spatial size (H_out, W_out) = {(h_out, w_out)}, "
+                             f"got {tuple(t.shape[2:])} (shape {tuple(t.shape)})")
+    return DeformSepconvArgs(input, vertical, horizontal, offset, mask, kh, kw, ph, pw, dh, dw, padding_mode)
+
+
+def _infer_kernel_size(kh, kw, offset, mask) -> Tuple[int, int]:
+    if offset is not None:
+        if offset.shape[1] % 2:
+            raise ValueError(f"offset must have an even number (2*KH*KW) of channels, got {offset.shape[1]}")
+        taps, source = offset.shape[1] // 2, "offset"
+    elif mask is not None:
+        taps, source = mask.shape[1], "mask"
+    else:
+        raise ValueError("cannot tell the kernel size: pass vertical and horizontal, or kernel_size=(KH, KW)")
+    known = kh if kh is not None else kw
+    if known is not None:
+        if taps % known:
+            raise ValueError(f"{source} has {taps} taps, which is not a multiple of the "
+                             f"{'KH' if kh is not None else 'KW'}={known} given")
+        return (kh, taps // kh) if kh is not None else (taps // kw, kw)
+    if taps == 1:
+        return 1, 1
+    root = math.isqrt(taps)
+    shapes = "a square kernel" if root * root == taps else "a rectangular kernel"
+    raise ValueError(f"{source} has {taps} taps, which fits more than one KHxKW ({shapes} among others): "
+                     f"pass kernel_size=(KH, KW)")
+
+
+def deform_sepconv(input: Tensor, vertical: Optional[Tensor] = None, horizontal: Optional[Tensor] = None,
+                   offset: Optional[Tensor] = None, mask: Optional[Tensor] = None, *,
+                   kernel_size: Optional[IntPair] = None, padding: IntPair = 0, dilation: IntPair = 1,
+                   padding_mode: str = "zeros") -> Tensor:
+    r"""Adaptive deformable separable convolution (sepconv, DSepConv/EDSC, AdaCoF).
+
+    ``out[n,c,y,x] = sum_{i<KH, j<KW} V[n,i,y,x] * Hz[n,j,y,x] * M[n,t,y,x] * S(input[n,c], py, px)``
+    with ``t = i*KW + j``, ``py = y - pad_h + i*dil_h + offset[n,2t,y,x]`` and
+    ``px = x - pad_w + j*dil_w + offset[n,2t+1,y,x]``; S is bilinear sampling (align_corners=True).
+    A missing vertical, horizontal or mask counts as all ones, a missing offset as all zeros.
+
+    Args:
+        input: (N, C, H_in, W_in) frame or feature map.
+        vertical: (N, KH, H_out, W_out) per-pixel vertical kernels.
+        horizontal: (N, KW, H_out, W_out) per-pixel horizontal kernels.
+        offset: (N, 2*KH*KW, H_out, W_out), (dy, dx) per tap, torchvision ``deform_conv2d`` layout.
+        mask: (N, KH*KW, H_out, W_out) per-tap modulation.
+        kernel_size: (KH, KW) when vertical or horizontal is absent and it cannot be inferred.
+        padding: int or (pad_h, pad_w), virtual padding of the input (no padded copy is made).
+        dilation: int or (dil_h, dil_w) spacing of the taps.
+        padding_mode: ``"zeros"`` (outside pixels are 0) or ``"border"`` (coordinates are clamped
+            into the image, i.e. replicate padding; the offset gradient is 0 where clamped).
+
+    Returns:
+        (N, C, H_out, W_out) tensor, ``H_out = H_in + 2*pad_h - dil_h*(KH-1)`` (likewise W_out).
+    """
+    args = normalize_args(input, vertical, horizontal, offset, mask, kernel_size=kernel_size,
+                          padding=padding, dilation=dilation, padding_mode=padding_mode)
+    return torch.ops.edsc_ext.deform_sepconv_forward(*args.op_args())
+
+
+# --------------------------------------------------------------------------------------------
+# Fake kernels (shape propagation for torch.compile / meta tensors) and autograd.
+
+
+@torch.library.register_fake("edsc_ext::deform_sepconv_forward")
+def _deform_sepconv_forward_fake(input, vertical, horizontal, offset, mask,
+                                 kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode):
+    n, c, h_in, w_in = input.shape
+    h_out, w_out = output_size(h_in, w_in, kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w)
+    return input.new_empty((n, c, h_out, w_out))
+
+
+@torch.library.register_fake("edsc_ext::deform_sepconv_backward")
+def _deform_sepconv_backward_fake(grad_output, input, vertical, horizontal, offset, mask,
+                                  kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode,
+                                  output_mask):
+    def like(t, wanted):
+        # Gradients that were not asked for come back as empty tensors (see src/deform_sepconv.cpp).
+        return t.new_empty(t.shape) if (t is not None and wanted) else input.new_empty((0,))
+
+    return tuple(like(t, m) for t, m in zip((input, vertical, horizontal, offset, mask), output_mask))
+
+
+def _setup_context(ctx, inputs, output):
+    input, vertical, horizontal, offset, mask = inputs[:5]
+    ctx.save_for_backward(input, vertical, horizontal, offset, mask)
+    ctx.params = tuple(inputs[5:])
+
+
+def _backward(ctx, grad_output):
+    tensors = ctx.saved_tensors
+    output_mask = [bool(need) and t is not None for need, t in zip(ctx.needs_input_grad[:5], tensors)]
+    grads = (None,) * 5
+    if any(output_mask):
+        grads = torch.ops.edsc_ext.deform_sepconv_backward(grad_output, *tensors, *ctx.params, output_mask)
+    return tuple(g if wanted else None for g, wanted in zip(grads, output_mask)) + (None,) * len(ctx.params)
+
+
+torch.library.register_autograd("edsc_ext::deform_sepconv_forward", _backward, setup_context=_setup_context)
+
+
+# --------------------------------------------------------------------------------------------
+# vector_add: the smallest end-to-end example of the build and of device handling.
+
+
+def vector_add(a: Tensor, b: Tensor) -> Tensor:
+    """Elementwise ``a + b`` through the compiled extension, on the tensors' own device."""
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a Tensor, got {type(t).__name__}")
+    if a.device != b.device:
+        raise ValueError(f"b is on {b.device} but a is on {a.device}; both must be on one device")
+    if a.dtype != b.dtype:
+        raise TypeError(f"b has dtype {b.dtype} but a has dtype {a.dtype}; both must share one dtype")
+    if a.shape != b.shape:
+        raise ValueError(f"b has shape {tuple(b.shape)} but a has shape {tuple(a.shape)}; shapes must match")
+    return torch.ops.edsc_ext.vector_add(a, b)
+
+
+@torch.library.register_fake("edsc_ext::vector_add")
+def _vector_add_fake(a, b):
+    return torch.empty_like(a, memory_format=torch.contiguous_format)
+
+
+def _vector_add_backward(ctx, grad):
+    return grad, grad
+
+
+torch.library.register_autograd("edsc_ext::vector_add", _vector_add_backward)

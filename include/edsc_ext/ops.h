@@ -1,0 +1,96 @@
+// Host-side declarations shared by the op registration and the CPU/CUDA backends.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <limits>
+#include <optional>
+
+#include <ATen/core/Tensor.h>
+
+#include "edsc_ext/deform_sepconv_pixel.h"
+
+namespace edsc_ext {
+
+// The backward keeps one accumulator per horizontal tap; edsc_ext/ops.py has the same bound.
+constexpr int64_t kMaxKernelWidth = 128;
+// Kernels widths up to this use the smaller accumulator array (fewer registers/stack).
+constexpr int64_t kSmallKernelWidth = 16;
+
+struct DeformSepconvConfig {
+  int64_t kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode;
+};
+
+// Validated, contiguous tensors of one call. Absent optional tensors stay undefined.
+struct DeformSepconvTensors {
+  at::Tensor input, vertical, horizontal, offset, mask, grad_output;
+  int64_t height_out = 0, width_out = 0;
+  bool use_32bit_indexing = true;
+};
+
+// Checks what memory safety depends on (the Python layer gives the friendlier messages first)
+// and makes every tensor contiguous. grad_output is checked when given.
+DeformSepconvTensors prepare_deform_sepconv(const at::Tensor& input, const std::optional<at::Tensor>& vertical,
+                                            const std::optional<at::Tensor>& horizontal,
+                                            const std::optional<at::Tensor>& offset,
+                                            const std::optional<at::Tensor>& mask, const DeformSepconvConfig& cfg,
+                                            const at::Tensor* grad_output = nullptr);
+
+// Allocates the five gradient outputs: zero-filled where requested (the input gradient is
+// accumulated into), a 0-element tensor where not.
+std::array<at::Tensor, 5> allocate_deform_sepconv_grads(const DeformSepconvTensors& t,
+                                                        const std::array<bool, 5>& output_mask);
+
+template <typename scalar_t>
+const scalar_t* data_or_null(const at::Tensor& t) {
+  return t.defined() ? t.const_data_ptr<scalar_t>() : nullptr;
+}
+
+template <typename scalar_t>
+scalar_t* mutable_data_or_null(const at::Tensor& t) {
+  return (t.defined() && t.numel() > 0) ? t.mutable_data_ptr<scalar_t>() : nullptr;
+}
+
+template <typename scalar_t, typename index_t>
+DeformSepconvParams<scalar_t, index_t> make_params(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg) {
+  DeformSepconvParams<scalar_t, index_t> p;
+  p.input = t.input.const_data_ptr<scalar_t>();
+  p.vertical = data_or_null<scalar_t>(t.vertical);
+  p.horizontal = data_or_null<scalar_t>(t.horizontal);
+  p.offset = data_or_null<scalar_t>(t.offset);
+  p.mask = data_or_null<scalar_t>(t.mask);
+  p.batch = static_cast<index_t>(t.input.size(0));
+  p.channels = static_cast<index_t>(t.input.size(1));
+  p.height_in = static_cast<index_t>(t.input.size(2));
+  p.width_in = static_cast<index_t>(t.input.size(3));
+  p.height_out = static_cast<index_t>(t.height_out);
+  p.width_out = static_cast<index_t>(t.width_out);
+  p.kernel_h = static_cast<index_t>(cfg.kernel_h);
+  p.kernel_w = static_cast<index_t>(cfg.kernel_w);
+  p.pad_h = static_cast<index_t>(cfg.pad_h);
+  p.pad_w = static_cast<index_t>(cfg.pad_w);
+  p.dilation_h = static_cast<index_t>(cfg.dilation_h);
+  p.dilation_w = static_cast<index_t>(cfg.dilation_w);
+  p.padding_mode = cfg.padding_mode;
+  return p;
+}
+
+template <typename scalar_t>
+DeformSepconvParamGrads<scalar_t> make_param_grads(const std::array<at::Tensor, 5>& grads) {
+  return {mutable_data_or_null<scalar_t>(grads[1]), mutable_data_or_null<scalar_t>(grads[2]),
+          mutable_data_or_null<scalar_t>(grads[3]), mutable_data_or_null<scalar_t>(grads[4])};
+}
+
+// Runs body.template operator()<index_t>() with 32-bit indices when every offset fits.
+#define EDSC_DISPATCH_INDEX_TYPE(use_32bit, ...) \
+  [&] {                                          \
+    if (use_32bit) {                             \
+      using index_t = int32_t;                   \
+      return __VA_ARGS__();                      \
+    } else {                                     \
+      using index_t = int64_t;                   \
+      return __VA_ARGS__();                      \
+    }                                            \
+  }()
+
+}  // namespace edsc_ext

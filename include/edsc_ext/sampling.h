@@ -1,0 +1,157 @@
+// Sampling math of deform_sepconv: tap positions, padding modes, bilinear weights and their
+// derivatives. Host+device inline code, the single source of truth for the CPU and CUDA kernels.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define EDSC_HOST_DEVICE __host__ __device__ __forceinline__
+#define EDSC_UNROLL _Pragma("unroll")
+#else
+#define EDSC_HOST_DEVICE inline
+#define EDSC_UNROLL
+#endif
+
+namespace edsc_ext {
+
+// Integer codes of padding_mode; edsc_ext/ops.py (PADDING_MODES) holds the names.
+enum PaddingMode : int64_t {
+  kPaddingZeros = 0,   // outside pixels are 0
+  kPaddingBorder = 1,  // coordinates clamped into the image (replicate padding)
+};
+
+template <typename acc_t>
+EDSC_HOST_DEVICE bool is_finite(acc_t v) {
+  // v - v is 0 for finite v and NaN for +-inf and NaN; works for float and double on host and
+  // device without relying on std::isfinite under fast-math.
+  return (v - v) == (v - v);
+}
+
+EDSC_HOST_DEVICE float floor_value(float v) { return floorf(v); }
+EDSC_HOST_DEVICE double floor_value(double v) { return floor(v); }
+
+template <typename acc_t>
+EDSC_HOST_DEVICE acc_t clamp_value(acc_t v, acc_t lo, acc_t hi) {
+  return v < lo ? lo : (v > hi ? hi : v);
+}
+
+// One coordinate axis of a bilinear sample: the lower corner index, the fractional weight of the
+// upper corner, which of the two corners lie inside the image, and d(coordinate)/d(offset).
+template <typename acc_t, typename index_t>
+struct AxisSample {
+  index_t lo;      // floor(coordinate); meaningful only where lo_in / hi_in
+  acc_t frac;      // coordinate - lo, the weight of corner lo + 1
+  bool lo_in;      // 0 <= lo < size
+  bool hi_in;      // 0 <= lo + 1 < size
+  acc_t dcoord;    // 1, or 0 where the border mode clamped the coordinate
+};
+
+// Resolves a finite coordinate along an axis of length `size` under `padding_mode`.
+// Zeros mode: the coordinate is first clamped to [-2, size + 1], which leaves every corner of a
+// far-away sample outside (value 0, gradient 0) and keeps floor() inside index_t for any finite
+// input, 1e30 included. Border mode: clamped to [0, size - 1]; like grid_sample, the exact borders
+// count as clamped, so the offset gradient is 0 there.
+template <typename acc_t, typename index_t>
+EDSC_HOST_DEVICE AxisSample<acc_t, index_t> sample_axis(acc_t coord, index_t size, int64_t padding_mode) {
+  AxisSample<acc_t, index_t> s;
+  s.dcoord = acc_t(1);
+  if (padding_mode == kPaddingBorder) {
+    const acc_t hi = static_cast<acc_t>(size - 1);
+    if (coord <= acc_t(0) || coord >= hi) {
+      coord = coord <= acc_t(0) ? acc_t(0) : hi;
+      s.dcoord = acc_t(0);
+    }
+  } else {
+    coord = clamp_value(coord, acc_t(-2), static_cast<acc_t>(size + 1));
+  }
+  const acc_t fl = floor_value(coord);
+  s.lo = static_cast<index_t>(fl);
+  s.frac = coord - fl;
+  s.lo_in = s.lo >= 0 && s.lo < size;
+  s.hi_in = s.lo + 1 >= 0 && s.lo + 1 < size;
+  return s;
+}
+
+// A bilinear sample of one input plane at (py, px): the four corners' flat offsets within the
+// plane, validity, and the fractional weights.
+template <typename acc_t, typename index_t>
+struct BilinearSample {
+  AxisSample<acc_t, index_t> y, x;
+  index_t width;
+  bool finite;  // false for a non-finite position: the sample is NaN and touches no memory
+
+  EDSC_HOST_DEVICE index_t offset_of(index_t dy, index_t dx) const {
+    return (y.lo + dy) * width + (x.lo + dx);
+  }
+};
+
+template <typename acc_t, typename index_t>
+EDSC_HOST_DEVICE BilinearSample<acc_t, index_t> make_bilinear_sample(acc_t py, acc_t px, index_t height,
+                                                                     index_t width, int64_t padding_mode) {
+  BilinearSample<acc_t, index_t> s;
+  s.width = width;
+  s.finite = is_finite(py) && is_finite(px);
+  if (!s.finite) {
+    py = acc_t(0);
+    px = acc_t(0);
+  }
+  s.y = sample_axis<acc_t, index_t>(py, height, padding_mode);
+  s.x = sample_axis<acc_t, index_t>(px, width, padding_mode);
+  return s;
+}
+
+// The four corner values of a sample (0 outside the image). `plane` points at input[n, c].
+template <typename acc_t>
+struct Corners {
+  acc_t v00, v01, v10, v11;  // v<dy><dx>
+};
+
+template <typename acc_t, typename scalar_t, typename index_t>
+EDSC_HOST_DEVICE Corners<acc_t> load_corners(const BilinearSample<acc_t, index_t>& s,
+                                                                const scalar_t* plane) {
+  Corners<acc_t> c;
+  c.v00 = (s.y.lo_in && s.x.lo_in) ? static_cast<acc_t>(plane[s.offset_of(0, 0)]) : acc_t(0);
+  c.v01 = (s.y.lo_in && s.x.hi_in) ? static_cast<acc_t>(plane[s.offset_of(0, 1)]) : acc_t(0);
+  c.v10 = (s.y.hi_in && s.x.lo_in) ? static_cast<acc_t>(plane[s.offset_of(1, 0)]) : acc_t(0);
+  c.v11 = (s.y.hi_in && s.x.hi_in) ? static_cast<acc_t>(plane[s.offset_of(1, 1)]) : acc_t(0);
+  return c;
+}
+
+template <typename acc_t, typename index_t>
+EDSC_HOST_DEVICE acc_t interpolate(const BilinearSample<acc_t, index_t>& s,
+                                   const Corners<acc_t>& c) {
+  const acc_t ly = s.y.frac, lx = s.x.frac;
+  const acc_t top = c.v00 + lx * (c.v01 - c.v00);
+  const acc_t bottom = c.v10 + lx * (c.v11 - c.v10);
+  return top + ly * (bottom - top);
+}
+
+// dS/d(ly) and dS/d(lx) of the bilinear formula (before the border-clamp factor dcoord).
+template <typename acc_t, typename index_t>
+EDSC_HOST_DEVICE acc_t interpolate_dy(const BilinearSample<acc_t, index_t>& s,
+                                      const Corners<acc_t>& c) {
+  const acc_t lx = s.x.frac;
+  return (c.v10 - c.v00) + lx * ((c.v11 - c.v01) - (c.v10 - c.v00));
+}
+
+template <typename acc_t, typename index_t>
+EDSC_HOST_DEVICE acc_t interpolate_dx(const BilinearSample<acc_t, index_t>& s,
+                                      const Corners<acc_t>& c) {
+  const acc_t ly = s.y.frac;
+  return (c.v01 - c.v00) + ly * ((c.v11 - c.v10) - (c.v01 - c.v00));
+}
+
+// Scatters `value` (= dL/dS) to the four corners of the sample with the bilinear weights, as
+// add(plane_base + offset within the plane, weighted value).
+template <typename acc_t, typename index_t, typename Add>
+EDSC_HOST_DEVICE void scatter_corners(const BilinearSample<acc_t, index_t>& s, acc_t value, index_t plane_base,
+                                      Add& add) {
+  const acc_t ly = s.y.frac, lx = s.x.frac;
+  if (s.y.lo_in && s.x.lo_in) add(plane_base + s.offset_of(0, 0), value * (acc_t(1) - ly) * (acc_t(1) - lx));
+  if (s.y.lo_in && s.x.hi_in) add(plane_base + s.offset_of(0, 1), value * (acc_t(1) - ly) * lx);
+  if (s.y.hi_in && s.x.lo_in) add(plane_base + s.offset_of(1, 0), value * ly * (acc_t(1) - lx));
+  if (s.y.hi_in && s.x.hi_in) add(plane_base + s.offset_of(1, 1), value * ly * lx);
+}
+
+}  // namespace edsc_ext

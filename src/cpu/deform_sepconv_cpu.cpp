@@ -1,0 +1,114 @@
+// CPU backend of deform_sepconv: at::parallel_for over output pixels, per-pixel work from
+// include/edsc_ext/deform_sepconv_pixel.h.
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include "edsc_ext/ops.h"
+
+namespace edsc_ext {
+namespace {
+
+// Channels handled per pass over the taps: sampling weights are computed once per block.
+constexpr int kCpuChannelBlock = 4;
+// Pixels per parallel task, so tiny images still split and huge ones amortise scheduling.
+constexpr int64_t kPixelGrain = 1024;
+
+at::Tensor deform_sepconv_forward_cpu(const at::Tensor& input, const std::optional<at::Tensor>& vertical,
+                                      const std::optional<at::Tensor>& horizontal,
+                                      const std::optional<at::Tensor>& offset, const std::optional<at::Tensor>& mask,
+                                      int64_t kernel_h, int64_t kernel_w, int64_t pad_h, int64_t pad_w,
+                                      int64_t dilation_h, int64_t dilation_w, int64_t padding_mode) {
+  const DeformSepconvConfig cfg{kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode};
+  const DeformSepconvTensors t = prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg);
+  at::Tensor output = at::empty({input.size(0), input.size(1), t.height_out, t.width_out}, input.options());
+  if (output.numel() == 0) return output;
+
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "deform_sepconv_forward_cpu", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    EDSC_DISPATCH_INDEX_TYPE(t.use_32bit_indexing, [&] {
+      const auto p = make_params<scalar_t, index_t>(t, cfg);
+      scalar_t* out = output.mutable_data_ptr<scalar_t>();
+      const int64_t hw = t.height_out * t.width_out;
+      at::parallel_for(0, p.batch * hw, kPixelGrain, [&](int64_t begin, int64_t end) {
+        for (int64_t k = begin; k < end; ++k) {
+          const index_t n = static_cast<index_t>(k / hw);
+          const index_t y = static_cast<index_t>((k % hw) / t.width_out);
+          const index_t x = static_cast<index_t>(k % t.width_out);
+          for (index_t c0 = 0; c0 < p.channels; c0 += kCpuChannelBlock) {
+            deform_sepconv_forward_pixel<kCpuChannelBlock, scalar_t, acc_t, index_t>(p, out, n, y, x, c0);
+          }
+        }
+      });
+    });
+  });
+  return output;
+}
+
+// Two passes keep the CPU backward deterministic and free of atomics: the per-pixel parameter
+// gradients in parallel over pixels, then the input gradient in parallel over (n, c) planes,
+// since every sample of output plane (n, c) lands in input plane (n, c) alone.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_sepconv_backward_cpu(
+    const at::Tensor& grad_output, const at::Tensor& input, const std::optional<at::Tensor>& vertical,
+    const std::optional<at::Tensor>& horizontal, const std::optional<at::Tensor>& offset,
+    const std::optional<at::Tensor>& mask, int64_t kernel_h, int64_t kernel_w, int64_t pad_h, int64_t pad_w,
+    int64_t dilation_h, int64_t dilation_w, int64_t padding_mode, std::array<bool, 5> output_mask) {
+  const DeformSepconvConfig cfg{kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode};
+  const DeformSepconvTensors t = prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg, &grad_output);
+  auto grads = allocate_deform_sepconv_grads(t, output_mask);
+  const int64_t hw = t.height_out * t.width_out;
+  if (input.size(0) == 0 || hw == 0) return {grads[0], grads[1], grads[2], grads[3], grads[4]};
+
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "deform_sepconv_backward_cpu", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    EDSC_DISPATCH_INDEX_TYPE(t.use_32bit_indexing, [&] {
+      const auto p = make_params<scalar_t, index_t>(t, cfg);
+      const scalar_t* go = t.grad_output.const_data_ptr<scalar_t>();
+      const auto param_grads = make_param_grads<scalar_t>(grads);
+      auto no_input_grad = [](index_t, acc_t) {};
+      if (param_grads.any()) {
+        at::parallel_for(0, p.batch * hw, kPixelGrain, [&](int64_t begin, int64_t end) {
+          for (int64_t k = begin; k < end; ++k) {
+            const index_t n = static_cast<index_t>(k / hw);
+            const index_t y = static_cast<index_t>((k % hw) / t.width_out);
+            const index_t x = static_cast<index_t>(k % t.width_out);
+            deform_sepconv_backward_pixel<kMaxKernelWidth, scalar_t, acc_t, index_t>(
+                p, go, param_grads, false, no_input_grad, n, y, x, 0, p.channels);
+          }
+        });
+      }
+      if (grads[0].numel() > 0) {
+        // Half types accumulate in a float plane, rounded once at the end.
+        at::Tensor acc = std::is_same_v<acc_t, scalar_t> ? grads[0] : grads[0].to(c10::CppTypeToScalarType<acc_t>::value);
+        acc_t* gin = acc.mutable_data_ptr<acc_t>();
+        const DeformSepconvParamGrads<scalar_t> none{nullptr, nullptr, nullptr, nullptr};
+        at::parallel_for(0, p.batch * p.channels, 1, [&](int64_t begin, int64_t end) {
+          for (int64_t nc = begin; nc < end; ++nc) {
+            const index_t n = static_cast<index_t>(nc / p.channels);
+            const index_t c = static_cast<index_t>(nc % p.channels);
+            auto add = [gin](index_t idx, acc_t v) { gin[idx] += v; };
+            for (index_t y = 0; y < p.height_out; ++y) {
+              for (index_t x = 0; x < p.width_out; ++x) {
+                deform_sepconv_backward_pixel<kMaxKernelWidth, scalar_t, acc_t, index_t>(p, go, none, true, add, n,
+                                                                                         y, x, c, c + 1);
+              }
+            }
+          }
+        });
+        if (!acc.is_same(grads[0])) grads[0].copy_(acc);
+      }
+    });
+  });
+  return {grads[0], grads[1], grads[2], grads[3], grads[4]};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(edsc_ext, CPU, m) {
+  m.impl("deform_sepconv_forward", &deform_sepconv_forward_cpu);
+  m.impl("deform_sepconv_backward", &deform_sepconv_backward_cpu);
+}
+
+}  // namespace edsc_ext
