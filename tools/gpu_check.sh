@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# What every CUDA change goes through on the GPU machine (the device tool), from the repo root:
+# build with pip, self-check, the whole test suite, compute-sanitizer memcheck + racecheck, and
+# optionally the benchmark. Logs go to $OUT (the device tool brings that folder back).
+#   bash tools/gpu_check.sh [--bench "BENCHMARK ARGS"]
+set -uo pipefail
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+OUT="${OUT:-/tmp/edsc_ext_gpu_check}"
+mkdir -p "$OUT"
+BENCH_ARGS=""
+[ "${1:-}" = "--bench" ] && BENCH_ARGS="${2:-}"
+export PYTHONUNBUFFERED=1 EDSC_EXT_FORCE_CUDA=1 TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
+export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
+status=0
+step() { echo "=== $*"; }
+
+step "machine"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count())"
+
+step "build: pip install --no-build-isolation ."
+cd "$REPO"
+rm -rf build edsc_ext/_C*.so
+if ! EDSC_EXT_PTXAS_VERBOSE=1 python3 -m pip install -v --no-build-isolation --no-deps --no-index . > "$OUT/build.log" 2>&1; then
+  tail -60 "$OUT/build.log"; exit 1
+fi
+grep -E "registers|spill|stack frame" "$OUT/build.log" | sed 's/^ *//' | sort -u > "$OUT/ptxas.txt"
+grep -c "" "$OUT/ptxas.txt"
+
+# Run from outside the checkout so that the installed package, not the source folder, is imported.
+cd /tmp
+step "python -m edsc_ext"
+python3 -m edsc_ext 2>&1 | tee "$OUT/selfcheck.txt" || status=1
+
+step "pytest"
+python3 -m pytest -q -rs -p no:cacheprovider "$REPO/tests" 2>&1 | tee "$OUT/pytest.log" | tail -25
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
+
+step "compute-sanitizer memcheck"
+compute-sanitizer --tool memcheck --error-exitcode 9 python3 "$REPO/tools/sanitizer_case.py" > "$OUT/memcheck.log" 2>&1 \
+  || status=1
+tail -4 "$OUT/memcheck.log"
+step "compute-sanitizer racecheck"
+compute-sanitizer --tool racecheck --error-exitcode 9 python3 "$REPO/tools/sanitizer_case.py" > "$OUT/racecheck.log" 2>&1 \
+  || status=1
+tail -4 "$OUT/racecheck.log"
+
+if [ -n "$BENCH_ARGS" ]; then
+  step "benchmark $BENCH_ARGS"
+  # shellcheck disable=SC2086
+  python3 -m edsc_ext.benchmark $BENCH_ARGS 2>"$OUT/bench.err" | tee "$OUT/bench.md" || status=1
+fi
+step "gpu_check exit status $status"
+exit $status

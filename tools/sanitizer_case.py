@@ -1,0 +1,42 @@
+"""A small CUDA forward+backward over every code path, for compute-sanitizer (memcheck, racecheck).
+
+Offsets reach far outside the image, some are NaN or 1e30, and every dtype and padding mode runs, so an
+out-of-bounds read or write anywhere in the kernels shows up.
+"""
+import torch
+
+import edsc_ext
+
+
+def main() -> None:
+    device = torch.device("cuda", torch.cuda.device_count() - 1)
+    gen = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        for mode in ("zeros", "border"):
+            for kh, kw, pad, dil in ((5, 5, 2, 1), (3, 4, (1, 2), (2, 1)), (1, 20, 0, 1)):
+                n, c, h, w = 2, 5, 11, 13
+                ph, pw = (pad, pad) if isinstance(pad, int) else pad
+                dh, dw = (dil, dil) if isinstance(dil, int) else dil
+                ho, wo = h + 2 * ph - dh * (kh - 1), w + 2 * pw - dw * (kw - 1)
+                shapes = [(n, c, h, w), (n, kh, ho, wo), (n, kw, ho, wo), (n, 2 * kh * kw, ho, wo),
+                          (n, kh * kw, ho, wo)]
+                ts = [torch.randn(s, generator=gen).to(device, dtype) for s in shapes]
+                ts[3] *= 6
+                ts[3][0, 0, 0, 0] = float("nan")
+                ts[3][1, 1, 1, 1] = 1e30
+                ts[3][1, 2, 2, 2] = -float("inf")
+                ts = [t.requires_grad_() for t in ts]
+                out = edsc_ext.deform_sepconv(*ts, padding=pad, dilation=dil, padding_mode=mode)
+                out.backward(torch.randn_like(out))
+                # Absent optional tensors take other branches.
+                out = edsc_ext.deform_sepconv(ts[0], None, ts[2], None, ts[4], kernel_size=(kh, kw), padding=pad,
+                                              dilation=dil, padding_mode=mode)
+                out.sum().backward()
+    torch.cuda.synchronize(device)
+    a = torch.randn(1000, device=device)
+    assert torch.equal(edsc_ext.vector_add(a, a), a + a)
+    print("sanitizer case done")
+
+
+if __name__ == "__main__":
+    main()
