@@ -1,0 +1,201 @@
+"""Shared fixtures and helpers of the edsc_ext tests.
+
+Test modules import the helpers with ``from conftest import ...`` (this folder is put on sys.path
+below, so that works under any pytest import mode).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import zlib
+from dataclasses import dataclass, field
+from itertools import product
+from typing import Optional, Sequence
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+requires_two_gpus = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+
+ARG_NAMES = ("input", "vertical", "horizontal", "offset", "mask")
+# Which of (vertical, horizontal, offset, mask) are given: all 16 combinations.
+ALL_PRESENT = tuple(product((True, False), repeat=4))
+
+
+def present_id(present) -> str:
+    """A test id for a ``present`` tuple: "vhom" with "-" for each absent tensor."""
+    return "".join(letter if given else "-" for letter, given in zip("vhom", present))
+
+
+PADDING_MODES = ("zeros", "border")
+
+# Relative error ||actual - expected|| / ||expected|| allowed against a float64 reference computed
+# from the same (rounded) inputs. Gradients get GRAD_FACTOR times more: they sum more terms.
+TOLERANCES = {
+    torch.float64: 1e-10,
+    torch.float32: 1e-5,
+    torch.float16: 3e-3,
+    torch.bfloat16: 2e-2,
+}
+GRAD_FACTOR = 4.0
+
+
+def seed_for(nodeid: str) -> int:
+    """A stable seed for a test (Python's hash() is salted per process; crc32 is not)."""
+    return zlib.crc32(nodeid.encode())
+
+
+@pytest.fixture
+def gen(request) -> torch.Generator:
+    """A CPU generator seeded from the test's node id: fresh inputs per test, reproducible on rerun."""
+    return torch.Generator().manual_seed(seed_for(request.node.nodeid))
+
+
+@dataclass
+class Case:
+    """One deform_sepconv call: the five tensors (absent ones None) and the keyword arguments."""
+
+    input: torch.Tensor
+    vertical: Optional[torch.Tensor]
+    horizontal: Optional[torch.Tensor]
+    offset: Optional[torch.Tensor]
+    mask: Optional[torch.Tensor]
+    kwargs: dict = field(default_factory=dict)
+
+    @property
+    def tensors(self) -> tuple:
+        return (self.input, self.vertical, self.horizontal, self.offset, self.mask)
+
+    def replace(self, **changes) -> "Case":
+        values = dict(zip(ARG_NAMES, self.tensors), kwargs=dict(self.kwargs))
+        values.update(changes)
+        return Case(**values)
+
+    def map(self, fn) -> "Case":
+        """Applies fn to every present tensor."""
+        return self.replace(**{name: (None if t is None else fn(t)) for name, t in zip(ARG_NAMES, self.tensors)})
+
+    def to(self, dtype=None, device=None) -> "Case":
+        return self.map(lambda t: t.detach().to(device=device, dtype=dtype))
+
+    def leaves(self, which: Sequence[str] = ARG_NAMES) -> "Case":
+        """Fresh detached copies; those named in ``which`` (and present) require grad."""
+        return self.replace(**{name: (None if t is None else t.detach().clone().requires_grad_(name in which))
+                               for name, t in zip(ARG_NAMES, self.tensors)})
+
+    def call(self, fn, **extra):
+        return fn(*self.tensors, **{**self.kwargs, **extra})
+
+    def grads(self) -> tuple:
+        return tuple(None if t is None else t.grad for t in self.tensors)
+
+
+def off_grid_offset(shape, offset_scale: float, generator: torch.Generator, outside: float = 0.0,
+                    far: float = 0.0) -> torch.Tensor:
+    """Random offsets whose fractional part lies in [0.1, 0.9], so that every sample position
+    (an integer base position plus the offset) stays away from the integer grid, where the bilinear
+    interpolation has kinks (and, in border mode, away from the clamping borders too).
+
+    Integer parts are uniform in [-offset_scale, offset_scale]; a fraction ``outside`` of the
+    values are instead pushed ``far`` (+- a few) away, well past the image border.
+    """
+    scale = int(round(offset_scale))
+    integer = torch.randint(-scale, scale + 1, shape, generator=generator).double()
+    frac = 0.1 + 0.8 * torch.rand(shape, generator=generator, dtype=torch.float64)
+    if outside > 0 and far > 0:
+        pushed = torch.rand(shape, generator=generator) < outside
+        sign = torch.where(torch.rand(shape, generator=generator) < 0.5, -1.0, 1.0).double()
+        jump = sign * (far + torch.randint(0, 4, shape, generator=generator).double())
+        integer = torch.where(pushed, integer + jump, integer)
+    return integer + frac
+
+
+def make_inputs(N: int, C: int, H_in: int, W_in: int, KH: int, KW: int, padding=0, dilation=1,
+                present: Sequence[bool] = (True, True, True, True), dtype: torch.dtype = torch.float64,
+                device="cpu", offset_scale: float = 2.0, generator: Optional[torch.Generator] = None,
+                outside: float = 0.1) -> Case:
+    """Random inputs of one deform_sepconv call, made in float64 on the CPU with ``generator`` and
+    then cast, so a case is the same on every device.
+
+    ``present`` says which of (vertical, horizontal, offset, mask) are given. Offsets keep sample
+    positions off the integer grid (see :func:`off_grid_offset`) and push a fraction ``outside`` of
+    them past the image border. ``kwargs`` holds kernel_size, padding and dilation.
+    """
+    if generator is None:
+        generator = torch.Generator().manual_seed(0)
+    ph, pw = (padding, padding) if isinstance(padding, int) else padding
+    dh, dw = (dilation, dilation) if isinstance(dilation, int) else dilation
+    h_out, w_out = H_in + 2 * ph - dh * (KH - 1), W_in + 2 * pw - dw * (KW - 1)
+    assert h_out >= 0 and w_out >= 0, "bad test case"
+
+    def randn(*shape):
+        return torch.randn(shape, generator=generator, dtype=torch.float64)
+
+    v, h, off, m = present
+    inp = randn(N, C, H_in, W_in)
+    vertical = randn(N, KH, h_out, w_out) if v else None
+    horizontal = randn(N, KW, h_out, w_out) if h else None
+    offset = (off_grid_offset((N, 2 * KH * KW, h_out, w_out), offset_scale, generator, outside,
+                              far=max(H_in, W_in) + max(ph, pw) + 2) if off else None)
+    mask = torch.rand((N, KH * KW, h_out, w_out), generator=generator, dtype=torch.float64) if m else None
+    case = Case(inp, vertical, horizontal, offset, mask,
+                kwargs=dict(kernel_size=(KH, KW), padding=padding, dilation=dilation))
+    return case.to(dtype=dtype, device=device)
+
+
+def default_grad_output(shape) -> torch.Tensor:
+    """A fixed, varied grad_output whose values (multiples of 1/4 in [-3/4, 3/4]) are exact in
+    every floating dtype, so the op and the float64 reference see the same one."""
+    n = 1
+    for s in shape:
+        n *= s
+    return (((torch.arange(n) % 7) - 3) / 4).to(torch.float64).view(shape)
+
+
+def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """||actual - expected|| / ||expected|| in float64 (the absolute error when expected is 0)."""
+    a = actual.detach().to("cpu", torch.float64)
+    b = expected.detach().to("cpu", torch.float64)
+    diff = torch.linalg.vector_norm(a - b).item()
+    norm = torch.linalg.vector_norm(b).item()
+    return diff / norm if norm > 0 else diff
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype = torch.float64,
+                 factor: float = 1.0, what: str = "output") -> None:
+    """Checks actual (any dtype/device) against a float64 expected with the tolerance of ``dtype``:
+    the same shape and NaN pattern, a relative norm error under TOLERANCES[dtype] * factor, and
+    every element within 10x that of the largest |expected| (an allclose that is not fooled by
+    values that happen to be near 0)."""
+    tol = TOLERANCES[dtype] * factor
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    a = actual.detach().to("cpu", torch.float64)
+    b = expected.detach().to("cpu", torch.float64)
+    nan_a, nan_b = torch.isnan(a), torch.isnan(b)
+    assert torch.equal(nan_a, nan_b), (
+        f"{what}: NaN at {nan_a.nonzero()[:5].tolist()} but expected NaN at {nan_b.nonzero()[:5].tolist()}")
+    a, b = a[~nan_b], b[~nan_b]
+    if b.numel() == 0:
+        return
+    err = rel_error(a, b)
+    assert err <= tol, f"{what}: relative error {err:.3g} > {tol:.3g} ({dtype})"
+    scale = b.abs().max().item()
+    worst = (a - b).abs().max().item()
+    assert worst <= 10 * tol * max(scale, 1e-30), (
+        f"{what}: max abs error {worst:.3g} > {10 * tol:.3g} * max|expected| = {10 * tol * scale:.3g}")
+
+
+def assert_grads_close(actual: Sequence, expected: Sequence, dtype: torch.dtype = torch.float64,
+                       factor: float = GRAD_FACTOR) -> None:
+    """Per-argument gradients: None exactly where expected is None, else :func:`assert_close`."""
+    for name, a, b in zip(ARG_NAMES, actual, expected):
+        if b is None:
+            assert a is None, f"grad of {name} should be None"
+        else:
+            assert a is not None, f"grad of {name} is missing"
+            assert_close(a, b, dtype, factor=factor, what=f"grad of {name}")

@@ -1,0 +1,267 @@
+"""The CUDA kernels against the float64 reference (computed on the CPU): every dtype, forward and
+all gradients, streams, devices, empty and non-finite inputs, and a tensor of more than 2**31
+elements. Every test here is skipped when no GPU is present."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import edsc_ext
+from conftest import (ALL_PRESENT, ARG_NAMES, PADDING_MODES, assert_close, assert_grads_close,
+                      default_grad_output, make_inputs, present_id, requires_cuda, requires_two_gpus)
+from edsc_ext import reference as R
+from edsc_ext.ops import normalize_args
+
+pytestmark = [pytest.mark.cuda, requires_cuda]
+
+F64, F32, F16, BF16 = torch.float64, torch.float32, torch.float16, torch.bfloat16
+DTYPES = [F32, F64, F16, BF16]
+DTYPE_IDS = ["f32", "f64", "f16", "bf16"]
+OP = edsc_ext.deform_sepconv
+
+CONFIGS = [
+    # N, C, H_in, W_in, KH, KW, padding, dilation
+    (2, 3, 9, 10, 3, 3, 1, 1),
+    (1, 5, 8, 11, 2, 4, (1, 2), (2, 1)),  # rectangular, dilated, C not a multiple of the channel block
+    (2, 8, 7, 6, 5, 5, 2, 1),
+    (1, 2, 6, 40, 1, 20, (0, 10), 1),  # KW > 16: the wide-kernel backward
+    (3, 1, 1, 9, 1, 3, 0, 1),  # 1-pixel-high image
+]
+CONFIG_IDS = ["3x3", "2x4-dil", "5x5", "1x20", "1px-high"]
+
+
+def forward_and_grads(fn, case, padding_mode, grad_output=None, which=ARG_NAMES, **extra):
+    leaves = case.leaves(which)
+    out = leaves.call(fn, padding_mode=padding_mode, **extra)
+    if grad_output is None:
+        grad_output = default_grad_output(out.shape)
+    out.backward(grad_output.to(device=out.device, dtype=out.dtype))
+    return out.detach(), leaves.grads()
+
+
+def reference_and_grads(case, padding_mode, grad_output=None, which=ARG_NAMES):
+    """The float64 CPU reference of a case (from its own, possibly rounded, values)."""
+    return forward_and_grads(R.deform_sepconv, case.to(F64, "cpu"), padding_mode, grad_output, which)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("padding_mode", PADDING_MODES)
+@pytest.mark.parametrize("config", CONFIGS, ids=CONFIG_IDS)
+def test_matches_reference(gen, config, padding_mode, dtype):
+    case = make_inputs(*config, dtype=dtype, device="cuda", generator=gen, offset_scale=3)
+    out, grads = forward_and_grads(OP, case, padding_mode)
+    torch.cuda.synchronize()
+    assert out.device.type == "cuda" and out.dtype == dtype
+    assert all(g.device == out.device and g.dtype == dtype for g in grads)
+    expected, expected_grads = reference_and_grads(case, padding_mode)
+    assert_close(out, expected, dtype)
+    assert_grads_close(grads, expected_grads, dtype)
+
+
+@pytest.mark.parametrize("padding_mode", PADDING_MODES)
+def test_matches_cpu_op(gen, padding_mode):
+    case = make_inputs(2, 7, 33, 35, 3, 3, 1, 2, generator=gen)
+    out, grads = forward_and_grads(OP, case.to(device="cuda"), padding_mode)
+    cpu_out, cpu_grads = forward_and_grads(OP, case, padding_mode)
+    assert_close(out, cpu_out)
+    assert_grads_close(grads, cpu_grads)
+
+
+@pytest.mark.parametrize("dtype", [F32, F16], ids=["f32", "f16"])
+def test_larger_image(gen, dtype):
+    """Many threads and blocks, and many atomic adds into the same input pixels."""
+    case = make_inputs(2, 6, 64, 72, 4, 3, (2, 1), 1, dtype=dtype, device="cuda", generator=gen, offset_scale=1)
+    for mode in PADDING_MODES:
+        out, grads = forward_and_grads(OP, case, mode)
+        expected, expected_grads = reference_and_grads(case, mode)
+        assert_close(out, expected, dtype)
+        assert_grads_close(grads, expected_grads, dtype)
+
+
+@pytest.mark.parametrize("present", ALL_PRESENT, ids=present_id)
+def test_absent_tensors(gen, present):
+    case = make_inputs(2, 3, 7, 8, 3, 2, 1, (1, 2), present=present, device="cuda", generator=gen)
+    for mode in PADDING_MODES:
+        out, grads = forward_and_grads(OP, case, mode)
+        expected, expected_grads = reference_and_grads(case, mode)
+        assert_close(out, expected)
+        assert_grads_close(grads, expected_grads)
+
+
+@pytest.mark.parametrize("kind", ["channels_last", "transposed", "sliced"])
+def test_non_contiguous(gen, kind):
+    case = make_inputs(2, 3, 7, 8, 3, 3, 1, 1, device="cuda", generator=gen)
+    if kind == "channels_last":
+        odd = case.map(lambda t: t.contiguous(memory_format=torch.channels_last))
+    elif kind == "transposed":
+        odd = case.map(lambda t: t.transpose(2, 3).contiguous().transpose(2, 3))
+    else:
+        odd = case.map(lambda t: torch.cat([t, t], dim=3)[..., : t.shape[3]])
+    assert not any(t.is_contiguous() for t in odd.tensors)
+    out, grads = forward_and_grads(OP, odd, "border")
+    expected, expected_grads = reference_and_grads(case, "border")
+    assert_close(out, expected)
+    assert_grads_close(grads, expected_grads)
+
+
+@pytest.mark.parametrize("padding_mode", PADDING_MODES)
+def test_side_stream(gen, padding_mode):
+    """The kernels run on the current stream: inputs made on a side stream behind a long sleep
+    are only ready there, so a kernel launched on another stream would read them too early."""
+    case = make_inputs(2, 4, 24, 25, 3, 3, 1, 1, dtype=F32, device="cuda", generator=gen)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)
+        on_side = case.map(lambda t: t * 2)  # written on the side stream, after the sleep
+        out, grads = forward_and_grads(OP, on_side, padding_mode)
+    side.synchronize()
+    expected, expected_grads = reference_and_grads(case.map(lambda t: t * 2), padding_mode)
+    assert_close(out, expected, F32)
+    assert_grads_close(grads, expected_grads, F32)
+
+
+@pytest.mark.multi_gpu
+@requires_two_gpus
+@pytest.mark.parametrize("padding_mode", PADDING_MODES)
+def test_other_device(gen, padding_mode):
+    """Tensors on cuda:1 while the current device is cuda:0."""
+    case = make_inputs(2, 3, 9, 10, 3, 3, 1, 1, dtype=F32, device="cuda:1", generator=gen)
+    with torch.cuda.device(0):
+        out, grads = forward_and_grads(OP, case, padding_mode)
+        assert torch.cuda.current_device() == 0
+    torch.cuda.synchronize(1)
+    assert out.device == torch.device("cuda:1")
+    assert all(g.device == torch.device("cuda:1") for g in grads)
+    expected, expected_grads = reference_and_grads(case, padding_mode)
+    assert_close(out, expected, F32)
+    assert_grads_close(grads, expected_grads, F32)
+
+
+@pytest.mark.multi_gpu
+@requires_two_gpus
+def test_mixed_devices_rejected(gen):
+    case = make_inputs(1, 2, 5, 5, 3, 3, 1, 1, device="cuda:0", generator=gen)
+    with pytest.raises(ValueError, match="mask"):
+        OP(*case.tensors[:4], case.mask.to("cuda:1"), padding=1)
+
+
+@pytest.mark.parametrize("shape, kernel, padding", [
+    ((0, 3, 6, 7), (3, 3), 1),  # empty batch
+    ((2, 0, 6, 7), (3, 3), 1),  # no channels
+    ((2, 3, 2, 7), (3, 3), 0),  # H_out = 0
+])
+def test_empty(gen, shape, kernel, padding):
+    case = make_inputs(*shape, *kernel, padding, 1, device="cuda", generator=gen)
+    for mode in PADDING_MODES:
+        out, grads = forward_and_grads(OP, case, mode)
+        torch.cuda.synchronize()
+        assert out.numel() == 0 and out.shape == reference_and_grads(case, mode)[0].shape
+        for name, g, t in zip(ARG_NAMES, grads, case.tensors):
+            assert g.shape == t.shape and g.device == t.device, name
+            assert torch.all(g == 0), name
+
+
+@pytest.mark.parametrize("dtype", [F32, F16], ids=["f32", "f16"])
+@pytest.mark.parametrize("padding_mode", PADDING_MODES)
+def test_non_finite_offset(gen, padding_mode, dtype):
+    case = make_inputs(2, 5, 6, 7, 3, 3, 1, 1, dtype=dtype, device="cuda", generator=gen)
+    offset = case.offset.clone()
+    offset[1, 9, 3, 2] = float("nan")
+    offset[0, 0, 5, 6] = float("inf")
+    poisoned = case.replace(offset=offset)
+    out = poisoned.call(OP, padding_mode=padding_mode)
+    nan = torch.zeros(out.shape, dtype=torch.bool)
+    nan[1, :, 3, 2] = True
+    nan[0, :, 5, 6] = True
+    assert torch.equal(torch.isnan(out).cpu(), nan)
+    expected = poisoned.to(F64, "cpu").call(R.deform_sepconv, padding_mode=padding_mode)
+    assert_close(out, expected, dtype)
+    # The input gradient is unaffected when the poisoned pixels get no gradient.
+    grad_output = (~nan).double()
+    _, grads = forward_and_grads(OP, poisoned, padding_mode, grad_output, which=("input",))
+    _, expected_grads = reference_and_grads(case, padding_mode, grad_output, which=("input",))
+    assert_close(grads[0], expected_grads[0], dtype, factor=4)
+
+
+@pytest.mark.parametrize("padding_mode", PADDING_MODES)
+def test_huge_offsets(gen, padding_mode):
+    case = make_inputs(2, 3, 6, 7, 3, 3, 1, 1, dtype=F32, device="cuda", generator=gen)
+    offset = case.offset.clone()
+    offset[0, :, 1:3] = 1e30
+    offset[1, 1::2, :, :2] = -1e30
+    offset[1, 0::4, 4] = -3e38
+    big = case.replace(offset=offset)
+    out, grads = forward_and_grads(OP, big, padding_mode)
+    assert torch.isfinite(out).all()
+    expected, expected_grads = reference_and_grads(big, padding_mode)
+    assert_close(out, expected, F32)
+    assert_grads_close(grads, expected_grads, F32)
+
+
+@pytest.mark.parametrize("padding_mode", PADDING_MODES)
+def test_gradcheck(gen, padding_mode):
+    case = make_inputs(1, 2, 4, 5, 2, 3, 1, (1, 2), device="cuda", generator=gen, outside=0.15).leaves()
+
+    def fn(*tensors):
+        return OP(*tensors, **case.kwargs, padding_mode=padding_mode)
+
+    # The input gradient is summed with atomics, so two backward passes may differ in the last bits.
+    assert torch.autograd.gradcheck(fn, case.tensors, eps=1e-6, atol=1e-8, rtol=1e-6, nondet_tol=1e-12)
+
+
+def test_opcheck(gen):
+    case = make_inputs(1, 3, 6, 7, 3, 2, 1, (1, 2), device="cuda", generator=gen).leaves()
+    args = normalize_args(*case.tensors, **case.kwargs, padding_mode="border")
+    torch.library.opcheck(torch.ops.edsc_ext.deform_sepconv_forward.default, args.op_args())
+    grad_output = torch.randn((1, 3) + args.output_size, generator=gen, dtype=F64).cuda()
+    plain = tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in args.op_args())
+    for mask in ([True] * 5, [False, True, False, True, False]):
+        torch.library.opcheck(torch.ops.edsc_ext.deform_sepconv_backward.default, (grad_output,) + plain + (mask,))
+
+
+def test_more_than_2_31_elements():
+    """An input and output of more than 2**31 elements (float16, 46341 x 46342), so that flat
+    indices, including those inside one image plane, need 64 bits. Forward only; a few pixels,
+    at the start, the middle and the far corner, are checked against the reference on crops."""
+    H, W = 46341, 46342
+    numel = H * W
+    assert numel > 2**31
+    need = 4 * numel * 2 + (2 << 30)  # input, 2-channel offset, output (float16), some slack
+    free, _ = torch.cuda.mem_get_info()
+    if free < max(need, 16 << 30):
+        pytest.skip(f"needs {need / 2**30:.1f} GiB of free GPU memory, {free / 2**30:.1f} GiB free")
+    g = torch.Generator(device="cuda").manual_seed(1234)
+    input = torch.randn((1, 1, H, W), device="cuda", dtype=F16, generator=g)
+    offset = torch.rand((1, 2, H, W), device="cuda", dtype=F16, generator=g).mul_(3).sub_(1.5)
+    try:
+        out = OP(input, offset=offset, padding_mode="zeros")
+        torch.cuda.synchronize()
+        assert out.shape == (1, 1, H, W)
+        points = [(0, 0), (0, W - 1), (1, 1), (H // 2, W // 2), (H - 2, W - 3), (H - 1, 0), (H - 1, W - 1),
+                  (H - 1, W - 2), (46340, 46000)]
+        picks = torch.Generator().manual_seed(0)
+        points += [(int(torch.randint(0, H, (1,), generator=picks)), int(torch.randint(0, W, (1,), generator=picks)))
+                   for _ in range(8)]
+        for y, x in points:
+            # Samples stay within 2.5 pixels of (y, x); a crop of +-3 holds them all (a crop edge at
+            # the image edge is the image edge, so the zeros beyond it are the same).
+            y0, y1, x0, x1 = max(0, y - 3), min(H, y + 4), max(0, x - 3), min(W, x + 4)
+            crop_in = input[:, :, y0:y1, x0:x1].double().cpu()
+            crop_off = offset[:, :, y0:y1, x0:x1].double().cpu()
+            expected = R.deform_sepconv(crop_in, offset=crop_off)[0, 0, y - y0, x - x0].item()
+            actual = out[0, 0, y, x].item()
+            assert abs(actual - expected) <= 2e-2 + 2e-3 * abs(expected), (y, x, actual, expected)
+        # Border mode too, at the far corner.
+        del out
+        out = OP(input, offset=offset, padding_mode="border")
+        y, x = H - 1, W - 1
+        crop_in = input[:, :, y - 3:, x - 3:].double().cpu()
+        crop_off = offset[:, :, y - 3:, x - 3:].double().cpu()
+        expected = R.deform_sepconv(crop_in, offset=crop_off, padding_mode="border")[0, 0, 3, 3].item()
+        assert abs(out[0, 0, y, x].item() - expected) <= 2e-2 + 2e-3 * abs(expected)
+    finally:
+        del input, offset
+        out = None
+        torch.cuda.empty_cache()
