@@ -33,7 +33,7 @@ step "python -m edsc_ext"
 python3 -m edsc_ext 2>&1 | tee "$OUT/selfcheck.txt" || status=1
 
 step "pytest"
-python3 -m pytest -q -rs -p no:cacheprovider "$REPO/tests" 2>&1 | tee "$OUT/pytest.log" | tail -25
+python3 -X faulthandler -m pytest -v -rs -p no:cacheprovider "$REPO/tests" 2>&1 | tee "$OUT/pytest.log" | tail -25
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 
 step "compute-sanitizer memcheck"

@@ -41,9 +41,18 @@ struct PixelView {
   index_t stride;  // H_out * W_out
 };
 
-template <typename acc_t, typename scalar_t>
-EDSC_HOST_DEVICE acc_t load_or(const scalar_t* ptr, acc_t fallback) {
-  return ptr ? static_cast<acc_t>(*ptr) : fallback;
+// Plain loads; the CUDA backend substitutes cache-hinted ones (streaming for per-pixel tensors,
+// which are read once, read-only cache for the frame, which is gathered from many times).
+struct PlainLoad {
+  template <typename scalar_t>
+  EDSC_HOST_DEVICE static scalar_t param(const scalar_t* ptr) { return *ptr; }
+  template <typename scalar_t>
+  EDSC_HOST_DEVICE static scalar_t input(const scalar_t* ptr) { return *ptr; }
+};
+
+template <typename Load, typename acc_t, typename scalar_t>
+EDSC_HOST_DEVICE acc_t load_param_or(const scalar_t* ptr, acc_t fallback) {
+  return ptr ? static_cast<acc_t>(Load::param(ptr)) : fallback;
 }
 
 template <typename acc_t>
@@ -51,78 +60,118 @@ EDSC_HOST_DEVICE acc_t quiet_nan() {
   return static_cast<acc_t>(NAN);
 }
 
+// Kernel sizes known at compile time (kKernelH/W > 0) let the tap loops unroll and the per-tap
+// accumulators live in registers; 0 means "read it from the params".
+template <int kKernel, typename index_t>
+EDSC_HOST_DEVICE index_t kernel_extent(index_t runtime) {
+  return kKernel > 0 ? static_cast<index_t>(kKernel) : runtime;
+}
+
+// The horizontal kernel of one pixel: every row of taps uses it, so with a static width it is
+// loaded once into registers; with a run-time width each use reloads it (an L1 hit).
+template <int kKernelW, typename Load, typename scalar_t, typename acc_t, typename index_t>
+struct HorizontalWeights {
+  const scalar_t* ptr;
+  index_t stride;
+  acc_t cached[kKernelW > 0 ? kKernelW : 1];
+
+  EDSC_HOST_DEVICE HorizontalWeights(const scalar_t* horz, index_t hw_out) : ptr(horz), stride(hw_out) {
+    if (kKernelW > 0) {
+      EDSC_UNROLL
+      for (int j = 0; j < (kKernelW > 0 ? kKernelW : 1); ++j) {
+        cached[j] = load_param_or<Load>(horz ? horz + j * hw_out : nullptr, acc_t(1));
+      }
+    }
+  }
+  EDSC_HOST_DEVICE acc_t operator()(index_t j) const {
+    if (kKernelW > 0) return cached[kKernelW > 0 ? j : 0];
+    return load_param_or<Load>(ptr ? ptr + j * stride : nullptr, acc_t(1));
+  }
+};
+
 // out[n, c0 : c0 + kChannelBlock, y, x]. The sampling positions and weights of each tap are
 // computed once and reused for the block of channels.
-template <int kChannelBlock, typename scalar_t, typename acc_t, typename index_t>
+template <int kChannelBlock, int kKernelH, int kKernelW, typename Load, typename scalar_t, typename acc_t,
+          typename index_t>
 EDSC_HOST_DEVICE void deform_sepconv_forward_pixel(const DeformSepconvParams<scalar_t, index_t>& p,
                                                    scalar_t* output, index_t n, index_t y, index_t x,
                                                    index_t c0) {
+  const index_t KH = kernel_extent<kKernelH>(p.kernel_h);
+  const index_t KW = kernel_extent<kKernelW>(p.kernel_w);
   const index_t hw_out = p.height_out * p.width_out;
   const index_t pixel = y * p.width_out + x;
-  const index_t taps = p.kernel_h * p.kernel_w;
+  const index_t taps = KH * KW;
   const index_t plane = p.height_in * p.width_in;
-  const scalar_t* vert = p.vertical ? p.vertical + n * p.kernel_h * hw_out + pixel : nullptr;
-  const scalar_t* horz = p.horizontal ? p.horizontal + n * p.kernel_w * hw_out + pixel : nullptr;
+  const scalar_t* vert = p.vertical ? p.vertical + n * KH * hw_out + pixel : nullptr;
+  const scalar_t* horz = p.horizontal ? p.horizontal + n * KW * hw_out + pixel : nullptr;
   const scalar_t* offs = p.offset ? p.offset + n * 2 * taps * hw_out + pixel : nullptr;
   const scalar_t* mask = p.mask ? p.mask + n * taps * hw_out + pixel : nullptr;
   const scalar_t* in = p.input + (n * p.channels + c0) * plane;
   const int block = static_cast<int>(p.channels - c0 < kChannelBlock ? p.channels - c0 : kChannelBlock);
 
   acc_t acc[kChannelBlock];
-EDSC_UNROLL
+  EDSC_UNROLL
   for (int cc = 0; cc < kChannelBlock; ++cc) acc[cc] = acc_t(0);
+
+  const HorizontalWeights<kKernelW, Load, scalar_t, acc_t, index_t> horizontal(horz, hw_out);
 
   const int64_t y_base = static_cast<int64_t>(y) - p.pad_h;
   const int64_t x_base = static_cast<int64_t>(x) - p.pad_w;
-  for (index_t i = 0; i < p.kernel_h; ++i) {
-    const acc_t wv = load_or<acc_t>(vert ? vert + i * hw_out : nullptr, acc_t(1));
+  EDSC_UNROLL
+  for (index_t i = 0; i < KH; ++i) {
+    const acc_t wv = load_param_or<Load>(vert ? vert + i * hw_out : nullptr, acc_t(1));
     const acc_t py0 = static_cast<acc_t>(y_base + static_cast<int64_t>(i) * p.dilation_h);
-    for (index_t j = 0; j < p.kernel_w; ++j) {
-      const index_t t = i * p.kernel_w + j;
-      acc_t w = wv;
-      if (horz) w *= static_cast<acc_t>(horz[j * hw_out]);
-      if (mask) w *= static_cast<acc_t>(mask[t * hw_out]);
+    EDSC_UNROLL
+    for (index_t j = 0; j < KW; ++j) {
+      const index_t t = i * KW + j;
+      const acc_t wh = horizontal(j);
+      const acc_t w = wv * wh * load_param_or<Load>(mask ? mask + t * hw_out : nullptr, acc_t(1));
       acc_t py = py0;
       acc_t px = static_cast<acc_t>(x_base + static_cast<int64_t>(j) * p.dilation_w);
       if (offs) {
-        py += static_cast<acc_t>(offs[2 * t * hw_out]);
-        px += static_cast<acc_t>(offs[(2 * t + 1) * hw_out]);
+        py += static_cast<acc_t>(Load::param(offs + 2 * t * hw_out));
+        px += static_cast<acc_t>(Load::param(offs + (2 * t + 1) * hw_out));
       }
       const auto s = make_bilinear_sample<acc_t, index_t>(py, px, p.height_in, p.width_in, p.padding_mode);
       if (!s.finite) {
-EDSC_UNROLL
+        EDSC_UNROLL
         for (int cc = 0; cc < kChannelBlock; ++cc) acc[cc] = quiet_nan<acc_t>();
         continue;
       }
-EDSC_UNROLL
+      EDSC_UNROLL
       for (int cc = 0; cc < kChannelBlock; ++cc) {
-        if (cc < block) acc[cc] += w * interpolate(s, load_corners<acc_t>(s, in + cc * plane));
+        if (cc < block) acc[cc] += w * interpolate(s, load_corners<Load, acc_t>(s, in + cc * plane));
       }
     }
   }
   scalar_t* out = output + (n * p.channels + c0) * hw_out + pixel;
-EDSC_UNROLL
+  EDSC_UNROLL
   for (int cc = 0; cc < kChannelBlock; ++cc) {
     if (cc < block) out[cc * hw_out] = static_cast<scalar_t>(acc[cc]);
   }
 }
 
-// Backward of one output pixel over channels [c_begin, c_end): the gradients of its own per-pixel
-// parameters (written with plain stores, this pixel owns them; only when the channel range is all
-// channels) and, through add_input_grad(flat input index, value), its contributions to the input
-// gradient. kMaxKernelWidth bounds the per-thread accumulators of the horizontal-kernel gradient.
-template <int kMaxKernelWidth, typename scalar_t, typename acc_t, typename index_t, typename AddInputGrad>
+// Backward of one output pixel, recomputing each tap's sample once:
+// - when `grads` asks for any, the gradients of this pixel's own per-pixel tensors, summed over all
+//   channels and written with plain stores (this pixel owns them);
+// - for channels [scatter_begin, scatter_end), its contributions to the input gradient, through
+//   add_input_grad(c, row, column, value) (plain adds, shared-memory or global atomics).
+// kMaxKernelWidth bounds the horizontal-gradient accumulators when KW is not static.
+template <int kKernelH, int kKernelW, int kMaxKernelWidth, typename Load, typename scalar_t, typename acc_t,
+          typename index_t, typename AddInputGrad>
 EDSC_HOST_DEVICE void deform_sepconv_backward_pixel(const DeformSepconvParams<scalar_t, index_t>& p,
                                                     const scalar_t* grad_output,
                                                     const DeformSepconvParamGrads<scalar_t>& grads,
-                                                    bool input_grad, AddInputGrad& add_input_grad, index_t n,
-                                                    index_t y, index_t x, index_t c_begin, index_t c_end) {
+                                                    AddInputGrad& add_input_grad, index_t scatter_begin,
+                                                    index_t scatter_end, index_t n, index_t y, index_t x) {
+  const index_t KH = kernel_extent<kKernelH>(p.kernel_h);
+  const index_t KW = kernel_extent<kKernelW>(p.kernel_w);
   const index_t hw_out = p.height_out * p.width_out;
   const index_t pixel = y * p.width_out + x;
-  const index_t taps = p.kernel_h * p.kernel_w;
+  const index_t taps = KH * KW;
   const index_t plane = p.height_in * p.width_in;
-  const index_t vert_base = n * p.kernel_h * hw_out + pixel;
-  const index_t horz_base = n * p.kernel_w * hw_out + pixel;
+  const index_t vert_base = n * KH * hw_out + pixel;
+  const index_t horz_base = n * KW * hw_out + pixel;
   const index_t offs_base = n * 2 * taps * hw_out + pixel;
   const index_t mask_base = n * taps * hw_out + pixel;
   const scalar_t* vert = p.vertical ? p.vertical + vert_base : nullptr;
@@ -130,50 +179,59 @@ EDSC_HOST_DEVICE void deform_sepconv_backward_pixel(const DeformSepconvParams<sc
   const scalar_t* offs = p.offset ? p.offset + offs_base : nullptr;
   const scalar_t* mask = p.mask ? p.mask + mask_base : nullptr;
   const scalar_t* go = grad_output + n * p.channels * hw_out + pixel;
-  const index_t in_base = n * p.channels * plane;
+  const scalar_t* in = p.input + n * p.channels * plane;
   const bool param_grads = grads.any();
+  // Parameter gradients need every channel; the input gradient only the scatter range.
+  const index_t c_begin = param_grads ? index_t(0) : scatter_begin;
+  const index_t c_end = param_grads ? p.channels : scatter_end;
 
-  acc_t grad_h[kMaxKernelWidth];
+  const HorizontalWeights<kKernelW, Load, scalar_t, acc_t, index_t> horizontal(horz, hw_out);
+  constexpr int kWidthSlots = kKernelW > 0 ? kKernelW : kMaxKernelWidth;
+  acc_t grad_h[kWidthSlots];
   if (grads.horizontal) {
-    for (index_t j = 0; j < p.kernel_w; ++j) grad_h[j] = acc_t(0);
+    EDSC_UNROLL
+    for (index_t j = 0; j < KW; ++j) grad_h[j] = acc_t(0);
   }
 
   const int64_t y_base = static_cast<int64_t>(y) - p.pad_h;
   const int64_t x_base = static_cast<int64_t>(x) - p.pad_w;
-  for (index_t i = 0; i < p.kernel_h; ++i) {
-    const acc_t wv = load_or<acc_t>(vert ? vert + i * hw_out : nullptr, acc_t(1));
+  // Rows of taps stay a loop (each row unrolled): full unrolling of the fused backward
+  // exhausts the register file.
+  EDSC_NO_UNROLL
+  for (index_t i = 0; i < KH; ++i) {
+    const acc_t wv = load_param_or<Load>(vert ? vert + i * hw_out : nullptr, acc_t(1));
     const acc_t py0 = static_cast<acc_t>(y_base + static_cast<int64_t>(i) * p.dilation_h);
     acc_t grad_v = acc_t(0);
-    for (index_t j = 0; j < p.kernel_w; ++j) {
-      const index_t t = i * p.kernel_w + j;
-      const acc_t wh = load_or<acc_t>(horz ? horz + j * hw_out : nullptr, acc_t(1));
-      const acc_t wm = load_or<acc_t>(mask ? mask + t * hw_out : nullptr, acc_t(1));
+    EDSC_UNROLL
+    for (index_t j = 0; j < KW; ++j) {
+      const index_t t = i * KW + j;
+      const acc_t wh = horizontal(j);
+      const acc_t wm = load_param_or<Load>(mask ? mask + t * hw_out : nullptr, acc_t(1));
       const acc_t w = wv * wh * wm;
       acc_t py = py0;
       acc_t px = static_cast<acc_t>(x_base + static_cast<int64_t>(j) * p.dilation_w);
       if (offs) {
-        py += static_cast<acc_t>(offs[2 * t * hw_out]);
-        px += static_cast<acc_t>(offs[(2 * t + 1) * hw_out]);
+        py += static_cast<acc_t>(Load::param(offs + 2 * t * hw_out));
+        px += static_cast<acc_t>(Load::param(offs + (2 * t + 1) * hw_out));
       }
       const auto s = make_bilinear_sample<acc_t, index_t>(py, px, p.height_in, p.width_in, p.padding_mode);
 
       // Sums over channels of dL/dout * S, dL/dout * dS/dly and dL/dout * dS/dlx.
       acc_t grad_w = acc_t(0), grad_ly = acc_t(0), grad_lx = acc_t(0);
       if (!s.finite) {
-        // A NaN sample poisons every channel's output, so its parameter gradients are NaN too.
-        if (c_end > c_begin) grad_w = grad_ly = grad_lx = quiet_nan<acc_t>();
+        // A NaN sample poisons every channel's output, so its parameter gradients are NaN too;
+        // it scatters nothing.
+        if (p.channels > 0) grad_w = grad_ly = grad_lx = quiet_nan<acc_t>();
       } else {
         for (index_t c = c_begin; c < c_end; ++c) {
-          const acc_t g = static_cast<acc_t>(go[c * hw_out]);
+          const acc_t g = static_cast<acc_t>(Load::input(go + c * hw_out));
           if (param_grads) {
-            const auto corners = load_corners<acc_t>(s, p.input + in_base + c * plane);
+            const auto corners = load_corners<Load, acc_t>(s, in + c * plane);
             grad_w += g * interpolate(s, corners);
             grad_ly += g * interpolate_dy(s, corners);
             grad_lx += g * interpolate_dx(s, corners);
           }
-          if (input_grad) {
-            scatter_corners(s, g * w, in_base + c * plane, add_input_grad);
-          }
+          if (c >= scatter_begin && c < scatter_end) scatter_corners(s, g * w, c, add_input_grad);
         }
       }
       if (!param_grads) continue;
@@ -188,8 +246,22 @@ EDSC_HOST_DEVICE void deform_sepconv_backward_pixel(const DeformSepconvParams<sc
     if (grads.vertical) grads.vertical[vert_base + i * hw_out] = static_cast<scalar_t>(grad_v);
   }
   if (grads.horizontal) {
-    for (index_t j = 0; j < p.kernel_w; ++j) grads.horizontal[horz_base + j * hw_out] = static_cast<scalar_t>(grad_h[j]);
+    EDSC_UNROLL
+    for (index_t j = 0; j < KW; ++j) grads.horizontal[horz_base + j * hw_out] = static_cast<scalar_t>(grad_h[j]);
   }
 }
+
+// Instantiates `body` with compile-time kernel sizes for the common 5x5 (EDSC, DSepConv, AdaCoF)
+// and run-time sizes otherwise.
+#define EDSC_DISPATCH_KERNEL_SIZE(kernel_h, kernel_w, ...) \
+  [&] {                                                   \
+    if ((kernel_h) == 5 && (kernel_w) == 5) {             \
+      constexpr int kKernelH = 5, kKernelW = 5;           \
+      return __VA_ARGS__();                               \
+    } else {                                              \
+      constexpr int kKernelH = 0, kKernelW = 0;           \
+      return __VA_ARGS__();                               \
+    }                                                     \
+  }()
 
 }  // namespace edsc_ext

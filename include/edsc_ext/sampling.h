@@ -8,9 +8,11 @@
 #if defined(__CUDACC__) || defined(__HIPCC__)
 #define EDSC_HOST_DEVICE __host__ __device__ __forceinline__
 #define EDSC_UNROLL _Pragma("unroll")
+#define EDSC_NO_UNROLL _Pragma("unroll 1")
 #else
 #define EDSC_HOST_DEVICE inline
 #define EDSC_UNROLL
+#define EDSC_NO_UNROLL
 #endif
 
 namespace edsc_ext {
@@ -101,20 +103,20 @@ EDSC_HOST_DEVICE BilinearSample<acc_t, index_t> make_bilinear_sample(acc_t py, a
   return s;
 }
 
-// The four corner values of a sample (0 outside the image). `plane` points at input[n, c].
+// The four corner values of a sample (0 outside the image).
 template <typename acc_t>
 struct Corners {
   acc_t v00, v01, v10, v11;  // v<dy><dx>
 };
 
-template <typename acc_t, typename scalar_t, typename index_t>
-EDSC_HOST_DEVICE Corners<acc_t> load_corners(const BilinearSample<acc_t, index_t>& s,
-                                                                const scalar_t* plane) {
+// `plane` points at input[n, c]; Load::input(ptr) reads one element (backends pick the cache path).
+template <typename Load, typename acc_t, typename scalar_t, typename index_t>
+EDSC_HOST_DEVICE Corners<acc_t> load_corners(const BilinearSample<acc_t, index_t>& s, const scalar_t* plane) {
   Corners<acc_t> c;
-  c.v00 = (s.y.lo_in && s.x.lo_in) ? static_cast<acc_t>(plane[s.offset_of(0, 0)]) : acc_t(0);
-  c.v01 = (s.y.lo_in && s.x.hi_in) ? static_cast<acc_t>(plane[s.offset_of(0, 1)]) : acc_t(0);
-  c.v10 = (s.y.hi_in && s.x.lo_in) ? static_cast<acc_t>(plane[s.offset_of(1, 0)]) : acc_t(0);
-  c.v11 = (s.y.hi_in && s.x.hi_in) ? static_cast<acc_t>(plane[s.offset_of(1, 1)]) : acc_t(0);
+  c.v00 = (s.y.lo_in && s.x.lo_in) ? static_cast<acc_t>(Load::input(plane + s.offset_of(0, 0))) : acc_t(0);
+  c.v01 = (s.y.lo_in && s.x.hi_in) ? static_cast<acc_t>(Load::input(plane + s.offset_of(0, 1))) : acc_t(0);
+  c.v10 = (s.y.hi_in && s.x.lo_in) ? static_cast<acc_t>(Load::input(plane + s.offset_of(1, 0))) : acc_t(0);
+  c.v11 = (s.y.hi_in && s.x.hi_in) ? static_cast<acc_t>(Load::input(plane + s.offset_of(1, 1))) : acc_t(0);
   return c;
 }
 
@@ -143,15 +145,15 @@ EDSC_HOST_DEVICE acc_t interpolate_dx(const BilinearSample<acc_t, index_t>& s,
 }
 
 // Scatters `value` (= dL/dS) to the four corners of the sample with the bilinear weights, as
-// add(plane_base + offset within the plane, weighted value).
+// add(c, row, column, weighted value); only corners inside the image are passed.
 template <typename acc_t, typename index_t, typename Add>
-EDSC_HOST_DEVICE void scatter_corners(const BilinearSample<acc_t, index_t>& s, acc_t value, index_t plane_base,
-                                      Add& add) {
+EDSC_HOST_DEVICE void scatter_corners(const BilinearSample<acc_t, index_t>& s, acc_t value, index_t c, Add& add) {
   const acc_t ly = s.y.frac, lx = s.x.frac;
-  if (s.y.lo_in && s.x.lo_in) add(plane_base + s.offset_of(0, 0), value * (acc_t(1) - ly) * (acc_t(1) - lx));
-  if (s.y.lo_in && s.x.hi_in) add(plane_base + s.offset_of(0, 1), value * (acc_t(1) - ly) * lx);
-  if (s.y.hi_in && s.x.lo_in) add(plane_base + s.offset_of(1, 0), value * ly * (acc_t(1) - lx));
-  if (s.y.hi_in && s.x.hi_in) add(plane_base + s.offset_of(1, 1), value * ly * lx);
+  const index_t y0 = s.y.lo, x0 = s.x.lo;
+  if (s.y.lo_in && s.x.lo_in) add(c, y0, x0, value * (acc_t(1) - ly) * (acc_t(1) - lx));
+  if (s.y.lo_in && s.x.hi_in) add(c, y0, x0 + 1, value * (acc_t(1) - ly) * lx);
+  if (s.y.hi_in && s.x.lo_in) add(c, y0 + 1, x0, value * ly * (acc_t(1) - lx));
+  if (s.y.hi_in && s.x.hi_in) add(c, y0 + 1, x0 + 1, value * ly * lx);
 }
 
 }  // namespace edsc_ext

@@ -29,23 +29,40 @@ at::Tensor deform_sepconv_forward_cpu(const at::Tensor& input, const std::option
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "deform_sepconv_forward_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     EDSC_DISPATCH_INDEX_TYPE(t.use_32bit_indexing, [&] {
-      const auto p = make_params<scalar_t, index_t>(t, cfg);
-      scalar_t* out = output.mutable_data_ptr<scalar_t>();
-      const int64_t hw = t.height_out * t.width_out;
-      at::parallel_for(0, p.batch * hw, kPixelGrain, [&](int64_t begin, int64_t end) {
-        for (int64_t k = begin; k < end; ++k) {
-          const index_t n = static_cast<index_t>(k / hw);
-          const index_t y = static_cast<index_t>((k % hw) / t.width_out);
-          const index_t x = static_cast<index_t>(k % t.width_out);
-          for (index_t c0 = 0; c0 < p.channels; c0 += kCpuChannelBlock) {
-            deform_sepconv_forward_pixel<kCpuChannelBlock, scalar_t, acc_t, index_t>(p, out, n, y, x, c0);
+      EDSC_DISPATCH_KERNEL_SIZE(kernel_h, kernel_w, [&] {
+        const auto p = make_params<scalar_t, index_t>(t, cfg);
+        scalar_t* out = output.mutable_data_ptr<scalar_t>();
+        const int64_t hw = t.height_out * t.width_out;
+        at::parallel_for(0, p.batch * hw, kPixelGrain, [&](int64_t begin, int64_t end) {
+          for (int64_t k = begin; k < end; ++k) {
+            const index_t n = static_cast<index_t>(k / hw);
+            const index_t y = static_cast<index_t>((k % hw) / t.width_out);
+            const index_t x = static_cast<index_t>(k % t.width_out);
+            for (index_t c0 = 0; c0 < p.channels; c0 += kCpuChannelBlock) {
+              deform_sepconv_forward_pixel<kCpuChannelBlock, kKernelH, kKernelW, PlainLoad, scalar_t, acc_t, index_t>(
+                  p, out, n, y, x, c0);
+            }
           }
-        }
+        });
       });
     });
   });
   return output;
 }
+
+template <typename acc_t>
+struct NoInputGrad {
+  template <typename index_t>
+  void operator()(index_t, index_t, index_t, acc_t) const {}
+};
+
+// Adds into the input gradient of one batch element; each (n, c) plane belongs to one task.
+template <typename acc_t, typename index_t>
+struct PlaneAdd {
+  acc_t* grad;  // grad_input[n]
+  index_t height, width;
+  void operator()(index_t c, index_t y, index_t x, acc_t v) const { grad[(c * height + y) * width + x] += v; }
+};
 
 // Two passes keep the CPU backward deterministic and free of atomics: the per-pixel parameter
 // gradients in parallel over pixels, then the input gradient in parallel over (n, c) planes,
@@ -64,41 +81,45 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "deform_sepconv_backward_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     EDSC_DISPATCH_INDEX_TYPE(t.use_32bit_indexing, [&] {
-      const auto p = make_params<scalar_t, index_t>(t, cfg);
-      const scalar_t* go = t.grad_output.const_data_ptr<scalar_t>();
-      const auto param_grads = make_param_grads<scalar_t>(grads);
-      auto no_input_grad = [](index_t, acc_t) {};
-      if (param_grads.any()) {
-        at::parallel_for(0, p.batch * hw, kPixelGrain, [&](int64_t begin, int64_t end) {
-          for (int64_t k = begin; k < end; ++k) {
-            const index_t n = static_cast<index_t>(k / hw);
-            const index_t y = static_cast<index_t>((k % hw) / t.width_out);
-            const index_t x = static_cast<index_t>(k % t.width_out);
-            deform_sepconv_backward_pixel<kMaxKernelWidth, scalar_t, acc_t, index_t>(
-                p, go, param_grads, false, no_input_grad, n, y, x, 0, p.channels);
-          }
-        });
-      }
-      if (grads[0].numel() > 0) {
-        // Half types accumulate in a float plane, rounded once at the end.
-        at::Tensor acc = std::is_same_v<acc_t, scalar_t> ? grads[0] : grads[0].to(c10::CppTypeToScalarType<acc_t>::value);
-        acc_t* gin = acc.mutable_data_ptr<acc_t>();
-        const DeformSepconvParamGrads<scalar_t> none{nullptr, nullptr, nullptr, nullptr};
-        at::parallel_for(0, p.batch * p.channels, 1, [&](int64_t begin, int64_t end) {
-          for (int64_t nc = begin; nc < end; ++nc) {
-            const index_t n = static_cast<index_t>(nc / p.channels);
-            const index_t c = static_cast<index_t>(nc % p.channels);
-            auto add = [gin](index_t idx, acc_t v) { gin[idx] += v; };
-            for (index_t y = 0; y < p.height_out; ++y) {
-              for (index_t x = 0; x < p.width_out; ++x) {
-                deform_sepconv_backward_pixel<kMaxKernelWidth, scalar_t, acc_t, index_t>(p, go, none, true, add, n,
-                                                                                         y, x, c, c + 1);
+      EDSC_DISPATCH_KERNEL_SIZE(kernel_h, kernel_w, [&] {
+        const auto p = make_params<scalar_t, index_t>(t, cfg);
+        const scalar_t* go = t.grad_output.const_data_ptr<scalar_t>();
+        const auto param_grads = make_param_grads<scalar_t>(grads);
+        if (param_grads.any()) {
+          NoInputGrad<acc_t> no_input_grad;
+          at::parallel_for(0, p.batch * hw, kPixelGrain, [&](int64_t begin, int64_t end) {
+            for (int64_t k = begin; k < end; ++k) {
+              const index_t n = static_cast<index_t>(k / hw);
+              const index_t y = static_cast<index_t>((k % hw) / t.width_out);
+              const index_t x = static_cast<index_t>(k % t.width_out);
+              deform_sepconv_backward_pixel<kKernelH, kKernelW, kMaxKernelWidth, PlainLoad, scalar_t, acc_t, index_t>(
+                  p, go, param_grads, no_input_grad, index_t(0), index_t(0), n, y, x);
+            }
+          });
+        }
+        if (grads[0].numel() > 0) {
+          // Half types accumulate in a float plane, rounded once at the end.
+          at::Tensor acc = std::is_same_v<acc_t, scalar_t>
+                               ? grads[0]
+                               : grads[0].to(c10::CppTypeToScalarType<acc_t>::value);
+          acc_t* gin = acc.mutable_data_ptr<acc_t>();
+          const DeformSepconvParamGrads<scalar_t> none{nullptr, nullptr, nullptr, nullptr};
+          at::parallel_for(0, p.batch * p.channels, 1, [&](int64_t begin, int64_t end) {
+            for (int64_t nc = begin; nc < end; ++nc) {
+              const index_t n = static_cast<index_t>(nc / p.channels);
+              const index_t c = static_cast<index_t>(nc % p.channels);
+              PlaneAdd<acc_t, index_t> add{gin + n * p.channels * p.height_in * p.width_in, p.height_in, p.width_in};
+              for (index_t y = 0; y < p.height_out; ++y) {
+                for (index_t x = 0; x < p.width_out; ++x) {
+                  deform_sepconv_backward_pixel<kKernelH, kKernelW, kMaxKernelWidth, PlainLoad, scalar_t, acc_t,
+                                                index_t>(p, go, none, add, c, c + 1, n, y, x);
+                }
               }
             }
-          }
-        });
-        if (!acc.is_same(grads[0])) grads[0].copy_(acc);
-      }
+          });
+          if (!acc.is_same(grads[0])) grads[0].copy_(acc);
+        }
+      });
     });
   });
   return {grads[0], grads[1], grads[2], grads[3], grads[4]};

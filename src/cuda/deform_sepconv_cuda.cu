@@ -1,6 +1,13 @@
 // CUDA backend of deform_sepconv. Every entry point takes a device guard from the input and
 // launches on that device's current stream, so a tensor on cuda:1 works whatever the current
 // device is. Per-pixel work comes from include/edsc_ext/deform_sepconv_pixel.h.
+//
+// Forward: one thread per (n, block of channels, output pixel), x fastest, so the per-pixel
+// tensors (85 values a pixel at K=5, the bulk of the bytes) stream through coalesced, read once.
+// Backward: one fused pass over 2-D tiles of output pixels. The input gradient, hundreds of adds
+// per pixel, is accumulated with shared-memory atomics over the tile's footprint (tile + kernel
+// reach + a margin for offsets) and flushed to global memory once; samples that land outside the
+// footprint fall back to global atomics, so any offset stays correct.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/ops/empty.h>
@@ -8,6 +15,8 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <torch/library.h>
 
 #include "edsc_ext/ops.h"
@@ -18,8 +27,62 @@ namespace {
 
 // Output channels a forward thread accumulates in registers; more channels become more threads.
 constexpr int kCudaChannelBlock = 4;
+// Backward tile: a warp spans 32 consecutive x, so per-pixel loads and stores stay coalesced.
+constexpr int kTileW = 32;
+constexpr int kTileH = 8;
+constexpr int kTileThreads = kTileW * kTileH;
+// Offsets up to this many pixels beyond the kernel's reach still land in shared memory.
+constexpr int kTileMargin = 3;
+// Shared memory for the input-gradient footprint (the default per-block limit, no opt-in).
+constexpr int64_t kTileSharedBytes = 48 * 1024;
 
-template <typename scalar_t, typename index_t>
+// Cache-hinted loads. Per-pixel tensors are read once: stream them (evict-first) so that L2 keeps
+// the frame, which every pixel gathers from many times.
+template <typename T>
+__device__ __forceinline__ T load_streaming(const T* ptr) {
+  return __ldcs(ptr);
+}
+template <>
+__device__ __forceinline__ c10::Half load_streaming(const c10::Half* ptr) {
+  return c10::Half(__ldcs(reinterpret_cast<const unsigned short*>(ptr)), c10::Half::from_bits());
+}
+template <>
+__device__ __forceinline__ c10::BFloat16 load_streaming(const c10::BFloat16* ptr) {
+  return c10::BFloat16(__ldcs(reinterpret_cast<const unsigned short*>(ptr)), c10::BFloat16::from_bits());
+}
+template <typename T>
+__device__ __forceinline__ T load_readonly(const T* ptr) {
+  return __ldg(ptr);
+}
+template <>
+__device__ __forceinline__ c10::Half load_readonly(const c10::Half* ptr) {
+  return c10::Half(__ldg(reinterpret_cast<const unsigned short*>(ptr)), c10::Half::from_bits());
+}
+template <>
+__device__ __forceinline__ c10::BFloat16 load_readonly(const c10::BFloat16* ptr) {
+  return c10::BFloat16(__ldg(reinterpret_cast<const unsigned short*>(ptr)), c10::BFloat16::from_bits());
+}
+
+struct CudaLoad {
+  template <typename scalar_t>
+  __host__ __device__ static scalar_t param(const scalar_t* ptr) {
+#ifdef __CUDA_ARCH__
+    return load_streaming(ptr);
+#else
+    return *ptr;
+#endif
+  }
+  template <typename scalar_t>
+  __host__ __device__ static scalar_t input(const scalar_t* ptr) {
+#ifdef __CUDA_ARCH__
+    return load_readonly(ptr);
+#else
+    return *ptr;
+#endif
+  }
+};
+
+template <int kKernelH, int kKernelW, typename scalar_t, typename index_t>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     deform_sepconv_forward_cuda_kernel(const DeformSepconvParams<scalar_t, index_t> p, scalar_t* __restrict__ output,
                                        int64_t work_items) {
@@ -28,50 +91,135 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   const index_t channel_blocks = (p.channels + kCudaChannelBlock - 1) / kCudaChannelBlock;
   for (int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < work_items;
        k += int64_t(blockDim.x) * gridDim.x) {
-    // Work item (n, channel block, y, x), x fastest so neighbouring threads read neighbouring
-    // per-pixel parameters.
-    const index_t item = static_cast<index_t>(k);
+    const index_t item = static_cast<index_t>(k);  // (n, channel block, y, x), x fastest
     const index_t pixel = item % hw;
     const index_t rest = item / hw;
     const index_t c0 = (rest % channel_blocks) * kCudaChannelBlock;
     const index_t n = rest / channel_blocks;
-    deform_sepconv_forward_pixel<kCudaChannelBlock, scalar_t, acc_t, index_t>(p, output, n, pixel / p.width_out,
-                                                                             pixel % p.width_out, c0);
+    deform_sepconv_forward_pixel<kCudaChannelBlock, kKernelH, kKernelW, CudaLoad, scalar_t, acc_t, index_t>(
+        p, output, n, pixel / p.width_out, pixel % p.width_out, c0);
   }
 }
 
-// Adds one sample's contribution to the input gradient (float32 for the half types, which a
-// final cast rounds once).
-template <typename acc_t>
-struct AtomicAddInputGrad {
-  acc_t* grad;
-  template <typename index_t>
-  __host__ __device__ void operator()(index_t idx, acc_t value) const {
+// Global-memory atomics into grad_input[n] (float32 for the half types, rounded once at the end).
+template <typename acc_t, typename index_t>
+struct GlobalAtomicAdd {
+  acc_t* grad;  // grad_input[n], or nullptr for no input gradient
+  index_t height, width;
+  __host__ __device__ void operator()(index_t c, index_t y, index_t x, acc_t v) const {
 #ifdef __CUDA_ARCH__
-    atomicAdd(grad + idx, value);
+    atomicAdd(grad + (c * height + y) * width + x, v);
 #endif
   }
 };
 
-// One fused pass per output pixel: every requested gradient from one computation of its samples.
-template <int kMaxWidth, typename scalar_t, typename index_t>
+// Shared-memory atomics into the tile's footprint [row0, row0 + rows) x [col0, col0 + cols) for
+// channels [c0, c0 + channels); anything outside goes to global memory.
+template <typename acc_t, typename index_t>
+struct TileAtomicAdd {
+  acc_t* tile;
+  index_t row0, col0, rows, cols, c0;
+  GlobalAtomicAdd<acc_t, index_t> fallback;
+  __host__ __device__ void operator()(index_t c, index_t y, index_t x, acc_t v) const {
+#ifdef __CUDA_ARCH__
+    const index_t r = y - row0, q = x - col0;
+    if (r >= 0 && r < rows && q >= 0 && q < cols) {
+      atomicAdd(tile + ((c - c0) * rows + r) * cols + q, v);
+    } else {
+      fallback(c, y, x, v);
+    }
+#endif
+  }
+};
+
+// Param-grads-only or global-atomic backward: one thread per output pixel.
+template <int kKernelH, int kKernelW, int kMaxWidth, typename scalar_t, typename index_t>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     deform_sepconv_backward_cuda_kernel(const DeformSepconvParams<scalar_t, index_t> p,
                                         const scalar_t* __restrict__ grad_output,
                                         const DeformSepconvParamGrads<scalar_t> param_grads,
-                                        AtomicAddInputGrad<at::opmath_type<scalar_t>> add_input_grad,
-                                        int64_t work_items) {
+                                        at::opmath_type<scalar_t>* __restrict__ grad_input, int64_t work_items) {
   using acc_t = at::opmath_type<scalar_t>;
   const index_t hw = p.height_out * p.width_out;
-  const bool input_grad = add_input_grad.grad != nullptr;
+  const index_t plane = p.height_in * p.width_in;
   for (int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < work_items;
        k += int64_t(blockDim.x) * gridDim.x) {
     const index_t item = static_cast<index_t>(k);
     const index_t pixel = item % hw;
     const index_t n = item / hw;
-    deform_sepconv_backward_pixel<kMaxWidth, scalar_t, acc_t, index_t>(p, grad_output, param_grads, input_grad,
-                                                                       add_input_grad, n, pixel / p.width_out,
-                                                                       pixel % p.width_out, 0, p.channels);
+    GlobalAtomicAdd<acc_t, index_t> add{grad_input ? grad_input + n * p.channels * plane : nullptr, p.height_in,
+                                        p.width_in};
+    deform_sepconv_backward_pixel<kKernelH, kKernelW, kMaxWidth, CudaLoad, scalar_t, acc_t, index_t>(
+        p, grad_output, param_grads, add, index_t(0), grad_input ? p.channels : index_t(0), n, pixel / p.width_out,
+        pixel % p.width_out);
+  }
+}
+
+// Footprint of a tile's input-gradient contributions, in input coordinates relative to the tile.
+struct TileFootprint {
+  int64_t rows, cols, channels_per_pass;
+};
+
+TileFootprint tile_footprint(const DeformSepconvConfig& cfg, int64_t channels, size_t acc_size) {
+  TileFootprint f;
+  f.rows = kTileH + cfg.dilation_h * (cfg.kernel_h - 1) + 1 + 2 * kTileMargin;
+  f.cols = kTileW + cfg.dilation_w * (cfg.kernel_w - 1) + 1 + 2 * kTileMargin;
+  const int64_t per_channel = f.rows * f.cols * static_cast<int64_t>(acc_size);
+  f.channels_per_pass = std::min<int64_t>(channels, kTileSharedBytes / per_channel);
+  return f;
+}
+
+template <int kKernelH, int kKernelW, int kMaxWidth, typename scalar_t, typename index_t>
+__global__ void __launch_bounds__(kTileThreads, 2)
+    deform_sepconv_backward_tiled_cuda_kernel(const DeformSepconvParams<scalar_t, index_t> p,
+                                              const scalar_t* __restrict__ grad_output,
+                                              const DeformSepconvParamGrads<scalar_t> param_grads,
+                                              at::opmath_type<scalar_t>* __restrict__ grad_input, index_t rows,
+                                              index_t cols, index_t channels_per_pass) {
+  using acc_t = at::opmath_type<scalar_t>;
+  extern __shared__ unsigned char shared_raw[];
+  acc_t* tile = reinterpret_cast<acc_t*>(shared_raw);
+
+  const index_t tiles_x = (p.width_out + kTileW - 1) / kTileW;
+  const index_t tiles_y = (p.height_out + kTileH - 1) / kTileH;
+  const index_t tile_x = static_cast<index_t>(blockIdx.x % tiles_x);
+  const index_t tile_y = static_cast<index_t>((blockIdx.x / tiles_x) % tiles_y);
+  const index_t n = static_cast<index_t>(blockIdx.x / (int64_t(tiles_x) * tiles_y));
+  const index_t y = tile_y * kTileH + static_cast<index_t>(threadIdx.y);
+  const index_t x = tile_x * kTileW + static_cast<index_t>(threadIdx.x);
+  const bool active = y < p.height_out && x < p.width_out;
+  const int tid = threadIdx.y * kTileW + threadIdx.x;
+
+  const index_t row0 = tile_y * kTileH - p.pad_h - kTileMargin;
+  const index_t col0 = tile_x * kTileW - p.pad_w - kTileMargin;
+  const index_t plane = p.height_in * p.width_in;
+  acc_t* grad_n = grad_input + n * p.channels * plane;
+
+  for (index_t c0 = 0; c0 < p.channels; c0 += channels_per_pass) {
+    const index_t pass_channels = min(channels_per_pass, p.channels - c0);
+    const index_t tile_elems = pass_channels * rows * cols;
+    for (index_t e = tid; e < tile_elems; e += kTileThreads) tile[e] = acc_t(0);
+    __syncthreads();
+    if (active) {
+      TileAtomicAdd<acc_t, index_t> add{tile, row0, col0, rows, cols, c0, {grad_n, p.height_in, p.width_in}};
+      // The parameter gradients need all channels once: on the first pass only.
+      const DeformSepconvParamGrads<scalar_t> pass_grads =
+          c0 == 0 ? param_grads : DeformSepconvParamGrads<scalar_t>{nullptr, nullptr, nullptr, nullptr};
+      deform_sepconv_backward_pixel<kKernelH, kKernelW, kMaxWidth, CudaLoad, scalar_t, acc_t, index_t>(
+          p, grad_output, pass_grads, add, c0, c0 + pass_channels, n, y, x);
+    }
+    __syncthreads();
+    // Flush: one global atomic per touched footprint element (neighbouring tiles overlap).
+    for (index_t e = tid; e < tile_elems; e += kTileThreads) {
+      const acc_t v = tile[e];
+      if (v != acc_t(0)) {
+        const index_t q = e % cols;
+        const index_t r = (e / cols) % rows;
+        const index_t c = e / (cols * rows);
+        atomicAdd(grad_n + ((c0 + c) * p.height_in + row0 + r) * p.width_in + col0 + q, v);
+      }
+    }
+    __syncthreads();
   }
 }
 
@@ -91,10 +239,12 @@ at::Tensor deform_sepconv_forward_cuda(const at::Tensor& input, const std::optio
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "deform_sepconv_forward_cuda", [&] {
     EDSC_DISPATCH_INDEX_TYPE(t.use_32bit_indexing, [&] {
-      deform_sepconv_forward_cuda_kernel<scalar_t, index_t>
-          <<<blocks_for(work_items), kThreadsPerBlock, 0, stream>>>(make_params<scalar_t, index_t>(t, cfg),
-                                                                    output.mutable_data_ptr<scalar_t>(), work_items);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      EDSC_DISPATCH_KERNEL_SIZE(kernel_h, kernel_w, [&] {
+        deform_sepconv_forward_cuda_kernel<kKernelH, kKernelW, scalar_t, index_t>
+            <<<blocks_for(work_items), kThreadsPerBlock, 0, stream>>>(make_params<scalar_t, index_t>(t, cfg),
+                                                                      output.mutable_data_ptr<scalar_t>(), work_items);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
     });
   });
   return output;
@@ -109,8 +259,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
   const DeformSepconvConfig cfg{kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode};
   const DeformSepconvTensors t = prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg, &grad_output);
   auto grads = allocate_deform_sepconv_grads(t, output_mask);
-  const int64_t work_items = input.size(0) * t.height_out * t.width_out;
-  if (work_items == 0 || input.size(1) == 0) return {grads[0], grads[1], grads[2], grads[3], grads[4]};
+  const int64_t pixels = input.size(0) * t.height_out * t.width_out;
+  if (pixels == 0 || input.size(1) == 0) return {grads[0], grads[1], grads[2], grads[3], grads[4]};
   const auto stream = c10::cuda::getCurrentCUDAStream(input.device().index());
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "deform_sepconv_backward_cuda", [&] {
@@ -121,20 +271,34 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
                            ? grads[0]
                            : at::zeros(input.sizes(), input.options().dtype(c10::CppTypeToScalarType<acc_t>::value));
     }
-    const AtomicAddInputGrad<acc_t> add_input_grad{grad_input_acc.defined() ? grad_input_acc.mutable_data_ptr<acc_t>()
-                                                                            : nullptr};
+    acc_t* grad_input = grad_input_acc.defined() ? grad_input_acc.mutable_data_ptr<acc_t>() : nullptr;
     const auto param_grads = make_param_grads<scalar_t>(grads);
+    const TileFootprint footprint = tile_footprint(cfg, input.size(1), sizeof(acc_t));
+    const bool tiled = grad_input != nullptr && footprint.channels_per_pass >= 1;
+
     EDSC_DISPATCH_INDEX_TYPE(t.use_32bit_indexing, [&] {
-      const auto p = make_params<scalar_t, index_t>(t, cfg);
-      const scalar_t* go = t.grad_output.const_data_ptr<scalar_t>();
-      if (kernel_w <= kSmallKernelWidth) {
-        deform_sepconv_backward_cuda_kernel<kSmallKernelWidth, scalar_t, index_t>
-            <<<blocks_for(work_items), kThreadsPerBlock, 0, stream>>>(p, go, param_grads, add_input_grad, work_items);
-      } else {
-        deform_sepconv_backward_cuda_kernel<kMaxKernelWidth, scalar_t, index_t>
-            <<<blocks_for(work_items), kThreadsPerBlock, 0, stream>>>(p, go, param_grads, add_input_grad, work_items);
-      }
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      EDSC_DISPATCH_KERNEL_SIZE(kernel_h, kernel_w, [&] {
+        const auto p = make_params<scalar_t, index_t>(t, cfg);
+        const scalar_t* go = t.grad_output.const_data_ptr<scalar_t>();
+        // Static kernel sizes hold their accumulators in registers; run-time ones in a local array.
+        constexpr int kMaxWidth = kKernelW > 0 ? kKernelW : static_cast<int>(kMaxKernelWidth);
+        const int64_t tiles = input.size(0) * ((t.height_out + kTileH - 1) / kTileH) *
+                              ((t.width_out + kTileW - 1) / kTileW);
+        if constexpr (std::is_same_v<index_t, int32_t>) {
+          if (tiled && tiles <= std::numeric_limits<int32_t>::max()) {
+            const size_t shared = footprint.channels_per_pass * footprint.rows * footprint.cols * sizeof(acc_t);
+            deform_sepconv_backward_tiled_cuda_kernel<kKernelH, kKernelW, kMaxWidth, scalar_t, index_t>
+                <<<static_cast<unsigned int>(tiles), dim3(kTileW, kTileH), shared, stream>>>(
+                    p, go, param_grads, grad_input, static_cast<index_t>(footprint.rows),
+                    static_cast<index_t>(footprint.cols), static_cast<index_t>(footprint.channels_per_pass));
+            C10_CUDA_KERNEL_LAUNCH_CHECK();
+            return;
+          }
+        }
+        deform_sepconv_backward_cuda_kernel<kKernelH, kKernelW, kMaxWidth, scalar_t, index_t>
+            <<<blocks_for(pixels), kThreadsPerBlock, 0, stream>>>(p, go, param_grads, grad_input, pixels);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
     });
     if (grad_input_acc.defined() && !grad_input_acc.is_same(grads[0])) grads[0].copy_(grad_input_acc);
   });
