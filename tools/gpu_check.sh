@@ -15,7 +15,7 @@ status=0
 step() { echo "=== $*"; }
 
 step "machine"
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count())"
 
 step "build: pip install --no-build-isolation ."
@@ -36,19 +36,20 @@ step "pytest"
 python3 -X faulthandler -m pytest -v -rs -p no:cacheprovider "$REPO/tests" 2>&1 | tee "$OUT/pytest.log" | tail -25
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 
-step "compute-sanitizer memcheck"
-compute-sanitizer --tool memcheck --error-exitcode 9 python3 "$REPO/tools/sanitizer_case.py" > "$OUT/memcheck.log" 2>&1 \
-  || status=1
-tail -4 "$OUT/memcheck.log"
-step "compute-sanitizer racecheck"
-compute-sanitizer --tool racecheck --error-exitcode 9 python3 "$REPO/tools/sanitizer_case.py" > "$OUT/racecheck.log" 2>&1 \
-  || status=1
-tail -4 "$OUT/racecheck.log"
+for tool in memcheck racecheck; do
+  step "compute-sanitizer --tool $tool"
+  compute-sanitizer --tool $tool --error-exitcode 9 python3 "$REPO/tools/sanitizer_case.py" > "$OUT/$tool.tmp" 2>&1 \
+    || status=1
+  tail -3 "$OUT/$tool.tmp"
+  { echo "=== $tool"; cat "$OUT/$tool.tmp"; } >> "$OUT/sanitizer.log"; rm -f "$OUT/$tool.tmp"
+done
 
 if [ -n "$BENCH_ARGS" ]; then
   step "benchmark $BENCH_ARGS"
   # shellcheck disable=SC2086
-  python3 -m edsc_ext.benchmark $BENCH_ARGS 2>"$OUT/bench.err" | tee "$OUT/bench.md" || status=1
+  python3 -m edsc_ext.benchmark --no-progress --json "$OUT/bench.json" $BENCH_ARGS 2>"$OUT/bench.err" \
+    | tee "$OUT/bench.md" || status=1
+  tail -5 "$OUT/bench.err"
 fi
 step "gpu_check exit status $status"
 exit $status

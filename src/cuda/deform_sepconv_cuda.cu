@@ -19,6 +19,9 @@
 #include <cuda_fp16.h>
 #include <torch/library.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "edsc_ext/ops.h"
 #include "launch.cuh"
 
@@ -223,6 +226,14 @@ __global__ void __launch_bounds__(kTileThreads, 2)
   }
 }
 
+// EDSC_EXT_INPUT_GRAD=global skips the shared-memory tile and adds every input-gradient sample
+// with a global atomic: for benchmarks and for testing that path, which otherwise only runs for
+// footprints too large for shared memory or tensors needing 64-bit indices.
+bool force_global_atomics() {
+  const char* value = std::getenv("EDSC_EXT_INPUT_GRAD");
+  return value != nullptr && std::string(value) == "global";
+}
+
 at::Tensor deform_sepconv_forward_cuda(const at::Tensor& input, const std::optional<at::Tensor>& vertical,
                                        const std::optional<at::Tensor>& horizontal,
                                        const std::optional<at::Tensor>& offset, const std::optional<at::Tensor>& mask,
@@ -274,7 +285,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
     acc_t* grad_input = grad_input_acc.defined() ? grad_input_acc.mutable_data_ptr<acc_t>() : nullptr;
     const auto param_grads = make_param_grads<scalar_t>(grads);
     const TileFootprint footprint = tile_footprint(cfg, input.size(1), sizeof(acc_t));
-    const bool tiled = grad_input != nullptr && footprint.channels_per_pass >= 1;
+    const bool tiled = grad_input != nullptr && footprint.channels_per_pass >= 1 && !force_global_atomics();
 
     EDSC_DISPATCH_INDEX_TYPE(t.use_32bit_indexing, [&] {
       EDSC_DISPATCH_KERNEL_SIZE(kernel_h, kernel_w, [&] {
