@@ -1,0 +1,79 @@
+"""The benchmark script (edsc_ext.benchmark): a CPU smoke run and the floor byte counting."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from edsc_ext import benchmark
+from edsc_ext.benchmark import Case, floor_bytes
+
+
+def test_main_cpu_quick_writes_json(tmp_path, capsys):
+    path = tmp_path / "bench.json"
+    md = tmp_path / "bench.md"
+    rc = benchmark.main(["--device", "cpu", "--quick", "--cases", "train", "--dtypes", "float32",
+                         "--json", str(path), "--markdown", str(md), "--no-progress"])
+    assert rc == 0
+    data = json.loads(path.read_text())
+    rows = data["rows"]
+    assert data["copy_bandwidth"]["gbps"] > 0
+    # train x float32 x {fwd, fwd+bwd} x {floor, edsc_ext, grid_sample}
+    assert len(rows) == 6
+    assert {(r["pass"], r["impl"]) for r in rows} == {
+        (p, i) for p in ("fwd", "fwd+bwd") for i in ("floor", "edsc_ext", "grid_sample")}
+    for r in rows:
+        assert r["case"] == "train" and r["dtype"] == "float32" and r["status"] == "ok", r
+        assert r["ms"] > 0 and r["floor_ms"] > 0 and r["floor_bytes"] > 0, r
+        assert r["gbps"] > 0 and r["pct_floor"] > 0, r
+        assert r["peak_extra_bytes"] is None  # n/a on the CPU
+        if r["impl"] == "floor":
+            assert r["pct_floor"] == 100.0
+        else:
+            assert r["speedup_vs_grid_sample"] > 0
+    fwd, bwd = (next(r for r in rows if r["pass"] == p and r["impl"] == "floor") for p in ("fwd", "fwd+bwd"))
+    assert fwd["floor_bytes"] == floor_bytes(benchmark.CPU_CASES[0], torch.float32, backward=False)
+    assert bwd["floor_bytes"] > fwd["floor_bytes"]
+    out = capsys.readouterr().out
+    assert "| case |" in out and "**floor**" in out and "python -m edsc_ext.benchmark --device cpu" in out
+    assert md.read_text() == out
+
+
+def test_floor_bytes_by_hand():
+    # EDSC-style: N=1, C=2, 4x5 output, K=3, padding 1 -> input 4x5 as well.
+    case = Case("t", n=1, c=2, h=4, w=5, k=3, padding=1)
+    assert (case.h_in, case.w_in) == (4, 5)
+    inp = 1 * 2 * 4 * 5          # 40
+    out = 1 * 2 * 4 * 5          # 40
+    vert = horiz = 1 * 3 * 20    # 60 each
+    offset = 1 * 2 * 9 * 20      # 360
+    mask = 1 * 9 * 20            # 180
+    per_pixel = vert + horiz + offset + mask  # 660
+    assert per_pixel == 660
+    # forward: read input + per-pixel, write output = 740 elements
+    assert floor_bytes(case, torch.float32, backward=False) == 740 * 4 == 2960
+    # fwd+bwd: forward (740) + backward reads grad_out (40), input (40), per-pixel (660)
+    # + writes grad_input (40) and the per-pixel gradients (660) = 2180 elements
+    assert floor_bytes(case, torch.float32, backward=True) == (740 + 40 + 40 + 660 + 40 + 660) * 4 == 8720
+    assert floor_bytes(case, torch.bfloat16, backward=True) == 2180 * 2
+
+    # sepconv-style (no offset, no mask): per-pixel = V + H = 120 elements.
+    sep = Case("s", n=1, c=2, h=4, w=5, k=3, padding=1, deformable=False)
+    assert floor_bytes(sep, torch.float16, backward=False) == (40 + 120 + 40) * 2 == 400
+    assert floor_bytes(sep, torch.float16, backward=True) == (3 * 40 + 3 * 120 + 2 * 40) * 2 == 1120
+
+    # AdaCoF-style (offset + mask, dilation 2, padding 2): input 4 + 4 - 2*2 = 4 rows, per-pixel 540.
+    ada = Case("a", n=1, c=2, h=4, w=5, k=3, padding=2, dilation=2, padding_mode="zeros", separable=False)
+    assert (ada.h_in, ada.w_in) == (4, 5)
+    assert floor_bytes(ada, torch.float32, backward=False) == (40 + 540 + 40) * 4 == 2480
+
+
+def test_case_geometry_matches_the_op():
+    # H_in = H_out for every listed case, and the op accepts the inputs each case makes.
+    for case in benchmark.CASES:
+        assert (case.h_in, case.w_in) == (case.h, case.w), case
+    for case in benchmark.CPU_CASES:
+        tiny = case.tiny()
+        out = benchmark.edsc_ext.deform_sepconv(*tiny.make_inputs(torch.float32, "cpu", 0), **tiny.kwargs())
+        assert tuple(out.shape) == (tiny.n, tiny.c, tiny.h, tiny.w)
