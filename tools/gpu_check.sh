@@ -36,7 +36,7 @@ step "pytest"
 python3 -X faulthandler -m pytest -v -rs -p no:cacheprovider "$REPO/tests" 2>&1 | tee "$OUT/pytest.log" | tail -25
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 
-for tool in memcheck racecheck; do
+for tool in ${SANITIZER_TOOLS-memcheck racecheck}; do
   step "compute-sanitizer --tool $tool"
   compute-sanitizer --tool $tool --error-exitcode 9 python3 "$REPO/tools/sanitizer_case.py" > "$OUT/$tool.tmp" 2>&1 \
     || status=1
@@ -44,12 +44,21 @@ for tool in memcheck racecheck; do
   { echo "=== $tool"; cat "$OUT/$tool.tmp"; } >> "$OUT/sanitizer.log"; rm -f "$OUT/$tool.tmp"
 done
 
+if [ -n "${PROFILE:-}" ]; then
+  step "ncu (train shape, fp32)"
+  ncu --clock-control none --launch-skip 3 --launch-count 3 -k regex:deform_sepconv \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
+    --section MemoryWorkloadAnalysis python3 "$REPO/tools/profile_case.py" > "$OUT/ncu.txt" 2>&1 || status=1
+  grep -E "deform_sepconv|Duration|Throughput|Achieved Occupancy|Registers|Stall|Warp Cycles Per Issued" "$OUT/ncu.txt" \
+    | sed 's/  */ /g' | cut -c1-150 | head -60
+fi
+
 if [ -n "$BENCH_ARGS" ]; then
   step "benchmark $BENCH_ARGS"
   # shellcheck disable=SC2086
   python3 -m edsc_ext.benchmark --no-progress --json "$OUT/bench.json" $BENCH_ARGS 2>"$OUT/bench.err" \
     | tee "$OUT/bench.md" || status=1
-  tail -5 "$OUT/bench.err"
+  tail -5 "$OUT/bench.err"; [ -s "$OUT/bench.err" ] || rm -f "$OUT/bench.err"
 fi
 step "gpu_check exit status $status"
 exit $status
