@@ -59,6 +59,20 @@ def test_matches_reference(gen, config, padding_mode, dtype):
     assert_grads_close(grads, expected_grads, dtype)
 
 
+@pytest.mark.parametrize("dtype", [F32, F64, BF16], ids=["f32", "f64", "bf16"])
+@pytest.mark.parametrize("padding_mode", PADDING_MODES)
+@pytest.mark.parametrize("config", [CONFIGS[0], CONFIGS[2], CONFIGS[3]], ids=["3x3", "5x5", "1x20"])
+def test_global_atomic_input_grad(gen, monkeypatch, config, padding_mode, dtype):
+    """The input gradient's global-atomic path (EDSC_EXT_INPUT_GRAD=global), which the shared-memory
+    tile otherwise hides, with offsets large enough that many samples also leave the tile there."""
+    monkeypatch.setenv("EDSC_EXT_INPUT_GRAD", "global")
+    case = make_inputs(*config, dtype=dtype, device="cuda", generator=gen, offset_scale=6)
+    out, grads = forward_and_grads(OP, case, padding_mode)
+    expected, expected_grads = reference_and_grads(case, padding_mode)
+    assert_close(out, expected, dtype)
+    assert_grads_close(grads, expected_grads, dtype)
+
+
 @pytest.mark.parametrize("padding_mode", PADDING_MODES)
 def test_matches_cpu_op(gen, padding_mode):
     case = make_inputs(2, 7, 33, 35, 3, 3, 1, 2, generator=gen)

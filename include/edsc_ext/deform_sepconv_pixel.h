@@ -41,18 +41,9 @@ struct PixelView {
   index_t stride;  // H_out * W_out
 };
 
-// Plain loads; the CUDA backend substitutes cache-hinted ones (streaming for per-pixel tensors,
-// which are read once, read-only cache for the frame, which is gathered from many times).
-struct PlainLoad {
-  template <typename scalar_t>
-  EDSC_HOST_DEVICE static scalar_t param(const scalar_t* ptr) { return *ptr; }
-  template <typename scalar_t>
-  EDSC_HOST_DEVICE static scalar_t input(const scalar_t* ptr) { return *ptr; }
-};
-
-template <typename Load, typename acc_t, typename scalar_t>
+template <typename acc_t, typename scalar_t>
 EDSC_HOST_DEVICE acc_t load_param_or(const scalar_t* ptr, acc_t fallback) {
-  return ptr ? static_cast<acc_t>(Load::param(ptr)) : fallback;
+  return ptr ? static_cast<acc_t>(*ptr) : fallback;
 }
 
 template <typename acc_t>
@@ -69,7 +60,7 @@ EDSC_HOST_DEVICE index_t kernel_extent(index_t runtime) {
 
 // The horizontal kernel of one pixel: every row of taps uses it, so with a static width it is
 // loaded once into registers; with a run-time width each use reloads it (an L1 hit).
-template <int kKernelW, typename Load, typename scalar_t, typename acc_t, typename index_t>
+template <int kKernelW, typename scalar_t, typename acc_t, typename index_t>
 struct HorizontalWeights {
   const scalar_t* ptr;
   index_t stride;
@@ -79,60 +70,19 @@ struct HorizontalWeights {
     if (kKernelW > 0) {
       EDSC_UNROLL
       for (int j = 0; j < (kKernelW > 0 ? kKernelW : 1); ++j) {
-        cached[j] = load_param_or<Load>(horz ? horz + j * hw_out : nullptr, acc_t(1));
+        cached[j] = load_param_or(horz ? horz + j * hw_out : nullptr, acc_t(1));
       }
     }
   }
   EDSC_HOST_DEVICE acc_t operator()(index_t j) const {
     if (kKernelW > 0) return cached[kKernelW > 0 ? j : 0];
-    return load_param_or<Load>(ptr ? ptr + j * stride : nullptr, acc_t(1));
-  }
-};
-
-// One row of taps' per-pixel parameters: the vertical weight, masks and offsets. With a static
-// width the whole row is loaded before any of it is used, and the next row is requested before
-// the current one is sampled, so a thread keeps a row of independent loads in flight instead of
-// one tap's chain of load -> position -> gather (which left both kernels latency-bound).
-template <int kKernelW, typename Load, typename scalar_t, typename acc_t, typename index_t>
-struct TapRow {
-  static constexpr int kSlots = kKernelW > 0 ? kKernelW : 1;
-  const scalar_t* offs;
-  const scalar_t* mask;
-  index_t stride, first;  // plane stride of the per-pixel tensors; tap index of the row's first tap
-  acc_t v;
-  acc_t m[kSlots], dy[kSlots], dx[kSlots];
-
-  EDSC_HOST_DEVICE TapRow(const scalar_t* vert, const scalar_t* offs_, const scalar_t* mask_, index_t stride_,
-                          index_t row, index_t width)
-      : offs(offs_), mask(mask_), stride(stride_), first(row * width) {
-    v = load_param_or<Load>(vert ? vert + row * stride : nullptr, acc_t(1));
-    if (kKernelW > 0) {
-      EDSC_UNROLL
-      for (int j = 0; j < kSlots; ++j) {
-        const index_t t = first + j;
-        m[j] = load_param_or<Load>(mask ? mask + t * stride : nullptr, acc_t(1));
-        dy[j] = load_param_or<Load>(offs ? offs + 2 * t * stride : nullptr, acc_t(0));
-        dx[j] = load_param_or<Load>(offs ? offs + (2 * t + 1) * stride : nullptr, acc_t(0));
-      }
-    }
-  }
-  EDSC_HOST_DEVICE acc_t mask_at(index_t j) const {
-    if (kKernelW > 0) return m[kKernelW > 0 ? j : 0];
-    return load_param_or<Load>(mask ? mask + (first + j) * stride : nullptr, acc_t(1));
-  }
-  EDSC_HOST_DEVICE acc_t dy_at(index_t j) const {
-    if (kKernelW > 0) return dy[kKernelW > 0 ? j : 0];
-    return load_param_or<Load>(offs ? offs + 2 * (first + j) * stride : nullptr, acc_t(0));
-  }
-  EDSC_HOST_DEVICE acc_t dx_at(index_t j) const {
-    if (kKernelW > 0) return dx[kKernelW > 0 ? j : 0];
-    return load_param_or<Load>(offs ? offs + (2 * (first + j) + 1) * stride : nullptr, acc_t(0));
+    return load_param_or(ptr ? ptr + j * stride : nullptr, acc_t(1));
   }
 };
 
 // out[n, c0 : c0 + kChannelBlock, y, x]. The sampling positions and weights of each tap are
 // computed once and reused for the block of channels.
-template <int kChannelBlock, int kKernelH, int kKernelW, typename Load, typename scalar_t, typename acc_t,
+template <int kChannelBlock, int kKernelH, int kKernelW, typename scalar_t, typename acc_t,
           typename index_t>
 EDSC_HOST_DEVICE void deform_sepconv_forward_pixel(const DeformSepconvParams<scalar_t, index_t>& p,
                                                    scalar_t* output, index_t n, index_t y, index_t x,
@@ -154,22 +104,25 @@ EDSC_HOST_DEVICE void deform_sepconv_forward_pixel(const DeformSepconvParams<sca
   EDSC_UNROLL
   for (int cc = 0; cc < kChannelBlock; ++cc) acc[cc] = acc_t(0);
 
-  const HorizontalWeights<kKernelW, Load, scalar_t, acc_t, index_t> horizontal(horz, hw_out);
+  const HorizontalWeights<kKernelW, scalar_t, acc_t, index_t> horizontal(horz, hw_out);
 
   const int64_t y_base = static_cast<int64_t>(y) - p.pad_h;
   const int64_t x_base = static_cast<int64_t>(x) - p.pad_w;
-  using Row = TapRow<kKernelW, Load, scalar_t, acc_t, index_t>;
-  Row next_row(vert, offs, mask, hw_out, 0, KW);
   EDSC_UNROLL
   for (index_t i = 0; i < KH; ++i) {
-    const Row row = next_row;
-    if (i + 1 < KH) next_row = Row(vert, offs, mask, hw_out, i + 1, KW);
+    const acc_t wv = load_param_or(vert ? vert + i * hw_out : nullptr, acc_t(1));
     const acc_t py0 = static_cast<acc_t>(y_base + static_cast<int64_t>(i) * p.dilation_h);
     EDSC_UNROLL
     for (index_t j = 0; j < KW; ++j) {
-      const acc_t w = row.v * horizontal(j) * row.mask_at(j);
-      const acc_t py = py0 + row.dy_at(j);
-      const acc_t px = static_cast<acc_t>(x_base + static_cast<int64_t>(j) * p.dilation_w) + row.dx_at(j);
+      const index_t t = i * KW + j;
+      const acc_t wh = horizontal(j);
+      const acc_t w = wv * wh * load_param_or(mask ? mask + t * hw_out : nullptr, acc_t(1));
+      acc_t py = py0;
+      acc_t px = static_cast<acc_t>(x_base + static_cast<int64_t>(j) * p.dilation_w);
+      if (offs) {
+        py += static_cast<acc_t>(offs[2 * t * hw_out]);
+        px += static_cast<acc_t>(offs[(2 * t + 1) * hw_out]);
+      }
       const auto s = make_bilinear_sample<acc_t, index_t>(py, px, p.height_in, p.width_in, p.padding_mode);
       if (!s.finite) {
         EDSC_UNROLL
@@ -178,7 +131,7 @@ EDSC_HOST_DEVICE void deform_sepconv_forward_pixel(const DeformSepconvParams<sca
       }
       EDSC_UNROLL
       for (int cc = 0; cc < kChannelBlock; ++cc) {
-        if (cc < block) acc[cc] += w * interpolate(s, load_corners<Load, acc_t>(s, in + cc * plane));
+        if (cc < block) acc[cc] += w * interpolate(s, load_corners<acc_t>(s, in + cc * plane));
       }
     }
   }
@@ -195,7 +148,7 @@ EDSC_HOST_DEVICE void deform_sepconv_forward_pixel(const DeformSepconvParams<sca
 // - for channels [scatter_begin, scatter_end), its contributions to the input gradient, through
 //   add_input_grad(c, row, column, value) (plain adds, shared-memory or global atomics).
 // kMaxKernelWidth bounds the horizontal-gradient accumulators when KW is not static.
-template <int kKernelH, int kKernelW, int kMaxKernelWidth, typename Load, typename scalar_t, typename acc_t,
+template <int kKernelH, int kKernelW, int kMaxKernelWidth, typename scalar_t, typename acc_t,
           typename index_t, typename AddInputGrad>
 EDSC_HOST_DEVICE void deform_sepconv_backward_pixel(const DeformSepconvParams<scalar_t, index_t>& p,
                                                     const scalar_t* grad_output,
@@ -223,7 +176,7 @@ EDSC_HOST_DEVICE void deform_sepconv_backward_pixel(const DeformSepconvParams<sc
   const index_t c_begin = param_grads ? index_t(0) : scatter_begin;
   const index_t c_end = param_grads ? p.channels : scatter_end;
 
-  const HorizontalWeights<kKernelW, Load, scalar_t, acc_t, index_t> horizontal(horz, hw_out);
+  const HorizontalWeights<kKernelW, scalar_t, acc_t, index_t> horizontal(horz, hw_out);
   constexpr int kWidthSlots = kKernelW > 0 ? kKernelW : kMaxKernelWidth;
   acc_t grad_h[kWidthSlots];
   if (grads.horizontal) {
@@ -235,23 +188,23 @@ EDSC_HOST_DEVICE void deform_sepconv_backward_pixel(const DeformSepconvParams<sc
   const int64_t x_base = static_cast<int64_t>(x) - p.pad_w;
   // Rows of taps stay a loop (each row unrolled): full unrolling of the fused backward
   // exhausts the register file.
-  using Row = TapRow<kKernelW, Load, scalar_t, acc_t, index_t>;
-  Row next_row(vert, offs, mask, hw_out, 0, KW);
   EDSC_NO_UNROLL
   for (index_t i = 0; i < KH; ++i) {
-    const Row row = next_row;
-    if (i + 1 < KH) next_row = Row(vert, offs, mask, hw_out, i + 1, KW);
-    const acc_t wv = row.v;
+    const acc_t wv = load_param_or(vert ? vert + i * hw_out : nullptr, acc_t(1));
     const acc_t py0 = static_cast<acc_t>(y_base + static_cast<int64_t>(i) * p.dilation_h);
     acc_t grad_v = acc_t(0);
     EDSC_UNROLL
     for (index_t j = 0; j < KW; ++j) {
       const index_t t = i * KW + j;
       const acc_t wh = horizontal(j);
-      const acc_t wm = row.mask_at(j);
+      const acc_t wm = load_param_or(mask ? mask + t * hw_out : nullptr, acc_t(1));
       const acc_t w = wv * wh * wm;
-      const acc_t py = py0 + row.dy_at(j);
-      const acc_t px = static_cast<acc_t>(x_base + static_cast<int64_t>(j) * p.dilation_w) + row.dx_at(j);
+      acc_t py = py0;
+      acc_t px = static_cast<acc_t>(x_base + static_cast<int64_t>(j) * p.dilation_w);
+      if (offs) {
+        py += static_cast<acc_t>(offs[2 * t * hw_out]);
+        px += static_cast<acc_t>(offs[(2 * t + 1) * hw_out]);
+      }
       const auto s = make_bilinear_sample<acc_t, index_t>(py, px, p.height_in, p.width_in, p.padding_mode);
 
       // Sums over channels of dL/dout * S, dL/dout * dS/dly and dL/dout * dS/dlx.
@@ -262,9 +215,9 @@ EDSC_HOST_DEVICE void deform_sepconv_backward_pixel(const DeformSepconvParams<sc
         if (p.channels > 0) grad_w = grad_ly = grad_lx = quiet_nan<acc_t>();
       } else {
         for (index_t c = c_begin; c < c_end; ++c) {
-          const acc_t g = static_cast<acc_t>(Load::input(go + c * hw_out));
+          const acc_t g = static_cast<acc_t>(go[c * hw_out]);
           if (param_grads) {
-            const auto corners = load_corners<Load, acc_t>(s, in + c * plane);
+            const auto corners = load_corners<acc_t>(s, in + c * plane);
             grad_w += g * interpolate(s, corners);
             grad_ly += g * interpolate_dy(s, corners);
             grad_lx += g * interpolate_dx(s, corners);

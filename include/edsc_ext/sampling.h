@@ -109,14 +109,14 @@ struct Corners {
   acc_t v00, v01, v10, v11;  // v<dy><dx>
 };
 
-// `plane` points at input[n, c]; Load::input(ptr) reads one element (backends pick the cache path).
-template <typename Load, typename acc_t, typename scalar_t, typename index_t>
+// `plane` points at input[n, c].
+template <typename acc_t, typename scalar_t, typename index_t>
 EDSC_HOST_DEVICE Corners<acc_t> load_corners(const BilinearSample<acc_t, index_t>& s, const scalar_t* plane) {
   Corners<acc_t> c;
-  c.v00 = (s.y.lo_in && s.x.lo_in) ? static_cast<acc_t>(Load::input(plane + s.offset_of(0, 0))) : acc_t(0);
-  c.v01 = (s.y.lo_in && s.x.hi_in) ? static_cast<acc_t>(Load::input(plane + s.offset_of(0, 1))) : acc_t(0);
-  c.v10 = (s.y.hi_in && s.x.lo_in) ? static_cast<acc_t>(Load::input(plane + s.offset_of(1, 0))) : acc_t(0);
-  c.v11 = (s.y.hi_in && s.x.hi_in) ? static_cast<acc_t>(Load::input(plane + s.offset_of(1, 1))) : acc_t(0);
+  c.v00 = (s.y.lo_in && s.x.lo_in) ? static_cast<acc_t>(plane[s.offset_of(0, 0)]) : acc_t(0);
+  c.v01 = (s.y.lo_in && s.x.hi_in) ? static_cast<acc_t>(plane[s.offset_of(0, 1)]) : acc_t(0);
+  c.v10 = (s.y.hi_in && s.x.lo_in) ? static_cast<acc_t>(plane[s.offset_of(1, 0)]) : acc_t(0);
+  c.v11 = (s.y.hi_in && s.x.hi_in) ? static_cast<acc_t>(plane[s.offset_of(1, 1)]) : acc_t(0);
   return c;
 }
 

@@ -15,8 +15,6 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <torch/library.h>
 
 #include <cstdlib>
@@ -39,52 +37,6 @@ constexpr int kTileMargin = 3;
 // Shared memory for the input-gradient footprint (the default per-block limit, no opt-in).
 constexpr int64_t kTileSharedBytes = 48 * 1024;
 
-// Cache-hinted loads. Per-pixel tensors are read once: stream them (evict-first) so that L2 keeps
-// the frame, which every pixel gathers from many times.
-template <typename T>
-__device__ __forceinline__ T load_streaming(const T* ptr) {
-  return __ldcs(ptr);
-}
-template <>
-__device__ __forceinline__ c10::Half load_streaming(const c10::Half* ptr) {
-  return c10::Half(__ldcs(reinterpret_cast<const unsigned short*>(ptr)), c10::Half::from_bits());
-}
-template <>
-__device__ __forceinline__ c10::BFloat16 load_streaming(const c10::BFloat16* ptr) {
-  return c10::BFloat16(__ldcs(reinterpret_cast<const unsigned short*>(ptr)), c10::BFloat16::from_bits());
-}
-template <typename T>
-__device__ __forceinline__ T load_readonly(const T* ptr) {
-  return __ldg(ptr);
-}
-template <>
-__device__ __forceinline__ c10::Half load_readonly(const c10::Half* ptr) {
-  return c10::Half(__ldg(reinterpret_cast<const unsigned short*>(ptr)), c10::Half::from_bits());
-}
-template <>
-__device__ __forceinline__ c10::BFloat16 load_readonly(const c10::BFloat16* ptr) {
-  return c10::BFloat16(__ldg(reinterpret_cast<const unsigned short*>(ptr)), c10::BFloat16::from_bits());
-}
-
-struct CudaLoad {
-  template <typename scalar_t>
-  __host__ __device__ static scalar_t param(const scalar_t* ptr) {
-#ifdef __CUDA_ARCH__
-    return load_streaming(ptr);
-#else
-    return *ptr;
-#endif
-  }
-  template <typename scalar_t>
-  __host__ __device__ static scalar_t input(const scalar_t* ptr) {
-#ifdef __CUDA_ARCH__
-    return load_readonly(ptr);
-#else
-    return *ptr;
-#endif
-  }
-};
-
 template <int kKernelH, int kKernelW, typename scalar_t, typename index_t>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     deform_sepconv_forward_cuda_kernel(const DeformSepconvParams<scalar_t, index_t> p, scalar_t* __restrict__ output,
@@ -99,7 +51,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     const index_t rest = item / hw;
     const index_t c0 = (rest % channel_blocks) * kCudaChannelBlock;
     const index_t n = rest / channel_blocks;
-    deform_sepconv_forward_pixel<kCudaChannelBlock, kKernelH, kKernelW, CudaLoad, scalar_t, acc_t, index_t>(
+    deform_sepconv_forward_pixel<kCudaChannelBlock, kKernelH, kKernelW, scalar_t, acc_t, index_t>(
         p, output, n, pixel / p.width_out, pixel % p.width_out, c0);
   }
 }
@@ -152,7 +104,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     const index_t n = item / hw;
     GlobalAtomicAdd<acc_t, index_t> add{grad_input ? grad_input + n * p.channels * plane : nullptr, p.height_in,
                                         p.width_in};
-    deform_sepconv_backward_pixel<kKernelH, kKernelW, kMaxWidth, CudaLoad, scalar_t, acc_t, index_t>(
+    deform_sepconv_backward_pixel<kKernelH, kKernelW, kMaxWidth, scalar_t, acc_t, index_t>(
         p, grad_output, param_grads, add, index_t(0), grad_input ? p.channels : index_t(0), n, pixel / p.width_out,
         pixel % p.width_out);
   }
@@ -208,7 +160,7 @@ __global__ void __launch_bounds__(kTileThreads, 2)
       // The parameter gradients need all channels once: on the first pass only.
       const DeformSepconvParamGrads<scalar_t> pass_grads =
           c0 == 0 ? param_grads : DeformSepconvParamGrads<scalar_t>{nullptr, nullptr, nullptr, nullptr};
-      deform_sepconv_backward_pixel<kKernelH, kKernelW, kMaxWidth, CudaLoad, scalar_t, acc_t, index_t>(
+      deform_sepconv_backward_pixel<kKernelH, kKernelW, kMaxWidth, scalar_t, acc_t, index_t>(
           p, grad_output, pass_grads, add, c0, c0 + pass_channels, n, y, x);
     }
     __syncthreads();
