@@ -204,9 +204,47 @@ def deform_sepconv(input: Tensor, vertical: Optional[Tensor] = None, horizontal:
     Returns:
         (N, C, H_out, W_out) tensor, ``H_out = H_in + 2*pad_h - dil_h*(KH-1)`` (likewise W_out).
     """
+    input, vertical, horizontal, offset, mask = _autocast_promote(input, vertical, horizontal, offset, mask)
     args = normalize_args(input, vertical, horizontal, offset, mask, kernel_size=kernel_size,
                           padding=padding, dilation=dilation, padding_mode=padding_mode)
     return torch.ops.edsc_ext.deform_sepconv_forward(*args.op_args())
+
+
+def _autocast_enabled(device_type: str) -> bool:
+    if device_type not in ("cpu", "cuda"):
+        return False  # meta, and devices whose autocast this op has no policy for
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # torch < 2.4 took no device type
+        return torch.is_autocast_cpu_enabled() if device_type == "cpu" else torch.is_autocast_enabled()
+
+
+def promoted_dtype(dtypes) -> torch.dtype:
+    """The autocast policy of deform_sepconv: the widest floating dtype among the arguments, with
+    float16 and bfloat16 together promoted to float32 (neither holds the other)."""
+    dtypes = set(dtypes)
+    if torch.float64 in dtypes:
+        return torch.float64
+    if torch.float32 in dtypes or {torch.float16, torch.bfloat16} <= dtypes:
+        return torch.float32
+    return dtypes.pop()
+
+
+def _autocast_promote(*tensors):
+    """Under autocast, cast the arguments to promoted_dtype() instead of failing on mixed dtypes.
+
+    The op is numerically sensitive (positions are offsets added to pixel coordinates), so unlike
+    convolutions it is never downcast: an fp32 frame with fp16 kernels runs in fp32. The casts are
+    differentiable, so each argument's gradient comes back in its own dtype.
+    """
+    input = tensors[0]
+    if not isinstance(input, Tensor) or not _autocast_enabled(input.device.type):
+        return tensors
+    floating = [t.dtype for t in tensors if isinstance(t, Tensor) and t.dtype.is_floating_point]
+    if len(set(floating)) <= 1:
+        return tensors
+    dtype = promoted_dtype(floating)
+    return tuple(t.to(dtype) if isinstance(t, Tensor) and t.dtype.is_floating_point else t for t in tensors)
 
 
 # --------------------------------------------------------------------------------------------
@@ -218,7 +256,15 @@ def _deform_sepconv_forward_fake(input, vertical, horizontal, offset, mask,
                                  kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode):
     n, c, h_in, w_in = input.shape
     h_out, w_out = output_size(h_in, w_in, kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w)
-    return input.new_empty((n, c, h_out, w_out))
+    return _in_layout_of(input, input.new_empty((n, c, h_out, w_out)))
+
+
+def _in_layout_of(input, result):
+    """A channels_last input gets channels_last results (wants_channels_last in src/deform_sepconv.cpp)."""
+    if (result.dim() == 4 and not input.is_contiguous()
+            and input.is_contiguous(memory_format=torch.channels_last)):
+        return result.contiguous(memory_format=torch.channels_last)
+    return result
 
 
 @torch.library.register_fake("edsc_ext::deform_sepconv_backward")
@@ -229,7 +275,9 @@ def _deform_sepconv_backward_fake(grad_output, input, vertical, horizontal, offs
         # Gradients that were not asked for come back as empty tensors (see src/deform_sepconv.cpp).
         return t.new_empty(t.shape) if (t is not None and wanted) else input.new_empty((0,))
 
-    return tuple(like(t, m) for t, m in zip((input, vertical, horizontal, offset, mask), output_mask))
+    grads = [like(t, m) for t, m in zip((input, vertical, horizontal, offset, mask), output_mask)]
+    grads[0] = _in_layout_of(input, grads[0])
+    return tuple(grads)
 
 
 def _setup_context(ctx, inputs, output):

@@ -81,6 +81,14 @@ DeformSepconvTensors prepare_deform_sepconv(const at::Tensor& input, const std::
   return t;
 }
 
+bool wants_channels_last(const at::Tensor& input) {
+  return input.dim() == 4 && !input.is_contiguous() && input.is_contiguous(at::MemoryFormat::ChannelsLast);
+}
+
+at::Tensor in_layout_of(const at::Tensor& input, const at::Tensor& result) {
+  return wants_channels_last(input) && result.dim() == 4 ? result.contiguous(at::MemoryFormat::ChannelsLast) : result;
+}
+
 std::array<at::Tensor, 5> allocate_deform_sepconv_grads(const DeformSepconvTensors& t,
                                                         const std::array<bool, 5>& output_mask) {
   const at::Tensor* sources[5] = {&t.input, &t.vertical, &t.horizontal, &t.offset, &t.mask};

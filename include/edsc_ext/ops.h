@@ -39,6 +39,12 @@ DeformSepconvTensors prepare_deform_sepconv(const at::Tensor& input, const std::
 std::array<at::Tensor, 5> allocate_deform_sepconv_grads(const DeformSepconvTensors& t,
                                                         const std::array<bool, 5>& output_mask);
 
+// The kernels index NCHW-contiguous memory; a channels_last input gets its output (and input
+// gradient) back in channels_last, as PyTorch's own convolutions do. edsc_ext/ops.py's fake
+// kernels apply the same rule.
+bool wants_channels_last(const at::Tensor& input);
+at::Tensor in_layout_of(const at::Tensor& input, const at::Tensor& result);
+
 template <typename scalar_t>
 const scalar_t* data_or_null(const at::Tensor& t) {
   return t.defined() ? t.const_data_ptr<scalar_t>() : nullptr;

@@ -24,7 +24,7 @@ at::Tensor deform_sepconv_forward_cpu(const at::Tensor& input, const std::option
   const DeformSepconvConfig cfg{kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode};
   const DeformSepconvTensors t = prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg);
   at::Tensor output = at::empty({input.size(0), input.size(1), t.height_out, t.width_out}, input.options());
-  if (output.numel() == 0) return output;
+  if (output.numel() == 0) return in_layout_of(input, output);
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "deform_sepconv_forward_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
@@ -47,7 +47,7 @@ at::Tensor deform_sepconv_forward_cpu(const at::Tensor& input, const std::option
       });
     });
   });
-  return output;
+  return in_layout_of(input, output);
 }
 
 template <typename acc_t>
@@ -76,7 +76,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
   const DeformSepconvTensors t = prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg, &grad_output);
   auto grads = allocate_deform_sepconv_grads(t, output_mask);
   const int64_t hw = t.height_out * t.width_out;
-  if (input.size(0) == 0 || hw == 0) return {grads[0], grads[1], grads[2], grads[3], grads[4]};
+  if (input.size(0) == 0 || hw == 0) return {in_layout_of(input, grads[0]), grads[1], grads[2], grads[3], grads[4]};
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "deform_sepconv_backward_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
@@ -122,7 +122,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
       });
     });
   });
-  return {grads[0], grads[1], grads[2], grads[3], grads[4]};
+  return {in_layout_of(input, grads[0]), grads[1], grads[2], grads[3], grads[4]};
 }
 
 }  // namespace

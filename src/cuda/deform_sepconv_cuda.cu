@@ -8,7 +8,9 @@
 // per pixel, is accumulated with shared-memory atomics over the tile's footprint (tile + kernel
 // reach + a margin for offsets) and flushed to global memory once; samples that land outside the
 // footprint fall back to global atomics, so any offset stays correct.
+#include <ATen/Context.h>
 #include <ATen/Dispatch.h>
+#include <ATen/ATen.h>
 #include <ATen/OpMathType.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
@@ -59,11 +61,42 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 // Global-memory atomics into grad_input[n] (float32 for the half types, rounded once at the end).
 template <typename acc_t, typename index_t>
 struct GlobalAtomicAdd {
-  acc_t* grad;  // grad_input[n], or nullptr for no input gradient
-  index_t height, width;
+  acc_t* grad;  // grad_input (or grad_input[n] after at_batch), nullptr for no input gradient
+  index_t channels, height, width;
+  __host__ __device__ GlobalAtomicAdd at_batch(index_t n) const {
+    return {grad ? grad + n * channels * height * width : nullptr, channels, height, width};
+  }
   __host__ __device__ void operator()(index_t c, index_t y, index_t x, acc_t v) const {
 #ifdef __CUDA_ARCH__
     atomicAdd(grad + (c * height + y) * width + x, v);
+#endif
+  }
+};
+
+// Deterministic input gradient (torch.use_deterministic_algorithms): every contribution is rounded
+// to a 64-bit fixed-point integer before an integer atomic add, and integer addition does not
+// depend on order, so the sum is bitwise reproducible. `scale` (on the device, so nothing
+// synchronises and CUDA graphs can capture it) is 2^62 over a bound on any element's total, so
+// no sum overflows; a contribution that is not finite or exceeds the bound sets `poisoned`, and
+// the result is then NaN rather than silently wrong.
+template <typename acc_t, typename index_t>
+struct FixedPointAtomicAdd {
+  unsigned long long* grad;
+  const double* scale;
+  int* poisoned;
+  index_t channels, height, width;
+  __host__ __device__ FixedPointAtomicAdd at_batch(index_t n) const {
+    return {grad + n * channels * height * width, scale, poisoned, channels, height, width};
+  }
+  __host__ __device__ void operator()(index_t c, index_t y, index_t x, acc_t v) const {
+#ifdef __CUDA_ARCH__
+    const double scaled = static_cast<double>(v) * *scale;
+    if (!(fabs(scaled) <= 4.6e18)) {  // also false for NaN
+      atomicOr(poisoned, 1);
+      return;
+    }
+    atomicAdd(grad + (c * height + y) * width + x,
+              static_cast<unsigned long long>(static_cast<long long>(llrint(scaled))));
 #endif
   }
 };
@@ -87,26 +120,26 @@ struct TileAtomicAdd {
   }
 };
 
-// Param-grads-only or global-atomic backward: one thread per output pixel.
-template <int kKernelH, int kKernelW, int kMaxWidth, typename scalar_t, typename index_t>
+// Backward with one thread per output pixel: the parameter gradients only, or with the input
+// gradient through global atomics (InputGrad: GlobalAtomicAdd, or FixedPointAtomicAdd when
+// deterministic).
+template <int kKernelH, int kKernelW, int kMaxWidth, typename scalar_t, typename index_t, typename InputGrad>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     deform_sepconv_backward_cuda_kernel(const DeformSepconvParams<scalar_t, index_t> p,
                                         const scalar_t* __restrict__ grad_output,
                                         const DeformSepconvParamGrads<scalar_t> param_grads,
-                                        at::opmath_type<scalar_t>* __restrict__ grad_input, int64_t work_items) {
+                                        const InputGrad input_grad, bool with_input_grad, int64_t work_items) {
   using acc_t = at::opmath_type<scalar_t>;
   const index_t hw = p.height_out * p.width_out;
-  const index_t plane = p.height_in * p.width_in;
   for (int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < work_items;
        k += int64_t(blockDim.x) * gridDim.x) {
     const index_t item = static_cast<index_t>(k);
     const index_t pixel = item % hw;
     const index_t n = item / hw;
-    GlobalAtomicAdd<acc_t, index_t> add{grad_input ? grad_input + n * p.channels * plane : nullptr, p.height_in,
-                                        p.width_in};
+    InputGrad add = input_grad.at_batch(n);
     deform_sepconv_backward_pixel<kKernelH, kKernelW, kMaxWidth, scalar_t, acc_t, index_t>(
-        p, grad_output, param_grads, add, index_t(0), grad_input ? p.channels : index_t(0), n, pixel / p.width_out,
-        pixel % p.width_out);
+        p, grad_output, param_grads, add, index_t(0), with_input_grad ? p.channels : index_t(0), n,
+        pixel / p.width_out, pixel % p.width_out);
   }
 }
 
@@ -156,7 +189,7 @@ __global__ void __launch_bounds__(kTileThreads, 2)
     for (index_t e = tid; e < tile_elems; e += kTileThreads) tile[e] = acc_t(0);
     __syncthreads();
     if (active) {
-      TileAtomicAdd<acc_t, index_t> add{tile, row0, col0, rows, cols, c0, {grad_n, p.height_in, p.width_in}};
+      TileAtomicAdd<acc_t, index_t> add{tile, row0, col0, rows, cols, c0, {grad_n, p.channels, p.height_in, p.width_in}};
       // The parameter gradients need all channels once: on the first pass only.
       const DeformSepconvParamGrads<scalar_t> pass_grads =
           c0 == 0 ? param_grads : DeformSepconvParamGrads<scalar_t>{nullptr, nullptr, nullptr, nullptr};
@@ -186,6 +219,40 @@ bool force_global_atomics() {
   return value != nullptr && std::string(value) == "global";
 }
 
+// Workspace of the deterministic input gradient (see FixedPointAtomicAdd).
+struct FixedPointInputGrad {
+  at::Tensor sums;      // int64, the input's shape
+  at::Tensor scale;     // float64 scalar: 2^62 / bound
+  at::Tensor bound;     // float64 scalar
+  at::Tensor poisoned;  // int32 flag
+};
+
+// Bound on the magnitude of any input-gradient element: every contribution is
+// dL/dout * V_i * H_j * M_t * (bilinear weight <= 1), so summing max_c |dL/dout| * sum_i |V_i| *
+// sum_j |H_j| * max_t |M_t| over all output pixels bounds every element's total. Device-side only.
+FixedPointInputGrad prepare_fixed_point_input_grad(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg) {
+  const auto f64 = t.input.options().dtype(at::kDouble);
+  at::Tensor per_pixel = t.grad_output.abs().amax(1).to(at::kDouble);
+  per_pixel = per_pixel * (t.vertical.defined() ? t.vertical.abs().sum(1, false, at::kDouble)
+                                                : at::scalar_tensor(double(cfg.kernel_h), f64));
+  per_pixel = per_pixel * (t.horizontal.defined() ? t.horizontal.abs().sum(1, false, at::kDouble)
+                                                  : at::scalar_tensor(double(cfg.kernel_w), f64));
+  if (t.mask.defined()) per_pixel = per_pixel * t.mask.abs().amax(1).to(at::kDouble);
+  FixedPointInputGrad w;
+  w.bound = per_pixel.sum();
+  w.scale = at::where(w.bound > 0, at::scalar_tensor(4.611686018427387904e18, f64) / w.bound,
+                      at::scalar_tensor(1.0, f64));
+  w.sums = at::zeros(t.input.sizes(), t.input.options().dtype(at::kLong));
+  w.poisoned = at::zeros({1}, t.input.options().dtype(at::kInt));
+  return w;
+}
+
+at::Tensor finish_fixed_point_input_grad(const FixedPointInputGrad& w) {
+  const at::Tensor value = w.sums.to(at::kDouble) / w.scale;
+  const at::Tensor bad = (w.poisoned > 0).logical_or(w.bound.isfinite().logical_not());
+  return at::where(bad, at::scalar_tensor(std::numeric_limits<double>::quiet_NaN(), value.options()), value);
+}
+
 at::Tensor deform_sepconv_forward_cuda(const at::Tensor& input, const std::optional<at::Tensor>& vertical,
                                        const std::optional<at::Tensor>& horizontal,
                                        const std::optional<at::Tensor>& offset, const std::optional<at::Tensor>& mask,
@@ -195,7 +262,7 @@ at::Tensor deform_sepconv_forward_cuda(const at::Tensor& input, const std::optio
   const DeformSepconvConfig cfg{kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode};
   const DeformSepconvTensors t = prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg);
   at::Tensor output = at::empty({input.size(0), input.size(1), t.height_out, t.width_out}, input.options());
-  if (output.numel() == 0) return output;
+  if (output.numel() == 0) return in_layout_of(input, output);
   const auto stream = c10::cuda::getCurrentCUDAStream(input.device().index());
   const int64_t work_items = input.size(0) * ((input.size(1) + kCudaChannelBlock - 1) / kCudaChannelBlock) *
                              t.height_out * t.width_out;
@@ -210,7 +277,7 @@ at::Tensor deform_sepconv_forward_cuda(const at::Tensor& input, const std::optio
       });
     });
   });
-  return output;
+  return in_layout_of(input, output);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_sepconv_backward_cuda(
@@ -223,13 +290,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
   const DeformSepconvTensors t = prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg, &grad_output);
   auto grads = allocate_deform_sepconv_grads(t, output_mask);
   const int64_t pixels = input.size(0) * t.height_out * t.width_out;
-  if (pixels == 0 || input.size(1) == 0) return {grads[0], grads[1], grads[2], grads[3], grads[4]};
+  if (pixels == 0 || input.size(1) == 0) return {in_layout_of(input, grads[0]), grads[1], grads[2], grads[3], grads[4]};
   const auto stream = c10::cuda::getCurrentCUDAStream(input.device().index());
+
+  const bool deterministic = grads[0].numel() > 0 && at::globalContext().deterministicAlgorithms();
+  FixedPointInputGrad fixed_point;
+  if (deterministic) fixed_point = prepare_fixed_point_input_grad(t, cfg);
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "deform_sepconv_backward_cuda", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     at::Tensor grad_input_acc;
-    if (grads[0].numel() > 0) {
+    if (grads[0].numel() > 0 && !deterministic) {
       grad_input_acc = std::is_same_v<acc_t, scalar_t>
                            ? grads[0]
                            : at::zeros(input.sizes(), input.options().dtype(c10::CppTypeToScalarType<acc_t>::value));
@@ -258,14 +329,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
             return;
           }
         }
-        deform_sepconv_backward_cuda_kernel<kKernelH, kKernelW, kMaxWidth, scalar_t, index_t>
-            <<<blocks_for(pixels), kThreadsPerBlock, 0, stream>>>(p, go, param_grads, grad_input, pixels);
+        const index_t channels = static_cast<index_t>(input.size(1));
+        const index_t height = static_cast<index_t>(input.size(2)), width = static_cast<index_t>(input.size(3));
+        if (deterministic) {
+          const FixedPointAtomicAdd<acc_t, index_t> add{
+              reinterpret_cast<unsigned long long*>(fixed_point.sums.mutable_data_ptr<int64_t>()),
+              fixed_point.scale.const_data_ptr<double>(), fixed_point.poisoned.mutable_data_ptr<int>(), channels,
+              height, width};
+          deform_sepconv_backward_cuda_kernel<kKernelH, kKernelW, kMaxWidth, scalar_t, index_t>
+              <<<blocks_for(pixels), kThreadsPerBlock, 0, stream>>>(p, go, param_grads, add, true, pixels);
+        } else {
+          const GlobalAtomicAdd<acc_t, index_t> add{grad_input, channels, height, width};
+          deform_sepconv_backward_cuda_kernel<kKernelH, kKernelW, kMaxWidth, scalar_t, index_t>
+              <<<blocks_for(pixels), kThreadsPerBlock, 0, stream>>>(p, go, param_grads, add, grad_input != nullptr,
+                                                                    pixels);
+        }
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       });
     });
     if (grad_input_acc.defined() && !grad_input_acc.is_same(grads[0])) grads[0].copy_(grad_input_acc);
   });
-  return {grads[0], grads[1], grads[2], grads[3], grads[4]};
+  if (deterministic) grads[0].copy_(finish_fixed_point_input_grad(fixed_point));
+  return {in_layout_of(input, grads[0]), grads[1], grads[2], grads[3], grads[4]};
 }
 
 }  // namespace
