@@ -39,8 +39,10 @@ constexpr int kTileMargin = 3;
 // Shared memory for the input-gradient footprint (the default per-block limit, no opt-in).
 constexpr int64_t kTileSharedBytes = 48 * 1024;
 
-template <int kKernelH, int kKernelW, typename scalar_t, typename index_t>
-__global__ void __launch_bounds__(kThreadsPerBlock)
+// kMinBlocks > 1 caps registers so that more warps hide the gathers' latency (an experiment
+// selected by EDSC_EXT_FORWARD_MIN_BLOCKS=3 until the benchmark says which wins).
+template <int kKernelH, int kKernelW, int kMinBlocks, typename scalar_t, typename index_t>
+__global__ void __launch_bounds__(kThreadsPerBlock, kMinBlocks)
     deform_sepconv_forward_cuda_kernel(const DeformSepconvParams<scalar_t, index_t> p, scalar_t* __restrict__ output,
                                        int64_t work_items) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -253,6 +255,11 @@ at::Tensor finish_fixed_point_input_grad(const FixedPointInputGrad& w) {
   return at::where(bad, at::scalar_tensor(std::numeric_limits<double>::quiet_NaN(), value.options()), value);
 }
 
+int forward_min_blocks() {
+  const char* value = std::getenv("EDSC_EXT_FORWARD_MIN_BLOCKS");
+  return value != nullptr ? std::atoi(value) : 1;
+}
+
 at::Tensor deform_sepconv_forward_cuda(const at::Tensor& input, const std::optional<at::Tensor>& vertical,
                                        const std::optional<at::Tensor>& horizontal,
                                        const std::optional<at::Tensor>& offset, const std::optional<at::Tensor>& mask,
@@ -270,9 +277,16 @@ at::Tensor deform_sepconv_forward_cuda(const at::Tensor& input, const std::optio
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "deform_sepconv_forward_cuda", [&] {
     EDSC_DISPATCH_INDEX_TYPE(t.use_32bit_indexing, [&] {
       EDSC_DISPATCH_KERNEL_SIZE(kernel_h, kernel_w, [&] {
-        deform_sepconv_forward_cuda_kernel<kKernelH, kKernelW, scalar_t, index_t>
-            <<<blocks_for(work_items), kThreadsPerBlock, 0, stream>>>(make_params<scalar_t, index_t>(t, cfg),
-                                                                      output.mutable_data_ptr<scalar_t>(), work_items);
+        const auto p = make_params<scalar_t, index_t>(t, cfg);
+        if (forward_min_blocks() == 3) {
+          deform_sepconv_forward_cuda_kernel<kKernelH, kKernelW, 3, scalar_t, index_t>
+              <<<blocks_for(work_items), kThreadsPerBlock, 0, stream>>>(p, output.mutable_data_ptr<scalar_t>(),
+                                                                        work_items);
+        } else {
+          deform_sepconv_forward_cuda_kernel<kKernelH, kKernelW, 1, scalar_t, index_t>
+              <<<blocks_for(work_items), kThreadsPerBlock, 0, stream>>>(p, output.mutable_data_ptr<scalar_t>(),
+                                                                        work_items);
+        }
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       });
     });
