@@ -688,6 +688,9 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                    help="what --plot shows (default: pct_floor)")
     p.add_argument("--quick", action="store_true", help="smoke test: 1 warm-up and 2 timed runs unless given")
     p.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
+    p.add_argument("--deterministic", action="store_true",
+                   help="time under torch.use_deterministic_algorithms(True) (the fixed-point input gradient on "
+                        "CUDA); implies --no-baseline, since grid_sample's backward has no deterministic CUDA path")
     args = p.parse_args(argv)
     args.dtypes = [d for item in args.dtypes for d in item.split(",") if d]
     for d in args.dtypes:
@@ -721,6 +724,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
+    if args.deterministic:
+        torch.use_deterministic_algorithms(True)
+        args.no_baseline = True
     command = shlex.join(["python", "-m", "edsc_ext.benchmark", *raw])
     env = environment(device, command)
     bandwidth = measure_copy_bandwidth(device, nbytes=(2 ** 26 if args.quick and device.type == "cpu" else None),
@@ -739,7 +745,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             json.dump({"environment": env, "copy_bandwidth": bandwidth, "options": {
                 "device": str(device), "dtypes": args.dtypes, "cases": args.cases, "reps": args.reps,
                 "warmup": args.warmup, "baseline": not args.no_baseline, "memory_budget_gb": args.memory_budget_gb,
-                "seed": args.seed}, "cases": [dict(asdict(c), h_in=c.h_in, w_in=c.w_in) for c in
+                "seed": args.seed, "deterministic": args.deterministic}, "cases": [dict(asdict(c), h_in=c.h_in, w_in=c.w_in) for c in
                                               (CPU_CASES if device.type == "cpu" else CASES)
                                               if args.cases is None or c.name in args.cases],
                 "rows": rows}, f, indent=1)
