@@ -1,0 +1,594 @@
+"""The op inside training code: torch.compile (static and dynamic shapes, forward and backward),
+torch.library.opcheck with every utility, CUDA graphs, autocast, deterministic algorithms,
+channels_last, non-default streams and threads.
+
+Each test runs on the CPU and, where a GPU is present, on CUDA (those variants carry the ``cuda``
+mark and skip cleanly without a GPU); the CUDA-graph and stream tests are CUDA-only.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import edsc_ext
+from conftest import (ARG_NAMES, GRAD_FACTOR, PADDING_MODES, TOLERANCES, Case, assert_close, assert_grads_close,
+                      default_grad_output, make_inputs, requires_cuda)
+from edsc_ext import reference as R
+from edsc_ext.ops import normalize_args
+
+F64, F32, F16, BF16 = torch.float64, torch.float32, torch.float16, torch.bfloat16
+OP = edsc_ext.deform_sepconv
+FORWARD = torch.ops.edsc_ext.deform_sepconv_forward
+BACKWARD = torch.ops.edsc_ext.deform_sepconv_backward
+
+CUDA = [pytest.mark.cuda, requires_cuda]
+DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
+
+
+def forward_and_grads(fn, case: Case, padding_mode: str = "border", grad_output=None, **extra):
+    """fn's output (detached) and the gradients of all present tensors, on the case's device."""
+    leaves = case.leaves()
+    out = leaves.call(fn, padding_mode=padding_mode, **extra)
+    if grad_output is None:
+        grad_output = default_grad_output(out.shape)
+    out.backward(grad_output.to(device=out.device, dtype=out.dtype))
+    return out.detach(), leaves.grads()
+
+
+def reference_and_grads(case: Case, padding_mode: str = "border", grad_output=None):
+    """The float64 CPU reference of a case, from its own (possibly rounded) values."""
+    return forward_and_grads(R.deform_sepconv, case.to(F64, "cpu"), padding_mode, grad_output)
+
+
+def synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+@pytest.fixture
+def deterministic():
+    """Turns torch.use_deterministic_algorithms(True) on for the test and restores the old setting."""
+    enabled = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.compile
+
+
+@pytest.fixture
+def dynamo():
+    """A fresh dynamo (no cached frames, zeroed counters) before and after the test."""
+    import torch._dynamo
+    import torch._dynamo.utils
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    yield torch._dynamo
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+
+
+class Synthesis(torch.nn.Module):
+    """EDSC-style synthesis around the op, with pointwise work before and after it for the compiler
+    to fuse, and a second, sepconv-style call (absent offset and mask) on the first one's output."""
+
+    def __init__(self):
+        super().__init__()
+        self.adaptive = edsc_ext.nn.DeformSepConv2d(padding=1, padding_mode="border")
+
+    def forward(self, frame, vertical, horizontal, offset, mask):
+        out = self.adaptive(frame * 1.5, vertical, horizontal, offset * 0.5, torch.sigmoid(mask))
+        out = out + 0.1 * out.square()
+        return edsc_ext.deform_sepconv(out, vertical, horizontal, padding=1)
+
+
+# (N, C, H, W) of the two calls; 3x3 kernels, padding 1, so H_out = H. No size equals another
+# (or a channel count: KH=3, KH*KW=9, 2*KH*KW=18), so duck sizing does not tie them together.
+SHAPE_A = (2, 4, 11, 13)
+SHAPE_B = (5, 6, 14, 12)
+
+
+def _compile_case(shape, device, gen) -> Case:
+    return make_inputs(*shape, 3, 3, 1, 1, dtype=F32, device=device, generator=gen, offset_scale=2)
+
+
+def _run_module(module, case: Case, mark_dynamic: bool = False):
+    leaves = case.leaves()
+    if mark_dynamic:
+        import torch._dynamo
+
+        # Batch, height and width of every tensor, and the input's channels.
+        for t in leaves.tensors:
+            for dim in (0, 2, 3):
+                torch._dynamo.mark_dynamic(t, dim)
+        torch._dynamo.mark_dynamic(leaves.input, 1)
+    out = module(*leaves.tensors)
+    out.backward(default_grad_output(out.shape).to(device=out.device, dtype=out.dtype))
+    return out.detach(), leaves.grads()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shapes", ["static", "dynamic", "mark_dynamic"])
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compile_fullgraph_matches_eager(dynamo, gen, backend, shapes, device):
+    """fullgraph=True (a graph break raises), one frame compiled, forward and all five gradients as
+    in eager mode; with dynamic shapes a second call of other sizes (batch, channels, height and
+    width) reuses the graph instead of recompiling."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    counter = CompileCounterWithBackend(backend)
+    eager = Synthesis()
+    compiled = torch.compile(Synthesis(), backend=counter, fullgraph=True,
+                             dynamic={"static": False, "dynamic": True, "mark_dynamic": None}[shapes])
+    calls = [SHAPE_A, SHAPE_A] if shapes == "static" else [SHAPE_A, SHAPE_B]
+    for shape in calls:
+        case = _compile_case(shape, device, gen)
+        out, grads = _run_module(compiled, case, mark_dynamic=shapes == "mark_dynamic")
+        expected, expected_grads = _run_module(eager, case)
+        synchronize(device)
+        assert out.shape == expected.shape and out.dtype == F32 and out.device.type == device
+        assert_close(out, expected, F32)
+        assert_grads_close(grads, expected_grads, F32)
+    assert counter.frame_count == 1, f"compiled {counter.frame_count} frames (recompiled)"
+    assert counter.op_count > 0
+    assert not dynamo.utils.counters["graph_break"], dict(dynamo.utils.counters["graph_break"])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_channels_last(dynamo, gen, device):
+    """A compiled call on channels_last tensors gives the eager values and the eager memory format
+    (which the fake kernel has to predict)."""
+    case = make_inputs(2, 4, 11, 13, 3, 3, 1, 1, dtype=F32, device=device, generator=gen).map(
+        lambda t: t.contiguous(memory_format=torch.channels_last))
+
+    def fn(*tensors):
+        return OP(*tensors, padding=1, padding_mode="zeros") * 2
+
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    out, grads = _run_module(compiled, case)
+    expected, expected_grads = _run_module(fn, case)
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    assert out.stride() == expected.stride()
+    assert_close(out, expected, F32)
+    assert_grads_close(grads, expected_grads, F32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_under_autocast(dynamo, gen, device):
+    """AMP + torch.compile: an fp32 frame with fp16 kernels, offsets and mask under autocast
+    compiles without a graph break and runs in fp32, as in eager mode."""
+    case = make_inputs(2, 4, 11, 13, 3, 3, 1, 1, device=device, generator=gen)
+    case = case.replace(**{name: t.to(F32 if name == "input" else F16) for name, t in zip(ARG_NAMES, case.tensors)})
+    module = Synthesis()
+    compiled = torch.compile(module, backend="aot_eager", fullgraph=True)
+    results = []
+    for fn in (compiled, module):
+        leaves = case.leaves()
+        with torch.autocast(device, dtype=F16):
+            out = fn(*leaves.tensors)
+        out.backward(default_grad_output(out.shape).to(device=out.device, dtype=out.dtype))  # outside, as AMP does
+        results.append((out.detach(), leaves.grads()))
+    (out, grads), (expected, expected_grads) = results
+    assert out.dtype == expected.dtype == F32
+    assert [g.dtype for g in grads] == [t.dtype for t in case.tensors]
+    assert_close(out, expected, F32)
+    for name, g, e in zip(ARG_NAMES, grads, expected_grads):
+        assert_close(g, e.double(), g.dtype, what=f"grad of {name}")
+    assert not dynamo.utils.counters["graph_break"], dict(dynamo.utils.counters["graph_break"])
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.library.opcheck, every utility
+
+
+OPCHECK_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+
+
+def _layout(t, layout):
+    return t.contiguous(memory_format=torch.channels_last) if layout == "channels_last" else t
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_opcheck_forward_all_utils(gen, layout, device):
+    for present in [(True, True, True, True), (False, True, True, False), (False, False, False, False)]:
+        for mode in PADDING_MODES:
+            case = make_inputs(1, 3, 5, 6, 2, 3, 1, (1, 2), present=present, device=device, generator=gen)
+            case = case.map(lambda t: _layout(t, layout)).leaves()
+            args = normalize_args(*case.tensors, **case.kwargs, padding_mode=mode).op_args()
+            result = torch.library.opcheck(FORWARD.default, args, test_utils=OPCHECK_UTILS)
+            assert result == {name: "SUCCESS" for name in OPCHECK_UTILS}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_opcheck_backward_all_utils(gen, layout, device):
+    case = make_inputs(1, 3, 5, 6, 2, 3, 1, (1, 2), device=device, generator=gen)
+    case = case.map(lambda t: _layout(t, layout))
+    args = normalize_args(*case.tensors, **case.kwargs, padding_mode="border")
+    grad_output = _layout(torch.randn((1, 3) + args.output_size, generator=gen, dtype=F64).to(device), layout)
+    for mask in ([True] * 5, [False, False, False, True, True], [True, False, False, False, False]):
+        result = torch.library.opcheck(BACKWARD.default, (grad_output,) + args.op_args() + (mask,),
+                                       test_utils=OPCHECK_UTILS)
+        assert result == {name: "SUCCESS" for name in OPCHECK_UTILS}
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA graphs
+
+
+def _capture_and_replay(case: Case, new_cases, padding_mode: str):
+    """Captures forward + backward of the op on static copies of ``case`` in one CUDA graph (after
+    a warm-up on a side stream, as the CUDA-graph docs ask), then for each new case copies its
+    values into the static tensors, replays, and returns the (output, gradients) read back."""
+    static = case.leaves()
+    out_shape = case.input.shape[:2] + normalize_args(*case.tensors, **case.kwargs).output_size
+    grad_output = default_grad_output(out_shape).to(device="cuda", dtype=case.input.dtype)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            for t in static.tensors:
+                t.grad = None
+            static.call(OP, padding_mode=padding_mode).backward(grad_output)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+
+    for t in static.tensors:
+        t.grad = None  # so that backward allocates the gradients from the graph's pool
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = static.call(OP, padding_mode=padding_mode)
+        static_out.backward(grad_output)
+
+    results = []
+    for new in new_cases:
+        with torch.no_grad():
+            for t, v in zip(static.tensors, new.tensors):
+                t.copy_(v)
+        graph.replay()
+        torch.cuda.synchronize()
+        results.append((static_out.detach().clone(), tuple(t.grad.clone() for t in static.tensors)))
+    return results
+
+
+@pytest.mark.parametrize("mode", ["default", "deterministic"])
+@pytest.mark.parametrize("padding_mode", PADDING_MODES)
+@pytest.mark.cuda
+@requires_cuda
+def test_cuda_graph_forward_backward(gen, request, padding_mode, mode):
+    if mode == "deterministic":
+        request.getfixturevalue("deterministic")
+    config = (2, 5, 24, 26, 3, 3, 1, 1)
+    first, *new_cases = [make_inputs(*config, dtype=F32, device="cuda", generator=gen) for _ in range(3)]
+    results = _capture_and_replay(first, new_cases, padding_mode)
+    for new, (out, grads) in zip(new_cases, results):
+        expected, expected_grads = reference_and_grads(new, padding_mode)
+        assert_close(out, expected, F32)
+        assert_grads_close(grads, expected_grads, F32)
+        eager, eager_grads = forward_and_grads(OP, new, padding_mode)
+        assert_close(out, eager.double(), F32)
+    assert not torch.equal(results[0][0], results[1][0])  # the replays did see the new values
+
+
+# ---------------------------------------------------------------------------------------------
+# Autocast: mixed floating dtypes are promoted to the widest one; gradients in each tensor's own dtype
+
+
+# (input, vertical, horizontal, offset, mask) dtypes -> the dtype the op computes in and returns.
+AUTOCAST_CASES = {
+    "f32-frame_f16-rest": ((F32, F16, F16, F16, F16), F32),
+    "all-f16": ((F16,) * 5, F16),
+    "all-bf16": ((BF16,) * 5, BF16),
+    "f32-frame_bf16-rest": ((F32, BF16, BF16, BF16, BF16), F32),
+    "f16-frame_bf16-rest": ((F16, BF16, BF16, BF16, BF16), F32),
+    "bf16_f16-offset": ((BF16, BF16, BF16, F16, BF16), F32),
+    "f16_f32-mask": ((F16, F16, F16, F16, F32), F32),
+    "all-f32": ((F32,) * 5, F32),
+    "f64-frame_f32-rest": ((F64, F32, F32, F32, F32), F64),
+}
+
+
+def _with_dtypes(case: Case, dtypes) -> Case:
+    return case.replace(**{name: (None if t is None else t.to(dtype))
+                           for name, t, dtype in zip(ARG_NAMES, case.tensors, dtypes)})
+
+
+def _grad_tolerance_factor(arg_dtype, compute_dtype) -> float:
+    """A gradient is computed in compute_dtype and then rounded to arg_dtype: the coarser counts."""
+    worst = max(TOLERANCES[arg_dtype], TOLERANCES[compute_dtype])
+    return GRAD_FACTOR * worst / TOLERANCES[arg_dtype]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("autocast_dtype", [F16, BF16], ids=["autocast-f16", "autocast-bf16"])
+@pytest.mark.parametrize("combo", list(AUTOCAST_CASES), ids=list(AUTOCAST_CASES))
+def test_autocast_promotes_to_widest(gen, combo, autocast_dtype, device):
+    dtypes, result_dtype = AUTOCAST_CASES[combo]
+    base = make_inputs(2, 3, 7, 8, 3, 3, 1, 1, device=device, generator=gen)
+    case = _with_dtypes(base, dtypes)
+    leaves = case.leaves()
+    with torch.autocast(device, dtype=autocast_dtype):
+        out = leaves.call(OP, padding_mode="border")
+    assert out.dtype == result_dtype and out.device.type == device
+    out.backward(default_grad_output(out.shape).to(device=device, dtype=out.dtype))
+    synchronize(device)
+    for name, t in zip(ARG_NAMES, leaves.tensors):
+        assert t.grad is not None and t.grad.dtype == t.dtype, (
+            f"grad of {name}: {None if t.grad is None else t.grad.dtype}, expected {t.dtype}")
+    expected, expected_grads = reference_and_grads(case, "border")
+    assert_close(out, expected, result_dtype)
+    for name, g, e, t in zip(ARG_NAMES, leaves.grads(), expected_grads, case.tensors):
+        assert_close(g, e, t.dtype, factor=_grad_tolerance_factor(t.dtype, result_dtype), what=f"grad of {name}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_autocast_module_and_absent_tensors(gen, device):
+    """SepConv style (no offset, no mask) through the module: an fp32 frame with fp16 kernels runs
+    in fp32 under autocast and gives the fp16 kernels fp16 gradients."""
+    base = make_inputs(2, 3, 9, 10, 5, 5, 2, 1, present=(True, True, False, False), device=device, generator=gen)
+    case = _with_dtypes(base, (F32, F16, F16, None, None))
+    module = edsc_ext.nn.DeformSepConv2d(padding=2)
+    leaves = case.leaves()
+    with torch.autocast(device, dtype=F16):
+        out = module(*leaves.tensors)
+    assert out.dtype == F32
+    out.backward(default_grad_output(out.shape).to(device=device, dtype=out.dtype))
+    assert [t.grad.dtype for t in leaves.tensors[:3]] == [F32, F16, F16]
+    expected, expected_grads = forward_and_grads(R.deform_sepconv, case.to(F64, "cpu"), "zeros", padding=2)
+    assert_close(out, expected, F32)
+    for name, g, e, t in zip(ARG_NAMES[:3], leaves.grads(), expected_grads, case.tensors):
+        assert_close(g, e, t.dtype, factor=_grad_tolerance_factor(t.dtype, F32), what=f"grad of {name}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_mixed_dtypes_rejected_outside_autocast(gen, device):
+    case = make_inputs(1, 2, 5, 5, 3, 3, 1, 1, dtype=F32, device=device, generator=gen)
+    mixed = case.replace(mask=case.mask.half())
+    with pytest.raises(TypeError, match="mask"):
+        mixed.call(OP)
+    with torch.autocast(device, dtype=F16, enabled=False):
+        with pytest.raises(TypeError, match="mask"):
+            mixed.call(OP)
+    with pytest.raises(TypeError, match="horizontal"):
+        case.replace(horizontal=case.horizontal.to(BF16)).call(OP)
+
+
+# ---------------------------------------------------------------------------------------------
+# Deterministic algorithms
+
+
+def _assert_bitwise_repeatable(case: Case, padding_mode: str, runs: int = 5):
+    results = [forward_and_grads(OP, case, padding_mode) for _ in range(runs)]
+    first_out, first_grads = results[0]
+    for k, (out, grads) in enumerate(results[1:], start=2):
+        assert torch.equal(out, first_out), f"output of run {k} differs from run 1"
+        for name, g, g0 in zip(ARG_NAMES, grads, first_grads):
+            assert torch.equal(g, g0), f"grad of {name}: run {k} differs from run 1"
+    return first_out, first_grads
+
+
+@pytest.mark.parametrize("padding_mode", PADDING_MODES)
+def test_deterministic_cpu(gen, deterministic, padding_mode):
+    """The CPU backward is deterministic anyway; the flag must not make it raise or change it."""
+    case = make_inputs(2, 6, 40, 44, 3, 3, 1, 1, dtype=F32, generator=gen, offset_scale=1)
+    out, grads = _assert_bitwise_repeatable(case, padding_mode)
+    expected, expected_grads = reference_and_grads(case, padding_mode)
+    assert_close(out, expected, F32)
+    assert_grads_close(grads, expected_grads, F32)
+
+
+# Configurations with many samples landing on the same input pixels (small offsets, big kernels,
+# many channels), where float atomics would add in a different order from run to run.
+DETERMINISM_CONFIGS = [
+    (2, 8, 48, 52, 5, 5, 2, 1),
+    (1, 3, 64, 72, 4, 3, (2, 1), 1),
+    (1, 2, 6, 40, 1, 20, (0, 10), 1),  # the wide-kernel backward
+]
+
+
+@pytest.mark.parametrize("input_grad_path", ["default", "global"])
+@pytest.mark.parametrize("dtype", [F32, F64, F16, BF16], ids=["f32", "f64", "f16", "bf16"])
+@pytest.mark.parametrize("padding_mode", PADDING_MODES)
+@pytest.mark.parametrize("config", DETERMINISM_CONFIGS, ids=["5x5", "4x3", "1x20"])
+@pytest.mark.cuda
+@requires_cuda
+def test_deterministic_cuda_bitwise(gen, deterministic, monkeypatch, config, padding_mode, dtype, input_grad_path):
+    """5 runs give bitwise equal outputs and gradients, which still match the float64 reference
+    (within float32 tolerance for float32/float64, the dtype's own for the half types); the
+    EDSC_EXT_INPUT_GRAD=global override must not bypass the deterministic path."""
+    if input_grad_path == "global":
+        monkeypatch.setenv("EDSC_EXT_INPUT_GRAD", "global")
+    case = make_inputs(*config, dtype=dtype, device="cuda", generator=gen, offset_scale=1)
+    out, grads = _assert_bitwise_repeatable(case, padding_mode)
+    tol_dtype = F32 if dtype in (F32, F64) else dtype
+    expected, expected_grads = reference_and_grads(case, padding_mode)
+    assert_close(out, expected, tol_dtype)
+    assert_grads_close(grads, expected_grads, tol_dtype)
+
+
+@pytest.mark.parametrize("padding_mode", PADDING_MODES)
+@pytest.mark.cuda
+@requires_cuda
+def test_deterministic_cuda_non_finite_offset(gen, deterministic, padding_mode):
+    """A NaN/inf offset makes its output pixel NaN; when those pixels get no gradient, the
+    deterministic input gradient is the one of the clean case (as on the default path)."""
+    case = make_inputs(2, 5, 16, 17, 3, 3, 1, 1, dtype=F32, device="cuda", generator=gen)
+    offset = case.offset.clone()
+    offset[1, 9, 3, 2] = float("nan")
+    offset[0, 0, 5, 6] = float("inf")
+    poisoned = case.replace(offset=offset)
+    grad_output = torch.ones((2, 5, 16, 17), dtype=F64)
+    grad_output[1, :, 3, 2] = 0
+    grad_output[0, :, 5, 6] = 0
+    out, grads = forward_and_grads(OP, poisoned, padding_mode, grad_output)
+    assert torch.isnan(out[1, :, 3, 2]).all() and torch.isnan(out[0, :, 5, 6]).all()
+    _, again = forward_and_grads(OP, poisoned, padding_mode, grad_output)
+    assert torch.equal(grads[0], again[0])
+    _, expected_grads = reference_and_grads(case, padding_mode, grad_output)
+    assert_close(grads[0], expected_grads[0], F32, factor=GRAD_FACTOR, what="grad of input")
+
+
+@pytest.mark.parametrize("padding_mode", PADDING_MODES)
+@pytest.mark.cuda
+@requires_cuda
+def test_default_path_correct_without_flag(gen, padding_mode):
+    """Without the flag (the fast path) the results are right, and agree with the deterministic path."""
+    assert not torch.are_deterministic_algorithms_enabled()
+    case = make_inputs(*DETERMINISM_CONFIGS[0], dtype=F32, device="cuda", generator=gen, offset_scale=1)
+    out, grads = forward_and_grads(OP, case, padding_mode)
+    expected, expected_grads = reference_and_grads(case, padding_mode)
+    assert_close(out, expected, F32)
+    assert_grads_close(grads, expected_grads, F32)
+    torch.use_deterministic_algorithms(True)
+    try:
+        det_out, det_grads = forward_and_grads(OP, case, padding_mode)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert_close(det_out, out.double(), F32)
+    assert_grads_close(det_grads, [g.double() for g in grads], F32)
+
+
+# ---------------------------------------------------------------------------------------------
+# channels_last
+
+
+LAYOUTS = {
+    "all": (True, True, True, True, True),
+    "input-only": (True, False, False, False, False),
+    "per-pixel-only": (False, True, True, True, True),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("padding_mode", PADDING_MODES)
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_channels_last(gen, layout, padding_mode, device):
+    case = make_inputs(2, 3, 9, 10, 3, 3, 1, 1, dtype=F32, device=device, generator=gen)
+    odd = case.replace(**{name: (t.contiguous(memory_format=torch.channels_last) if cl else t)
+                          for name, t, cl in zip(ARG_NAMES, case.tensors, LAYOUTS[layout])})
+    out, grads = forward_and_grads(OP, odd, padding_mode)
+    if LAYOUTS[layout][0]:
+        assert out.is_contiguous(memory_format=torch.channels_last), out.stride()
+    else:
+        assert out.is_contiguous(), out.stride()
+    expected, expected_grads = reference_and_grads(case, padding_mode)
+    assert_close(out, expected, F32)
+    assert_grads_close(grads, expected_grads, F32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_channels_last_single_channel(gen, device):
+    """C=1: channels_last and contiguous are the same layout; the values must be right either way."""
+    case = make_inputs(2, 1, 8, 9, 3, 3, 1, 1, dtype=F32, device=device, generator=gen)
+    odd = case.map(lambda t: t.contiguous(memory_format=torch.channels_last))
+    out, grads = forward_and_grads(OP, odd, "zeros")
+    expected, expected_grads = reference_and_grads(case, "zeros")
+    assert_close(out, expected, F32)
+    assert_grads_close(grads, expected_grads, F32)
+
+
+def test_meta_output_memory_format():
+    """The fake kernel predicts the output memory format (what torch.compile plans with)."""
+    case = make_inputs(2, 3, 6, 7, 3, 3, 1, 1).to(device="meta")
+    out = case.map(lambda t: t.contiguous(memory_format=torch.channels_last)).call(OP, padding=1)
+    assert out.device.type == "meta" and out.shape == (2, 3, 6, 7)
+    assert out.is_contiguous(memory_format=torch.channels_last), out.stride()
+    assert case.call(OP, padding=1).is_contiguous()
+
+
+# ---------------------------------------------------------------------------------------------
+# Streams
+
+
+@pytest.mark.parametrize("padding_mode", PADDING_MODES)
+@pytest.mark.cuda
+@requires_cuda
+def test_side_stream_records_nothing_on_default_stream(gen, padding_mode):
+    """Inputs produced on a side stream behind a long sleep, the op (forward and backward) called
+    there: right values, and nothing was enqueued on the default stream (it is idle while the side
+    stream still works) nor waited for on the host (the side stream is still busy on return)."""
+    case = make_inputs(2, 4, 24, 25, 3, 3, 1, 1, dtype=F32, device="cuda", generator=gen)
+    grad_output = default_grad_output((2, 4, 24, 25)).to(device="cuda", dtype=F32)
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    # Two warm-ups (kernels loaded; the side stream's memory pool grown to hold two calls' tensors,
+    # so that the timed call allocates nothing from the driver), then the timed call.
+    for sleep in (0, 0, 1_000_000_000):
+        with torch.cuda.stream(side):
+            assert torch.cuda.current_stream() == side
+            if sleep:
+                torch.cuda._sleep(sleep)  # about half a second
+            on_side = case.map(lambda t: t * 2).leaves()  # written on the side stream, after the sleep
+            out = on_side.call(OP, padding_mode=padding_mode)
+            out.backward(grad_output)
+            assert torch.cuda.current_stream() == side
+        if sleep:
+            assert torch.cuda.default_stream().query(), "the op enqueued work on the default stream"
+            assert not side.query(), "the side stream finished early: something synchronized with the host"
+        side.synchronize()
+    expected, expected_grads = reference_and_grads(case.map(lambda t: t * 2), padding_mode, grad_output)
+    assert_close(out, expected, F32)
+    assert_grads_close(on_side.grads(), expected_grads, F32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Threads
+
+
+THREAD_CONFIGS = [
+    (2, 3, 20, 22, 3, 3, 1, 1),
+    (1, 5, 17, 30, 5, 5, 2, 1),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_two_threads(gen, device):
+    """Two threads calling the op at once (on CUDA each on its own stream), several times each,
+    on different shapes: every result is right."""
+    iterations = 4
+    cases = [[make_inputs(*config, dtype=F32, device=device, generator=gen) for _ in range(iterations)]
+             for config in THREAD_CONFIGS]
+    synchronize(device)
+    results = [[None] * iterations for _ in THREAD_CONFIGS]
+    errors = []
+    barrier = threading.Barrier(len(THREAD_CONFIGS))
+
+    def work(k):
+        try:
+            stream = torch.cuda.Stream() if device == "cuda" else None
+            barrier.wait()
+            for i, case in enumerate(cases[k]):
+                if stream is None:
+                    results[k][i] = forward_and_grads(OP, case, PADDING_MODES[(k + i) % 2])
+                else:
+                    with torch.cuda.stream(stream):
+                        results[k][i] = forward_and_grads(OP, case, PADDING_MODES[(k + i) % 2])
+            if stream is not None:
+                stream.synchronize()
+        except BaseException as e:  # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(len(THREAD_CONFIGS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    if errors:
+        raise errors[0]
+    for k in range(len(THREAD_CONFIGS)):
+        for i, case in enumerate(cases[k]):
+            out, grads = results[k][i]
+            expected, expected_grads = reference_and_grads(case, PADDING_MODES[(k + i) % 2])
+            assert_close(out, expected, F32, what=f"thread {k} call {i}")
+            assert_grads_close(grads, expected_grads, F32)
