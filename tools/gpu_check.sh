@@ -24,17 +24,24 @@ rm -rf build edsc_ext/_C*.so
 if ! EDSC_EXT_PTXAS_VERBOSE=1 python3 -m pip install -v --no-build-isolation --no-deps --no-index . > "$OUT/build.log" 2>&1; then
   tail -60 "$OUT/build.log"; exit 1
 fi
-grep -E "registers|spill|stack frame" "$OUT/build.log" | sed 's/^ *//' | sort -u > "$OUT/ptxas.txt"
-grep -c "" "$OUT/ptxas.txt"
+echo "ptxas: $(grep -c "bytes spill stores" "$OUT/build.log") kernels, spills in" \
+  "$(grep "bytes spill stores" "$OUT/build.log" | grep -vc " 0 bytes spill stores")"
 
 # Run from outside the checkout so that the installed package, not the source folder, is imported.
 cd /tmp
 step "python -m edsc_ext"
 python3 -m edsc_ext 2>&1 | tee "$OUT/selfcheck.txt" || status=1
 
+# Single-device tests in parallel (PYTEST_WORKERS, pytest-xdist), then the multi-GPU ones alone:
+# they measure memory and launches on the card the others would be using.
 step "pytest"
-python3 -X faulthandler -m pytest -v -rs -p no:cacheprovider "$REPO/tests" 2>&1 | tee "$OUT/pytest.log" | tail -25
-[ "${PIPESTATUS[0]}" = 0 ] || status=1
+python3 -X faulthandler -m pytest -v -rs -p no:cacheprovider -m "not multi_gpu" \
+  ${PYTEST_WORKERS:+-n "$PYTEST_WORKERS"} "$REPO/tests" > "$OUT/pytest.log" 2>&1 || status=1
+grep -E "FAILED|ERROR|passed|failed" "$OUT/pytest.log" | tail -25
+step "pytest (multi-GPU)"
+python3 -X faulthandler -m pytest -v -rs -p no:cacheprovider -m multi_gpu "$REPO/tests" >> "$OUT/pytest.log" 2>&1 \
+  || status=1
+grep -E "FAILED|ERROR|passed|failed|SKIPPED" "$OUT/pytest.log" | tail -25
 
 for tool in ${SANITIZER_TOOLS-memcheck racecheck}; do
   step "compute-sanitizer --tool $tool"

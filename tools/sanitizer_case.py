@@ -9,6 +9,17 @@ import edsc_ext
 
 
 def main() -> None:
+    for deterministic in (False, True):  # the fixed-point input gradient is a kernel of its own
+        torch.use_deterministic_algorithms(deterministic)
+        run_every_path()
+    torch.use_deterministic_algorithms(False)
+    device = torch.device("cuda", torch.cuda.device_count() - 1)
+    a = torch.randn(1000, device=device)
+    assert torch.equal(edsc_ext.vector_add(a, a), a + a)
+    print("sanitizer case done")
+
+
+def run_every_path() -> None:
     device = torch.device("cuda", torch.cuda.device_count() - 1)
     gen = torch.Generator().manual_seed(0)
     for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
@@ -32,10 +43,11 @@ def main() -> None:
                 out = edsc_ext.deform_sepconv(ts[0], None, ts[2], None, ts[4], kernel_size=(kh, kw), padding=pad,
                                               dilation=dil, padding_mode=mode)
                 out.sum().backward()
+                # channels_last takes the layout conversions.
+                cl = [t.detach().contiguous(memory_format=torch.channels_last).requires_grad_() for t in ts]
+                out = edsc_ext.deform_sepconv(*cl, padding=pad, dilation=dil, padding_mode=mode)
+                out.sum().backward()
     torch.cuda.synchronize(device)
-    a = torch.randn(1000, device=device)
-    assert torch.equal(edsc_ext.vector_add(a, a), a + a)
-    print("sanitizer case done")
 
 
 if __name__ == "__main__":
