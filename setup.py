@@ -1,162 +1,205 @@
 """Builds edsc_ext._C: the CPU and (when a CUDA toolkit is found) CUDA kernels plus the pybind11
-module, as one binary.
+module, as one binary, against the torch installed in the build environment.
+
+    pip install --no-build-isolation .          # from a checkout, against your torch
+    pip wheel --no-build-isolation --no-deps .  # a wheel, e.g. 0.1.0+cu130torch2.14
 
 Environment:
-  EDSC_EXT_FORCE_CUDA=1   fail instead of falling back to a CPU-only build when CUDA is missing
-  EDSC_EXT_CPU_ONLY=1     build the CPU kernels only
-  TORCH_CUDA_ARCH_LIST    architectures to compile for (default: see DEFAULT_ARCH_LISTS)
-  CUDA_HOME               toolkit root; detected when unset (see find_cuda_home)
-  MAX_JOBS                parallel compile jobs (ninja)
+  EDSC_EXT_FORCE_CUDA=1     fail instead of falling back to a CPU-only build when CUDA is missing
+  EDSC_EXT_CPU_ONLY=1       build the CPU kernels only
+  TORCH_CUDA_ARCH_LIST      architectures to compile for (default: _build_support.default_arch_list)
+  CUDA_HOME                 toolkit root; detected when unset (see _build_support.find_cuda_home)
+  MAX_JOBS                  parallel compile jobs (ninja)
+  EDSC_EXT_LOCAL_VERSION    the wheel's local version label (default: e.g. cu130torch2.14; 'none': no label)
+  EDSC_EXT_WHEEL_INDEX      the wheel index this build is published to (shown in import errors)
+
+The build records what it was built with twice: in the binary (_C.build_info()) and in a generated
+edsc_ext/_build_meta.py beside it, which the package reads before loading the binary, so that a
+mismatched torch gets an explanation instead of an undefined-symbol error.
 """
 
-import glob
+import importlib.util
 import os
+import platform
 import shutil
-import subprocess
 import sys
 
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py as _build_py
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+os.chdir(ROOT)  # setuptools wants source paths relative to the project
 
 
-def _is_cuda_root(path):
-    return bool(path) and os.path.isfile(os.path.join(path, "bin", "nvcc")) and os.path.isfile(
-        os.path.join(path, "include", "cuda_runtime.h"))
+def _load_by_path(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def find_cuda_home():
-    """The CUDA toolkit root, or None.
+# Loaded by path: importing the edsc_ext package would import torch and the (unbuilt) binary.
+bs = _load_by_path("_edsc_ext_build_support", os.path.join(ROOT, "edsc_ext", "_build_support.py"))
+_version = _load_by_path("_edsc_ext_version", os.path.join(ROOT, "edsc_ext", "_version.py"))
+BASE_VERSION = _version.__version__
+WHEEL_INDEX = os.environ.get("EDSC_EXT_WHEEL_INDEX") or _version.WHEEL_INDEX
 
-    torch guesses CUDA_HOME from `which nvcc`; where nvcc is a wrapper script (/usr/local/bin/nvcc)
-    that guess is /usr/local, which has no CUDA headers. So take CUDA_HOME/CUDA_PATH when they point
-    at a toolkit, then /usr/local/cuda, then nvcc's own location.
-    """
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        if _is_cuda_root(os.environ.get(var)):
-            return os.environ[var]
-    if _is_cuda_root("/usr/local/cuda"):
-        return "/usr/local/cuda"
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        root = os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
-        if _is_cuda_root(root):
-            return root
-    candidates = sorted(glob.glob("/usr/local/cuda-*"), reverse=True)
-    return next((c for c in candidates if _is_cuda_root(c)), None)
+# An sdist is sources only: it needs neither torch nor a compiler, and carries no local label.
+SDIST_ONLY = any(cmd in sys.argv[1:] for cmd in ("sdist", "egg_info")) and not any(
+    cmd in sys.argv[1:] for cmd in ("bdist_wheel", "build", "build_ext", "install", "develop", "editable_wheel"))
 
-
-def _flag(name):
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-
-
-FORCE_CUDA = _flag("EDSC_EXT_FORCE_CUDA")
-CPU_ONLY = _flag("EDSC_EXT_CPU_ONLY")
+FORCE_CUDA = bs.flag("EDSC_EXT_FORCE_CUDA")
+CPU_ONLY = bs.flag("EDSC_EXT_CPU_ONLY")
 if FORCE_CUDA and CPU_ONLY:
     sys.exit("EDSC_EXT_FORCE_CUDA=1 and EDSC_EXT_CPU_ONLY=1 contradict each other: set one")
 
-_cuda_home = None if CPU_ONLY else find_cuda_home()
+_cuda_home = None if (CPU_ONLY or SDIST_ONLY) else bs.find_cuda_home()
 if _cuda_home:
     # Must be set before torch.utils.cpp_extension is imported: it reads CUDA_HOME once.
     os.environ["CUDA_HOME"] = _cuda_home
 
-import torch  # noqa: E402
-from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension  # noqa: E402
 
-# Real machine code for each architecture plus PTX for the newest, so future GPUs still run.
-DEFAULT_ARCH_LISTS = {
-    12: "7.5;8.0;8.6;8.9;9.0+PTX",
-    13: "7.5;8.0;8.6;8.9;9.0;10.0;12.0+PTX",
-}
-
-
-def _nvcc_version(cuda_home):
-    out = subprocess.run([os.path.join(cuda_home, "bin", "nvcc"), "--version"], capture_output=True, text=True)
-    for token in out.stdout.replace(",", " ").split():
-        if token.startswith("V") and token[1:2].isdigit():
-            return tuple(int(x) for x in token[1:].split(".")[:2])
-    return None
-
-
-def _pip_cuda_include_dirs():
-    """Header folders of the nvidia-* pip packages that come with torch (cuBLAS, cuSPARSE, ...).
-
-    ATen's CUDA headers include cublas_v2.h and cusparse.h, which a minimal toolkit may lack.
-    """
-    dirs = []
+def _import_torch():
     try:
-        import nvidia  # namespace package installed with CUDA builds of torch
+        import torch
     except ImportError:
-        return dirs
-    for base in list(getattr(nvidia, "__path__", [])):
-        for inc in sorted(glob.glob(os.path.join(base, "*", "include"))):
-            if glob.glob(os.path.join(inc, "cublas*.h")) or glob.glob(os.path.join(inc, "cusparse*.h")):
-                dirs.append(inc)
-    return dirs
+        sys.exit(
+            "edsc-ext: torch is not installed in the build environment.\n"
+            "The extension is compiled against the torch it will run with, so install torch first and build\n"
+            "without build isolation:\n"
+            "    pip install torch && pip install --no-build-isolation edsc-ext    (or `.` in a checkout)\n"
+            "Prebuilt wheels for common torch/CUDA pairs need no compiler: see docs/install.md.")
+    return torch
 
 
-def _decide_cuda():
-    if CPU_ONLY:
-        return False, "EDSC_EXT_CPU_ONLY=1"
-    if torch.version.cuda is None:
-        return False, f"torch {torch.__version__} has no CUDA support"
-    if not _cuda_home:
-        return False, "no CUDA toolkit found (set CUDA_HOME to a folder with bin/nvcc)"
-    nvcc = _nvcc_version(_cuda_home)
-    torch_major = int(torch.version.cuda.split(".")[0])
-    if nvcc and nvcc[0] != torch_major:
-        return False, (f"nvcc {nvcc[0]}.{nvcc[1]} in {_cuda_home} does not match the CUDA {torch.version.cuda} "
-                       f"torch was built with")
-    return True, f"CUDA {torch.version.cuda}, toolkit {_cuda_home}"
+def _local_label(torch, with_cuda):
+    label = os.environ.get("EDSC_EXT_LOCAL_VERSION")
+    if label is not None:
+        return None if label.strip().lower() in ("", "none") else label.strip()
+    return bs.local_version_label(torch.__version__, torch.version.cuda if with_cuda else None)
 
 
-def _encode_arch_list(arch_list):
-    """'8.0;8.6 9.0+PTX' -> ('80,86,90', '90'): the SASS and PTX architectures as integers."""
-    sass, ptx = [], []
-    for entry in arch_list.replace(";", " ").replace(",", " ").split():
-        name = entry.split("+")[0].replace(".", "").lower()
-        if not name.rstrip("af").isdigit():
-            sys.exit(f"TORCH_CUDA_ARCH_LIST entry {entry!r} is not of the form 8.6, 9.0a or 9.0+PTX")
-        sass.append(name)
-        if entry.upper().endswith("+PTX"):
-            ptx.append(name)
-    return ",".join(sass), ",".join(ptx) or "0"
+class BuildPy(_build_py):
+    """Also ships src/ and include/ inside the package (edsc_ext/_csrc), for edsc_ext.jit."""
+
+    def run(self):
+        super().run()
+        if self.editable_mode:  # the checkout's own src/ and include/ are used
+            return
+        dest = os.path.join(self.build_lib, "edsc_ext", bs.SHIPPED_SOURCES_DIR)
+        for rel in bs.tracked_files(ROOT):
+            target = os.path.join(dest, rel)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            self.copy_file(os.path.join(ROOT, rel), target)
 
 
-def make_extension():
-    with_cuda, why = _decide_cuda()
+def make_build_ext(facts):
+    from torch.utils.cpp_extension import BuildExtension
+
+    class BuildExt(BuildExtension):
+        """Writes edsc_ext/_build_meta.py next to the binary it builds (build dir, and the source
+        tree for in-place/editable builds)."""
+
+        def finalize_options(self):
+            super().finalize_options()
+            if getattr(self, "editable_mode", False):
+                # pip install -e builds in a throw-away temp folder; use the regular build/temp.*
+                # instead, so that ninja's objects survive: an edit-rebuild cycle recompiles only what
+                # changed, and a later `pip wheel .` with the same flags only relinks.
+                regular = self.distribution.get_command_class("build")(self.distribution)
+                regular.initialize_options()
+                regular.finalize_options()
+                self.build_temp = os.path.join(ROOT, regular.build_temp)
+
+        def run(self):
+            super().run()
+            text = bs.build_meta_source(facts)
+            folders = {os.path.dirname(os.path.join(self.build_lib, *"edsc_ext._C".split(".")))}
+            if self.inplace or getattr(self, "editable_mode", False):
+                folders.add(os.path.join(ROOT, "edsc_ext"))
+            for folder in folders:
+                os.makedirs(folder, exist_ok=True)
+                path = os.path.join(folder, "_build_meta.py")
+                with open(path, "w") as f:
+                    f.write(text)
+                print(f"edsc_ext: wrote {os.path.relpath(path, ROOT)}", flush=True)
+
+        def get_outputs(self):
+            return super().get_outputs() + [os.path.join(self.build_lib, "edsc_ext", "_build_meta.py")]
+
+    return BuildExt.with_options(use_ninja=shutil.which("ninja") is not None)
+
+
+def configure():
+    """(version, install_requires, ext_modules, cmdclass) for this build."""
+    if SDIST_ONLY:
+        return BASE_VERSION, ["torch>=2.4"], [], {"build_py": BuildPy}
+
+    torch = _import_torch()
+    from torch.utils.cpp_extension import CppExtension, CUDAExtension
+
+    with_cuda, why = bs.decide_cuda(torch.version.cuda, _cuda_home, CPU_ONLY)
     if FORCE_CUDA and not with_cuda:
         sys.exit(f"EDSC_EXT_FORCE_CUDA=1 but CUDA kernels cannot be built: {why}")
-    print(f"edsc_ext: building {'CPU + CUDA' if with_cuda else 'CPU-only'} kernels ({why})", flush=True)
+    print(f"edsc_ext: building {'CPU + CUDA' if with_cuda else 'CPU-only'} kernels against torch "
+          f"{torch.__version__} ({why})", flush=True)
 
-    sources = sorted(glob.glob(os.path.join("src", "*.cpp")) + glob.glob(os.path.join("src", "cpu", "*.cpp")))
+    label = _local_label(torch, with_cuda)
+    version = BASE_VERSION + (f"+{label}" if label else "")
+    sources = bs.source_files(ROOT, with_cuda)
+    if sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc":
+        sources.append(os.path.join("src", "compat", "manylinux_glibc.cpp"))  # see that file
     include_dirs = [os.path.join(ROOT, "include")]
-    cxx_flags = ["-O3"]  # the C++ standard is the one torch.utils.cpp_extension picks for this torch
-    define_macros = []
-    if not with_cuda:
-        return CppExtension("edsc_ext._C", sources, include_dirs=include_dirs,
-                            extra_compile_args={"cxx": cxx_flags}, define_macros=define_macros)
+    arch_list = None
+    macros = []
+    if with_cuda:
+        if not os.environ.get("TORCH_CUDA_ARCH_LIST"):
+            os.environ["TORCH_CUDA_ARCH_LIST"] = bs.default_arch_list(torch.version.cuda)
+        arch_list = os.environ["TORCH_CUDA_ARCH_LIST"]
+        try:
+            macros = bs.arch_macros(arch_list)
+        except ValueError as exc:
+            sys.exit(str(exc))
+        print(f"edsc_ext: TORCH_CUDA_ARCH_LIST={arch_list}", flush=True)
+        include_dirs += bs.pip_cuda_include_dirs()
+    sass, ptx = bs.encode_arch_list(arch_list) if arch_list else ([], [])
+    toolkit = None
+    if with_cuda:
+        nvcc = bs.nvcc_version(_cuda_home)
+        toolkit = f"{nvcc[0]}.{nvcc[1]}" if nvcc else torch.version.cuda
+    facts = {
+        "version": version,
+        "build": "setuptools",
+        "torch_version": torch.__version__,
+        "torch_cuda_version": torch.version.cuda,
+        "with_cuda": with_cuda,
+        "cuda_version": toolkit,
+        "cuda_arch_list": arch_list,
+        "cuda_sass_archs": sass,
+        "cuda_ptx_archs": ptx,
+        "python": "%d.%d" % sys.version_info[:2],
+        "wheel_index": WHEEL_INDEX,
+    }
 
-    if not os.environ.get("TORCH_CUDA_ARCH_LIST"):
-        major = int(torch.version.cuda.split(".")[0])
-        os.environ["TORCH_CUDA_ARCH_LIST"] = DEFAULT_ARCH_LISTS.get(major, DEFAULT_ARCH_LISTS[13])
-    arch_list = os.environ["TORCH_CUDA_ARCH_LIST"]
-    print(f"edsc_ext: TORCH_CUDA_ARCH_LIST={arch_list}", flush=True)
-    sources += sorted(glob.glob(os.path.join("src", "cuda", "*.cu")))
-    include_dirs += _pip_cuda_include_dirs()
-    sass, ptx = _encode_arch_list(arch_list)
-    # Comma-separated integers survive the shell and ninja unquoted; src/deform_sepconv.cpp turns
-    # them back into strings for build_info().
-    define_macros += [("EDSC_EXT_WITH_CUDA", None), ("EDSC_EXT_CUDA_SASS", sass), ("EDSC_EXT_CUDA_PTX", ptx)]
-    nvcc_flags = ["-O3", "-lineinfo"]
-    if _flag("EDSC_EXT_PTXAS_VERBOSE"):
-        nvcc_flags.append("-Xptxas=-v")
-    return CUDAExtension("edsc_ext._C", sources, include_dirs=include_dirs, define_macros=define_macros,
-                         extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags})
+    if with_cuda:
+        nvcc_flags = list(bs.NVCC_FLAGS)
+        if bs.flag("EDSC_EXT_PTXAS_VERBOSE"):
+            nvcc_flags.append("-Xptxas=-v")
+        ext = CUDAExtension("edsc_ext._C", sources, include_dirs=include_dirs, define_macros=macros,
+                            extra_compile_args={"cxx": list(bs.CXX_FLAGS), "nvcc": nvcc_flags})
+    else:
+        ext = CppExtension("edsc_ext._C", sources, include_dirs=include_dirs,
+                           extra_compile_args={"cxx": list(bs.CXX_FLAGS)})
+    cmdclass = {"build_py": BuildPy, "build_ext": make_build_ext(facts)}
+    return version, [bs.torch_requirement(torch.__version__)], [ext], cmdclass
 
+
+VERSION, INSTALL_REQUIRES, EXT_MODULES, CMDCLASS = configure()
 
 setup(
+    version=VERSION,
+    install_requires=INSTALL_REQUIRES,
     packages=find_packages(include=["edsc_ext", "edsc_ext.*"]),
-    ext_modules=[make_extension()],
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=shutil.which("ninja") is not None)},
+    ext_modules=EXT_MODULES,
+    cmdclass=CMDCLASS,
 )

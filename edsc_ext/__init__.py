@@ -3,22 +3,50 @@
     import edsc_ext
     out = edsc_ext.deform_sepconv(frame, vertical, horizontal, offset, mask,
                                   padding=2, padding_mode="border")
+
+Importing loads the compiled kernels (registering torch.ops.edsc_ext.*). When they were built for
+another torch or CUDA, the ImportError says what was built, what is installed and how to fix it.
+EDSC_EXT_JIT=1 compiles them for the running torch instead (see edsc_ext.jit).
 """
+
+import sys as _sys
 
 import torch  # noqa: F401  (loads libtorch before the extension that links against it)
 
-from . import _C  # registers torch.ops.edsc_ext.*
-from . import nn, reference  # noqa: F401
-from .ops import deform_sepconv, vector_add
+from . import _loader
+from ._version import __version__ as _base_version
 
-__version__ = "0.1.0"
+_C, _BUILD_META, _BUILD_KIND = _loader.load()  # registers torch.ops.edsc_ext.*
+_sys.modules.setdefault(__name__ + "._C", _C)  # a JIT build has another module name
+
+from . import nn, reference  # noqa: E402,F401
+from .ops import deform_sepconv, vector_add  # noqa: E402
+
+__version__ = _BUILD_META.get("version") or _base_version
 __all__ = ["deform_sepconv", "vector_add", "build_info", "nn", "reference", "__version__"]
 
 
 def build_info() -> dict:
-    """How the compiled extension was built: torch and CUDA versions, GPU architectures."""
-    info = dict(_C.build_info())
+    """How the loaded extension was built.
+
+    Keys: ``version``, ``build`` ('setuptools' or 'jit'), ``torch_version`` and ``torch_cuda_version``
+    (the torch it was compiled against), ``with_cuda``, ``cuda_version`` (the toolkit), and
+    ``cuda_sass_archs`` / ``cuda_ptx_archs`` (e.g. ['80', '90'], the GPU architectures it has
+    machine code / PTX for). The binary's own record (``_C.build_info()``) wins where both have a key.
+    """
+    info = dict(_BUILD_META)
+    info.pop("python", None)
+    info.update(dict(_C.build_info()))
+    # The binary knows torch's x.y.z; the build meta the full version (e.g. 2.14.1+cu130).
+    full = _BUILD_META.get("torch_version")
+    if full and full.split("+")[0] == info.get("torch_version"):
+        info["torch_version"] = full
     info["version"] = __version__
-    info["cuda_sass_archs"] = [a for a in info.get("cuda_sass_archs", "").split(",") if a and a != "0"]
-    info["cuda_ptx_archs"] = [a for a in info.get("cuda_ptx_archs", "").split(",") if a and a != "0"]
+    info["build"] = _BUILD_KIND
+    info.setdefault("torch_cuda_version", None)
+    for key in ("cuda_sass_archs", "cuda_ptx_archs"):
+        value = info.get(key) or ""
+        if isinstance(value, str):
+            value = value.split(",")
+        info[key] = [a for a in value if a and a != "0"]
     return info

@@ -9,7 +9,7 @@ import sys
 import torch
 
 import edsc_ext
-from edsc_ext import reference
+from edsc_ext import _build_support, reference
 
 # ||out - ref|| / ||ref|| accepted per dtype (the half types accumulate in float32).
 SELF_CHECK_TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2}
@@ -46,19 +46,38 @@ def self_check(device: torch.device, dtype: torch.dtype) -> float:
     return worst
 
 
+def arch_warnings(info: dict) -> list:
+    """One line per visible GPU that this build has neither machine code (SASS) nor PTX for."""
+    lines = []
+    if not torch.cuda.is_available() or not info["with_cuda"]:
+        return lines
+    for i in range(torch.cuda.device_count()):
+        cap = torch.cuda.get_device_capability(i)
+        if not _build_support.arch_runs_on(info["cuda_sass_archs"], info["cuda_ptx_archs"], cap):
+            lines.append(
+                f"warning: cuda:{i} ({torch.cuda.get_device_name(i)}, compute capability {cap[0]}.{cap[1]}) has no "
+                f"kernels in this build (SASS sm {','.join(info['cuda_sass_archs']) or '-'}, PTX "
+                f"{','.join(info['cuda_ptx_archs']) or '-'}): rebuild with TORCH_CUDA_ARCH_LIST=\"{cap[0]}.{cap[1]}\" "
+                f"(pip install --no-build-isolation ., or EDSC_EXT_JIT=1), or install a wheel built for a newer CUDA")
+    return lines
+
+
 def main() -> int:
     info = edsc_ext.build_info()
     print(f"edsc_ext {edsc_ext.__version__}")
     print(f"python {platform.python_version()}, torch {torch.__version__} (CUDA {torch.version.cuda})")
-    print("built with: torch {torch_version}, CUDA {cuda_version}, kernels for sm {sass}, PTX {ptx}".format(
-        torch_version=info["torch_version"], cuda_version=info["cuda_version"] if info["with_cuda"] else "none",
-        sass=",".join(info["cuda_sass_archs"]) or "-", ptx=",".join(info["cuda_ptx_archs"]) or "-"))
+    print("built with: torch {torch_version}, CUDA {cuda_version}, kernels for sm {sass}, PTX {ptx} (build: {build})".format(
+        torch_version=info.get("torch_version"), cuda_version=info["cuda_version"] if info["with_cuda"] else "none",
+        sass=",".join(info["cuda_sass_archs"]) or "-", ptx=",".join(info["cuda_ptx_archs"]) or "-",
+        build=info.get("build", "?")))
     devices = [torch.device("cpu")]
     if torch.cuda.is_available():
         if not info["with_cuda"]:
             print("warning: GPUs are visible but this build has no CUDA kernels; rebuild with a CUDA toolkit")
         else:
             devices += [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+    for line in arch_warnings(info):
+        print(line)
     failed = False
     for device in devices:
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"

@@ -1,6 +1,11 @@
 // Op schemas (TORCH_LIBRARY), the host-side checks shared by every backend, and the pybind11
 // module that reports how this binary was built.
+// EDSC_EXT_NO_PYTHON (the CMake build): a plain shared library for torch.ops.load_library, no pybind11.
+#ifdef EDSC_EXT_NO_PYTHON
+#include <ATen/ATen.h>
+#else
 #include <torch/extension.h>
+#endif
 #include <torch/library.h>
 #include <torch/version.h>
 
@@ -119,6 +124,7 @@ TORCH_LIBRARY(edsc_ext, m) {
 
 }  // namespace edsc_ext
 
+#ifndef EDSC_EXT_NO_PYTHON
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "edsc_ext compiled ops (registered under torch.ops.edsc_ext) and build facts";
   m.def("build_info", [] {
@@ -139,3 +145,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return info;
   });
 }
+#endif  // EDSC_EXT_NO_PYTHON

@@ -1,0 +1,253 @@
+"""Build configuration shared by the three build paths: setup.py (wheels and source installs),
+:mod:`edsc_ext.jit` (``torch.utils.cpp_extension.load``) and, for its arch table, the wheel
+workflow (``tools/wheels/cibw.sh`` is checked against :func:`default_arch_list` by the tests).
+
+This module imports nothing outside the standard library at module level: setup.py loads it by
+file path before torch is imported (``CUDA_HOME`` must be settled first), and the JIT loads it
+from the installed package.
+"""
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+
+# The extension's sources, relative to the folder holding src/ and include/ (the repository root,
+# or edsc_ext/_csrc inside an installed wheel).
+CPU_SOURCE_GLOBS = ("src/*.cpp", "src/cpu/*.cpp")
+CUDA_SOURCE_GLOBS = ("src/cuda/*.cu",)
+HEADER_GLOBS = ("include/edsc_ext/*.h", "src/cuda/*.cuh")
+
+# Where an installed wheel keeps a copy of src/ and include/ for the JIT build.
+SHIPPED_SOURCES_DIR = "_csrc"
+
+CXX_FLAGS = ["-O3"]  # the C++ standard is the one torch.utils.cpp_extension picks for this torch
+NVCC_FLAGS = ["-O3", "-lineinfo"]
+
+
+def flag(name, environ=None):
+    """True when the environment variable is set to 1/true/yes/on."""
+    value = (environ if environ is not None else os.environ).get(name, "")
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+# --------------------------------------------------------------------------- CUDA toolkit
+
+def is_cuda_root(path):
+    return bool(path) and os.path.isfile(os.path.join(path, "bin", "nvcc")) and os.path.isfile(
+        os.path.join(path, "include", "cuda_runtime.h"))
+
+
+def find_cuda_home(environ=None):
+    """The CUDA toolkit root, or None.
+
+    torch guesses CUDA_HOME from `which nvcc`; where nvcc is a wrapper script (/usr/local/bin/nvcc)
+    that guess is /usr/local, which has no CUDA headers. So take CUDA_HOME/CUDA_PATH when they point
+    at a toolkit, then /usr/local/cuda, then nvcc's own location, then /usr/local/cuda-*.
+    """
+    environ = environ if environ is not None else os.environ
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if is_cuda_root(environ.get(var)):
+            return environ[var]
+    if is_cuda_root("/usr/local/cuda"):
+        return "/usr/local/cuda"
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        root = os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
+        if is_cuda_root(root):
+            return root
+    candidates = sorted(glob.glob("/usr/local/cuda-*"), reverse=True)
+    return next((c for c in candidates if is_cuda_root(c)), None)
+
+
+def cuda_home_problem(environ=None):
+    """Why CUDA_HOME (when set) is not usable, or None."""
+    environ = environ if environ is not None else os.environ
+    value = environ.get("CUDA_HOME")
+    if value and not is_cuda_root(value):
+        return (f"CUDA_HOME={value} is not a CUDA toolkit root (it needs bin/nvcc and include/cuda_runtime.h; "
+                f"e.g. /usr/local/cuda)")
+    return None
+
+
+def nvcc_version(cuda_home):
+    """(major, minor) of cuda_home/bin/nvcc, or None."""
+    try:
+        out = subprocess.run([os.path.join(cuda_home, "bin", "nvcc"), "--version"], capture_output=True,
+                             text=True, check=False).stdout
+    except OSError:
+        return None
+    match = re.search(r"release (\d+)\.(\d+)", out)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def decide_cuda(torch_cuda_version, cuda_home, cpu_only=False):
+    """(build the CUDA kernels?, why) for a torch built with CUDA `torch_cuda_version` (None: CPU torch)."""
+    if cpu_only:
+        return False, "EDSC_EXT_CPU_ONLY=1"
+    if torch_cuda_version is None:
+        return False, "the installed torch has no CUDA support"
+    if not cuda_home:
+        problem = cuda_home_problem()
+        return False, problem or "no CUDA toolkit found (install nvcc or set CUDA_HOME to a folder with bin/nvcc)"
+    nvcc = nvcc_version(cuda_home)
+    torch_major = int(torch_cuda_version.split(".")[0])
+    if nvcc and nvcc[0] != torch_major:
+        return False, (f"nvcc {nvcc[0]}.{nvcc[1]} in {cuda_home} does not match the CUDA {torch_cuda_version} "
+                       f"torch was built with (CUDA major versions must agree)")
+    return True, f"CUDA {torch_cuda_version}, toolkit {cuda_home}" + (f" (nvcc {nvcc[0]}.{nvcc[1]})" if nvcc else "")
+
+
+def pip_cuda_include_dirs():
+    """Header folders of the nvidia-* pip packages that come with torch (cuBLAS, cuSPARSE, ...).
+
+    ATen's CUDA headers include cublas_v2.h and cusparse.h, which a minimal toolkit may lack.
+    """
+    dirs = []
+    try:
+        import nvidia  # namespace package installed with CUDA builds of torch
+    except ImportError:
+        return dirs
+    for base in list(getattr(nvidia, "__path__", [])):
+        for inc in sorted(glob.glob(os.path.join(base, "*", "include"))):
+            if glob.glob(os.path.join(inc, "cublas*.h")) or glob.glob(os.path.join(inc, "cusparse*.h")):
+                dirs.append(inc)
+    return dirs
+
+
+# --------------------------------------------------------------------------- architectures
+
+def default_arch_list(cuda_version):
+    """TORCH_CUDA_ARCH_LIST used when none is given: real machine code (SASS) for every
+    architecture this project supports with that CUDA (Turing 7.5 and newer), plus PTX for the
+    newest, so that later GPUs still run (the driver compiles the PTX)."""
+    major, minor = (int(x) for x in str(cuda_version).split(".")[:2])
+    if major >= 13:
+        return "7.5;8.0;8.6;8.9;9.0;10.0;12.0+PTX"
+    if (major, minor) >= (12, 8):
+        return "7.5;8.0;8.6;8.9;9.0;10.0;12.0+PTX"
+    return "7.5;8.0;8.6;8.9;9.0+PTX"
+
+
+def encode_arch_list(arch_list):
+    """'8.0;8.6 9.0+PTX' -> (['80', '86', '90'], ['90']): SASS and PTX architectures."""
+    sass, ptx = [], []
+    for entry in arch_list.replace(";", " ").replace(",", " ").split():
+        name = entry.split("+")[0].replace(".", "").lower()
+        if not name.rstrip("af").isdigit():
+            raise ValueError(f"TORCH_CUDA_ARCH_LIST entry {entry!r} is not of the form 8.6, 9.0a or 9.0+PTX")
+        sass.append(name)
+        if entry.upper().endswith("+PTX"):
+            ptx.append(name)
+    return sass, ptx
+
+
+def arch_list_for_devices(capabilities):
+    """A TORCH_CUDA_ARCH_LIST for the GPUs of this machine: their architectures, PTX on the newest."""
+    archs = sorted(set(capabilities))
+    if not archs:
+        return None
+    parts = [f"{major}.{minor}" for major, minor in archs]
+    parts[-1] += "+PTX"
+    return ";".join(parts)
+
+
+def arch_macros(arch_list):
+    """Preprocessor definitions that record the architectures in the binary (see build_info()).
+    Comma-separated integers survive the shell and ninja unquoted."""
+    sass, ptx = encode_arch_list(arch_list)
+    return [("EDSC_EXT_WITH_CUDA", None), ("EDSC_EXT_CUDA_SASS", ",".join(sass) or "0"),
+            ("EDSC_EXT_CUDA_PTX", ",".join(ptx) or "0")]
+
+
+def macro_flags(macros):
+    return [f"-D{name}" if value is None else f"-D{name}={value}" for name, value in macros]
+
+
+def arch_runs_on(sass, ptx, capability):
+    """Whether a binary with these SASS/PTX architectures (['80', '90a', ...]) has code for a GPU
+    of compute capability (major, minor): SASS of the same major and a minor not above the GPU's
+    (an 'a' variant: only that exact GPU), or PTX of an architecture not above the GPU's."""
+    major, minor = capability
+    cc = major * 10 + minor
+
+    def number(arch):
+        digits = arch.rstrip("af")
+        return int(digits) if digits.isdigit() else None
+
+    for arch in sass:
+        n = number(arch)
+        if n is None:
+            continue
+        if arch.endswith("a"):
+            if n == cc:
+                return True
+        elif n // 10 == major and n <= cc:
+            return True
+    for arch in ptx:
+        n = number(arch)
+        if n is None:
+            continue
+        if arch.endswith("a"):
+            if n == cc:
+                return True
+        elif n <= cc:
+            return True
+    return False
+
+
+# --------------------------------------------------------------------------- sources and versions
+
+def source_files(root, with_cuda):
+    """The sources to compile, relative to root, sorted."""
+    globs = CPU_SOURCE_GLOBS + (CUDA_SOURCE_GLOBS if with_cuda else ())
+    files = []
+    for pattern in globs:
+        files += sorted(os.path.relpath(p, root) for p in glob.glob(os.path.join(root, pattern)))
+    return files
+
+
+def tracked_files(root):
+    """Every file the build reads (sources and headers), relative to root: what a JIT build hashes."""
+    files = set(source_files(root, with_cuda=True))
+    for pattern in HEADER_GLOBS:
+        files.update(os.path.relpath(p, root) for p in glob.glob(os.path.join(root, pattern)))
+    return sorted(files)
+
+
+def major_minor(version):
+    """'2.14.1+cu130' -> (2, 14)."""
+    match = re.match(r"(\d+)\.(\d+)", str(version))
+    if not match:
+        raise ValueError(f"not a version: {version!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+def cuda_tag(cuda_version):
+    """'13.0' -> 'cu130'; None -> 'cpu'."""
+    if not cuda_version:
+        return "cpu"
+    major, minor = major_minor(cuda_version)
+    return f"cu{major}{minor}"
+
+
+def local_version_label(torch_version, cuda_version):
+    """The wheel's local version label, e.g. 'cu130torch2.14' or 'cputorch2.13': which torch
+    (major.minor) and CUDA the binary was built for, so several builds can share one index."""
+    major, minor = major_minor(torch_version)
+    return f"{cuda_tag(cuda_version)}torch{major}.{minor}"
+
+
+def torch_requirement(torch_version):
+    """The dependency a binary wheel declares: the torch major.minor it was compiled against."""
+    major, minor = major_minor(torch_version)
+    return f"torch=={major}.{minor}.*"
+
+
+def build_meta_source(facts):
+    """Text of edsc_ext/_build_meta.py: the build facts, readable without loading the binary."""
+    lines = ['"""Generated by setup.py when the extension was built; do not edit (not in git)."""', ""]
+    for key in sorted(facts):
+        lines.append(f"{key.upper()} = {facts[key]!r}")
+    return "\n".join(lines) + "\n"
