@@ -47,6 +47,6 @@ def build_info() -> dict:
     for key in ("cuda_sass_archs", "cuda_ptx_archs"):
         value = info.get(key) or ""
         if isinstance(value, str):
-            value = value.split(",")
+            value = value.replace(",", "_").split("_")  # older binaries used commas
         info[key] = [a for a in value if a and a != "0"]
     return info

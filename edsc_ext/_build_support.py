@@ -153,12 +153,19 @@ def arch_list_for_devices(capabilities):
     return ";".join(parts)
 
 
+# Separates the architectures in the EDSC_EXT_CUDA_SASS/PTX macros and in _C.build_info().
+ARCH_SEPARATOR = "_"
+
+
 def arch_macros(arch_list):
     """Preprocessor definitions that record the architectures in the binary (see build_info()).
-    Comma-separated integers survive the shell and ninja unquoted."""
+
+    Underscore-separated integers (75_80_90a) survive the shell and ninja unquoted; commas do not
+    survive nvcc, which reads -DNAME=a,b as two definitions."""
     sass, ptx = encode_arch_list(arch_list)
-    return [("EDSC_EXT_WITH_CUDA", None), ("EDSC_EXT_CUDA_SASS", ",".join(sass) or "0"),
-            ("EDSC_EXT_CUDA_PTX", ",".join(ptx) or "0")]
+    return [("EDSC_EXT_WITH_CUDA", None), ("EDSC_EXT_CUDA_SASS", ARCH_SEPARATOR.join(sass) or "0"),
+            ("EDSC_EXT_CUDA_PTX", ARCH_SEPARATOR.join(ptx) or "0")]
+
 
 
 def macro_flags(macros):

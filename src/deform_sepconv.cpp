@@ -15,7 +15,8 @@
 #include <cuda.h>  // CUDA_VERSION of the toolkit this binary was built with
 #endif
 
-// setup.py passes the architectures as comma-separated integers (see _encode_arch_list).
+// The build passes the architectures as underscore-separated integers, e.g. 80_90a
+// (edsc_ext/_build_support.py: arch_macros).
 #define EDSC_EXT_STRINGIFY_(...) #__VA_ARGS__
 #define EDSC_EXT_STRINGIFY(...) EDSC_EXT_STRINGIFY_(__VA_ARGS__)
 

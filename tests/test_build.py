@@ -298,3 +298,15 @@ def test_self_check_warns_about_uncovered_gpus(monkeypatch):
     assert 'TORCH_CUDA_ARCH_LIST="10.0"' in lines[0]
     assert main.arch_warnings({**info, "cuda_ptx_archs": ["90"]}) == []  # PTX 9.0 runs on 10.0
     assert main.arch_warnings({**info, "with_cuda": False}) == []  # reported separately
+
+
+def test_arch_macros_survive_nvcc():
+    """nvcc reads -DNAME=a,b as two definitions (b is then an invalid macro name), so the
+    architecture list must be encoded without commas, for any number of architectures."""
+    from edsc_ext import _build_support as bs
+
+    macros = dict(bs.arch_macros("7.5;8.0;8.6 9.0a;10.0;12.0+PTX"))
+    assert macros["EDSC_EXT_CUDA_SASS"] == "75_80_86_90a_100_120"
+    assert macros["EDSC_EXT_CUDA_PTX"] == "120"
+    for flag in bs.macro_flags(bs.arch_macros("8.0;9.0+PTX")):
+        assert "," not in flag and " " not in flag, flag
