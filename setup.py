@@ -68,7 +68,7 @@ def _import_torch():
             "The extension is compiled against the torch it will run with, so install torch first and build\n"
             "without build isolation:\n"
             "    pip install torch && pip install --no-build-isolation edsc-ext    (or `.` in a checkout)\n"
-            "Prebuilt wheels for common torch/CUDA pairs need no compiler: see docs/install.md.")
+            "Prebuilt wheels for common torch/CUDA pairs need no compiler: see the README's Install section.")
     return torch
 
 

@@ -85,7 +85,7 @@ def explain(problem, meta=None, binary_info=None, cause=None):
         f"      pip install --no-build-isolation --no-binary {PYPI_NAME} --force-reinstall --no-deps {PYPI_NAME}"
         "    (in a checkout: pip install --no-build-isolation .)",
         "  * or compile it on import: EDSC_EXT_JIT=1 python ...   (cached after the first time)",
-        "See docs/install.md, 'Troubleshooting'.",
+        "See the README, sections 'Install' and 'Troubleshooting'.",
     ]
     if cause is not None:
         lines.append(f"Underlying error: {type(cause).__name__}: {cause}")
