@@ -181,15 +181,17 @@ def configure():
         "wheel_index": WHEEL_INDEX,
     }
 
+    openmp = bs.openmp_flags()  # at::parallel_for is serial without it (see _build_support)
     if with_cuda:
         nvcc_flags = list(bs.NVCC_FLAGS)
         if bs.flag("EDSC_EXT_PTXAS_VERBOSE"):
             nvcc_flags.append("-Xptxas=-v")
         ext = CUDAExtension("edsc_ext._C", sources, include_dirs=include_dirs, define_macros=macros,
-                            extra_compile_args={"cxx": list(bs.CXX_FLAGS), "nvcc": nvcc_flags})
+                            extra_compile_args={"cxx": list(bs.CXX_FLAGS) + openmp, "nvcc": nvcc_flags},
+                            extra_link_args=openmp)
     else:
         ext = CppExtension("edsc_ext._C", sources, include_dirs=include_dirs,
-                           extra_compile_args={"cxx": list(bs.CXX_FLAGS)})
+                           extra_compile_args={"cxx": list(bs.CXX_FLAGS) + openmp}, extra_link_args=openmp)
     cmdclass = {"build_py": BuildPy, "build_ext": make_build_ext(facts)}
     return version, [bs.torch_requirement(torch.__version__)], [ext], cmdclass
 
