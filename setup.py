@@ -187,11 +187,10 @@ def configure():
         if bs.flag("EDSC_EXT_PTXAS_VERBOSE"):
             nvcc_flags.append("-Xptxas=-v")
         ext = CUDAExtension("edsc_ext._C", sources, include_dirs=include_dirs, define_macros=macros,
-                            extra_compile_args={"cxx": list(bs.CXX_FLAGS) + openmp, "nvcc": nvcc_flags},
-                            extra_link_args=openmp)
+                            extra_compile_args={"cxx": list(bs.CXX_FLAGS) + openmp, "nvcc": nvcc_flags})
     else:
         ext = CppExtension("edsc_ext._C", sources, include_dirs=include_dirs,
-                           extra_compile_args={"cxx": list(bs.CXX_FLAGS) + openmp}, extra_link_args=openmp)
+                           extra_compile_args={"cxx": list(bs.CXX_FLAGS) + openmp})
     cmdclass = {"build_py": BuildPy, "build_ext": make_build_ext(facts)}
     return version, [bs.torch_requirement(torch.__version__)], [ext], cmdclass
 

@@ -128,7 +128,6 @@ def load(verbose=False):
             name=MODULE_NAME,
             sources=sources,
             extra_cflags=list(bs.CXX_FLAGS) + bs.openmp_flags() + bs.macro_flags(macros),
-            extra_ldflags=bs.openmp_flags(),
             extra_cuda_cflags=list(bs.NVCC_FLAGS) + bs.macro_flags(macros),
             extra_include_paths=include_dirs,
             build_directory=directory,
