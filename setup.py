@@ -162,24 +162,12 @@ def configure():
             sys.exit(str(exc))
         print(f"edsc_ext: TORCH_CUDA_ARCH_LIST={arch_list}", flush=True)
         include_dirs += bs.pip_cuda_include_dirs()
-    sass, ptx = bs.encode_arch_list(arch_list) if arch_list else ([], [])
     toolkit = None
     if with_cuda:
         nvcc = bs.nvcc_version(_cuda_home)
         toolkit = f"{nvcc[0]}.{nvcc[1]}" if nvcc else torch.version.cuda
-    facts = {
-        "version": version,
-        "build": "setuptools",
-        "torch_version": torch.__version__,
-        "torch_cuda_version": torch.version.cuda,
-        "with_cuda": with_cuda,
-        "cuda_version": toolkit,
-        "cuda_arch_list": arch_list,
-        "cuda_sass_archs": sass,
-        "cuda_ptx_archs": ptx,
-        "python": "%d.%d" % sys.version_info[:2],
-        "wheel_index": WHEEL_INDEX,
-    }
+    facts = bs.build_facts(version, "setuptools", with_cuda, toolkit, arch_list,
+                           python="%d.%d" % sys.version_info[:2], wheel_index=WHEEL_INDEX)
 
     openmp = bs.openmp_flags()  # at::parallel_for is serial without it (see _build_support)
     if with_cuda:

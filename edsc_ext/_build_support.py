@@ -205,25 +205,16 @@ def arch_runs_on(sass, ptx, capability):
         digits = arch.rstrip("af")
         return int(digits) if digits.isdigit() else None
 
-    for arch in sass:
+    def runs(arch, is_ptx):
         n = number(arch)
         if n is None:
-            continue
-        if arch.endswith("a"):
-            if n == cc:
-                return True
-        elif n // 10 == major and n <= cc:
-            return True
-    for arch in ptx:
-        n = number(arch)
-        if n is None:
-            continue
-        if arch.endswith("a"):
-            if n == cc:
-                return True
-        elif n <= cc:
-            return True
-    return False
+            return False
+        if arch.endswith("a"):  # architecture-specific code runs on that exact GPU only
+            return n == cc
+        # SASS runs on later minor revisions of its major; PTX is compiled for any later GPU.
+        return n <= cc and (is_ptx or n // 10 == major)
+
+    return any(runs(a, False) for a in sass) or any(runs(a, True) for a in ptx)
 
 
 # --------------------------------------------------------------------------- sources and versions
@@ -280,3 +271,23 @@ def build_meta_source(facts):
     for key in sorted(facts):
         lines.append(f"{key.upper()} = {facts[key]!r}")
     return "\n".join(lines) + "\n"
+
+
+def build_facts(version, build, with_cuda, toolkit, arch_list, **extra):
+    """The facts a build records (read by edsc_ext._loader and build_info()), for every build path."""
+    import torch
+
+    sass, ptx = encode_arch_list(arch_list) if (with_cuda and arch_list) else ([], [])
+    facts = {
+        "version": version,
+        "build": build,
+        "torch_version": torch.__version__,
+        "torch_cuda_version": torch.version.cuda,
+        "with_cuda": with_cuda,
+        "cuda_version": toolkit,
+        "cuda_arch_list": arch_list,
+        "cuda_sass_archs": sass,
+        "cuda_ptx_archs": ptx,
+    }
+    facts.update(extra)
+    return facts

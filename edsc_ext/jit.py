@@ -141,19 +141,7 @@ def load(verbose=False):
             else:
                 os.environ[key] = value
         cpp_extension.CUDA_HOME = saved_cuda_home
-    sass, ptx = bs.encode_arch_list(arch_list) if with_cuda else ([], [])
-    _last_facts = {
-        "version": BASE_VERSION,
-        "build": "jit",
-        "torch_version": torch.__version__,
-        "torch_cuda_version": torch.version.cuda,
-        "with_cuda": with_cuda,
-        "cuda_version": toolkit,
-        "cuda_arch_list": arch_list,
-        "cuda_sass_archs": sass,
-        "cuda_ptx_archs": ptx,
-        "build_directory": directory,
-        "sources": root,
-    }
+    _last_facts = bs.build_facts(BASE_VERSION, "jit", with_cuda, toolkit, arch_list, build_directory=directory,
+                                 sources=root)
     _loaded = (module, _last_facts)
     return module

@@ -58,7 +58,7 @@ def test_build_meta_matches_binary():
     assert meta["torch_version"].split("+")[0] == binary["torch_version"]
     assert meta["with_cuda"] == binary["with_cuda"]
     if meta["with_cuda"]:
-        assert ",".join(meta["cuda_sass_archs"]) == binary["cuda_sass_archs"]
+        assert bs.ARCH_SEPARATOR.join(meta["cuda_sass_archs"]) == binary["cuda_sass_archs"]
         assert meta["cuda_version"] == binary["cuda_version"]
 
 
