@@ -47,6 +47,14 @@ def forward_and_grads(fn, case: Case, padding_mode: str, grad_output=None, which
     return out.detach(), leaves.grads()
 
 
+def assert_matches_reference(case: Case, padding_mode: str, grad_output=None, run=None):
+    """The op's output and all gradients on `run` (default: `case`) equal the reference's on `case`."""
+    out, grads = forward_and_grads(OP, run if run is not None else case, padding_mode, grad_output)
+    expected, expected_grads = forward_and_grads(R.deform_sepconv, case, padding_mode, grad_output)
+    assert_close(out, expected, what=padding_mode)
+    assert_grads_close(grads, expected_grads)
+
+
 # ---------------------------------------------------------------------------------------------
 # Forward values
 
@@ -78,10 +86,7 @@ def test_forward_half_precision(gen, padding_mode, dtype):
 def test_absent_tensors(gen, present):
     case = make_inputs(2, 2, 6, 7, 3, 2, 1, (1, 2), present=present, generator=gen)
     for mode in PADDING_MODES:
-        out, grads = forward_and_grads(OP, case, mode)
-        expected, expected_grads = forward_and_grads(R.deform_sepconv, case, mode)
-        assert_close(out, expected, what=f"{mode}")
-        assert_grads_close(grads, expected_grads)
+        assert_matches_reference(case, mode)
     if present[0] and present[1]:
         # The kernel size then follows from vertical and horizontal.
         no_ks = case.replace(kwargs={k: v for k, v in case.kwargs.items() if k != "kernel_size"})
@@ -112,10 +117,7 @@ def test_non_contiguous_inputs(gen, kind, padding_mode):
     if kind == "batch_expanded":
         case = odd.map(lambda t: t.contiguous())  # the expected values: both batch items alike
     assert not any(t.is_contiguous() for t in odd.tensors)
-    out, grads = forward_and_grads(OP, odd, padding_mode)
-    expected, expected_grads = forward_and_grads(R.deform_sepconv, case, padding_mode)
-    assert_close(out, expected)
-    assert_grads_close(grads, expected_grads)
+    assert_matches_reference(case, padding_mode, run=odd)
 
 
 def test_does_not_modify_inputs(gen):
@@ -136,10 +138,7 @@ def test_does_not_modify_inputs(gen):
 def test_gradients_match_reference(gen, config, padding_mode):
     case = make_inputs(*config, generator=gen, offset_scale=3)
     grad_output = None
-    out, grads = forward_and_grads(OP, case, padding_mode, grad_output)
-    expected, expected_grads = forward_and_grads(R.deform_sepconv, case, padding_mode, grad_output)
-    assert_close(out, expected)
-    assert_grads_close(grads, expected_grads)
+    assert_matches_reference(case, padding_mode, grad_output)
 
 
 @pytest.mark.parametrize("padding_mode", PADDING_MODES)
@@ -151,10 +150,7 @@ def test_gradients_on_the_integer_grid(gen, padding_mode):
     integer[0, :, 0] = 0.0  # untouched taps, some of them exactly on the image border
     integer[1, 0::2, 2] = -3.0  # py = 2 - 1 + i - 3: rows -2, -1 and exactly 0
     case = case.replace(offset=integer)
-    out, grads = forward_and_grads(OP, case, padding_mode)
-    expected, expected_grads = forward_and_grads(R.deform_sepconv, case, padding_mode)
-    assert_close(out, expected)
-    assert_grads_close(grads, expected_grads)
+    assert_matches_reference(case, padding_mode)
 
 
 @pytest.mark.parametrize("padding_mode", PADDING_MODES)
@@ -259,10 +255,7 @@ def test_wide_kernels(gen, KW):
     """Kernel widths past the small accumulator array, up to the supported maximum."""
     case = make_inputs(1, 2, 3, KW + 3, 2, KW, (1, 2), 1, generator=gen)
     for mode in PADDING_MODES:
-        out, grads = forward_and_grads(OP, case, mode)
-        expected, expected_grads = forward_and_grads(R.deform_sepconv, case, mode)
-        assert_close(out, expected)
-        assert_grads_close(grads, expected_grads)
+        assert_matches_reference(case, mode)
 
 
 def test_parallel_and_deterministic(gen):
@@ -305,10 +298,7 @@ def _random_call(seed: int):
 def test_random_sweep(seed):
     """Random geometry, optional tensors and modes: forward and gradients in float64."""
     case, mode = _random_call(seed)
-    out, grads = forward_and_grads(OP, case, mode)
-    expected, expected_grads = forward_and_grads(R.deform_sepconv, case, mode)
-    assert_close(out, expected)
-    assert_grads_close(grads, expected_grads)
+    assert_matches_reference(case, mode)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -384,10 +374,7 @@ def test_huge_offsets(gen, padding_mode):
 def test_single_pixel_input(gen):
     case = make_inputs(2, 3, 1, 1, 3, 3, 1, 1, generator=gen)
     for mode in PADDING_MODES:
-        out, grads = forward_and_grads(OP, case, mode)
-        expected, expected_grads = forward_and_grads(R.deform_sepconv, case, mode)
-        assert_close(out, expected)
-        assert_grads_close(grads, expected_grads)
+        assert_matches_reference(case, mode)
 
 
 # ---------------------------------------------------------------------------------------------
