@@ -3,6 +3,8 @@
 # build with pip, self-check, the whole test suite, compute-sanitizer memcheck + racecheck, and
 # optionally the benchmark. Logs go to $OUT (the device tool brings that folder back).
 #   bash tools/gpu_check.sh [--bench "BENCHMARK ARGS"]
+# Knobs (environment): PYTEST_WORKERS (xdist), PYTEST_ARGS (replaces the test selection, e.g.
+# "tests/test_cuda.py -x"), SANITIZER_TOOLS (default "memcheck racecheck"; "" skips), PROFILE=1 (ncu).
 set -uo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 OUT="${OUT:-/tmp/edsc_ext_gpu_check}"
@@ -11,6 +13,10 @@ BENCH_ARGS=""
 [ "${1:-}" = "--bench" ] && BENCH_ARGS="${2:-}"
 export PYTHONUNBUFFERED=1 EDSC_EXT_FORCE_CUDA=1 TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
 export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
+# The device image's default g++ (/opt/gcc) links libstdc++ statically into the extension, and a
+# TORCH_CHECK message that formats an integer then crashes inside that copy; the system compiler
+# links it dynamically, as torch's own build does (EDSC_EXT_KEEP_CXX=1 keeps $CXX).
+if [ -z "${EDSC_EXT_KEEP_CXX:-}" ] && [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CC=/usr/bin/gcc; fi
 status=0
 step() { echo "=== $*"; }
 
@@ -35,8 +41,9 @@ python3 -m edsc_ext 2>&1 | tee "$OUT/selfcheck.txt" || status=1
 # Single-device tests in parallel (PYTEST_WORKERS, pytest-xdist), then the multi-GPU ones alone:
 # they measure memory and launches on the card the others would be using.
 step "pytest"
-python3 -X faulthandler -m pytest -v -rs -p no:cacheprovider -m "not multi_gpu" \
-  ${PYTEST_WORKERS:+-n "$PYTEST_WORKERS"} "$REPO/tests" > "$OUT/pytest.log" 2>&1 || status=1
+# shellcheck disable=SC2086
+python3 -X faulthandler -m pytest -v -rs -p no:cacheprovider -m "not multi_gpu" --durations=10 \
+  ${PYTEST_WORKERS:+-n "$PYTEST_WORKERS"} ${PYTEST_ARGS:-"$REPO/tests"} > "$OUT/pytest.log" 2>&1 || status=1
 grep -E "FAILED|ERROR|passed|failed" "$OUT/pytest.log" | tail -25
 step "pytest (multi-GPU)"
 python3 -X faulthandler -m pytest -v -rs -p no:cacheprovider -m multi_gpu "$REPO/tests" >> "$OUT/pytest.log" 2>&1 \
@@ -53,11 +60,13 @@ done
 
 if [ -n "${PROFILE:-}" ]; then
   step "ncu (train shape, fp32)"
-  ncu --clock-control none --launch-skip 3 --launch-count 3 -k regex:deform_sepconv \
+  ncu --clock-control none --launch-skip 2 --launch-count 2 -k regex:deform_sepconv \
     --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
-    --section MemoryWorkloadAnalysis python3 "$REPO/tools/profile_case.py" > "$OUT/ncu.txt" 2>&1 || status=1
-  grep -E "deform_sepconv|Duration|Throughput|Achieved Occupancy|Registers|Stall|Warp Cycles Per Issued" "$OUT/ncu.txt" \
-    | sed 's/  */ /g' | cut -c1-150 | head -60
+    --section MemoryWorkloadAnalysis --section InstructionStats --section SchedulerStats \
+    --metrics smsp__average_warp_latency_issue_stalled_long_scoreboard,smsp__average_warp_latency_issue_stalled_mio_throttle,smsp__average_warp_latency_issue_stalled_lg_throttle,smsp__average_warp_latency_issue_stalled_short_scoreboard,smsp__average_warp_latency_issue_stalled_barrier,smsp__average_warp_latency_issue_stalled_wait,smsp__average_warp_latency_issue_stalled_math_pipe_throttle \
+    python3 "$REPO/tools/profile_case.py" ${PROFILE_DTYPE:-} > "$OUT/ncu.txt" 2>&1 || status=1
+  grep -E "deform_sepconv|Duration|Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Executed Instructions  |Issue Slots Busy|stalled|No Eligible" \
+    "$OUT/ncu.txt" | sed 's/  */ /g' | cut -c1-150 | head -70
 fi
 
 if [ -n "$BENCH_ARGS" ]; then
