@@ -398,7 +398,8 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 def run(device="cuda", dtypes: Sequence = ("float32", "bfloat16", "float16"), cases: Optional[Sequence] = None,
         warmup: int = 5, reps: int = 20, baseline: bool = True, memory_budget_gb: Optional[float] = None,
-        seed: int = 0, progress: bool = True, copy_bandwidth: Optional[dict] = None) -> List[dict]:
+        seed: int = 0, progress: bool = True, copy_bandwidth: Optional[dict] = None,
+        channels_last: bool = False) -> List[dict]:
     """Times every case x dtype x pass for edsc_ext (and the grid_sample baseline unless
     ``baseline=False``) and returns one dict per row, floor rows included.
 
@@ -406,7 +407,8 @@ def run(device="cuda", dtypes: Sequence = ("float32", "bfloat16", "float16"), ca
     ``dtypes``: torch dtypes or names. ``memory_budget_gb``: grid_sample runs whose
     :func:`grid_sample_memory_estimate` exceeds it are skipped (default: 85% of the GPU's memory,
     8 GB on the CPU). ``copy_bandwidth``: the result of :func:`measure_copy_bandwidth` (measured here
-    when None).
+    when None). ``channels_last``: every 4-D tensor (frame, per-pixel tensors, output gradient) in
+    torch.channels_last memory format instead of contiguous.
     """
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
@@ -446,6 +448,10 @@ def run(device="cuda", dtypes: Sequence = ("float32", "bfloat16", "float16"), ca
                 tensors = case.make_inputs(dtype, device, seed + case_index)
                 gen = torch.Generator(device=device).manual_seed(seed + 500 + case_index)
                 grad_out = torch.randn(case.n, case.c, case.h, case.w, generator=gen, device=device).to(dtype)
+                if channels_last:
+                    tensors = [None if t is None else t.contiguous(memory_format=torch.channels_last)
+                               for t in tensors]
+                    grad_out = grad_out.contiguous(memory_format=torch.channels_last)
                 input_bytes = sum(t.numel() * t.element_size() for t in tensors if t is not None)
                 for pass_ in PASSES:
                     backward = pass_ == "fwd+bwd"
@@ -455,6 +461,7 @@ def run(device="cuda", dtypes: Sequence = ("float32", "bfloat16", "float16"), ca
                     common = dict(case=case.name, shape=case.shape, h_in=case.h_in, w_in=case.w_in, k=case.k,
                                   dilation=case.dilation, padding=case.padding, padding_mode=case.padding_mode,
                                   dtype=_dtype_name(dtype), pass_=pass_, floor_bytes=fbytes, floor_ms=floor_ms,
+                                  memory_format="channels_last" if channels_last else "contiguous",
                                   input_bytes=input_bytes + (grad_out.numel() * grad_out.element_size()
                                                              if backward else 0))
                     group = [dict(common, impl="floor", status="ok", ms=floor_ms, gbps=copy_bandwidth["gbps"],
@@ -597,7 +604,7 @@ def environment(device, command: str) -> dict:
     return env
 
 
-def _header_lines(env: dict, bandwidth: dict, warmup: int, reps: int) -> List[str]:
+def _header_lines(env: dict, bandwidth: dict, warmup: int, reps: int, options: Sequence[str] = ()) -> List[str]:
     if env["device"].startswith("cuda"):
         dev = (f"**GPU** {env['device_name']} ({env['device']}, {env['device_memory_gb']} GB, "
                f"sm_{env['compute_capability'].replace('.', '')}), driver {env.get('driver') or 'unknown'}")
@@ -614,7 +621,7 @@ def _header_lines(env: dict, bandwidth: dict, warmup: int, reps: int) -> List[st
         f"timing: median of {reps} runs after {warmup} warm-up runs",
         "floor = bytes that must move (inputs read once, outputs written once; see floor_bytes) / copy bandwidth; "
         "% of floor = floor ms / ms; GB/s = floor bytes / ms; fwd runs under no_grad, fwd+bwd computes all gradients",
-    ]
+    ] + [f"**{option}**" for option in options]
 
 
 def plot(rows: Sequence[dict], path: str, metric: str = "pct_floor") -> bool:
@@ -688,6 +695,8 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                    help="what --plot shows (default: pct_floor)")
     p.add_argument("--quick", action="store_true", help="smoke test: 1 warm-up and 2 timed runs unless given")
     p.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
+    p.add_argument("--channels-last", action="store_true",
+                   help="every 4-D tensor (frame, per-pixel tensors, output gradient) in channels_last memory format")
     p.add_argument("--deterministic", action="store_true",
                    help="time under torch.use_deterministic_algorithms(True) (the fixed-point input gradient on "
                         "CUDA); implies --no-baseline, since grid_sample's backward has no deterministic CUDA path")
@@ -733,8 +742,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                        warmup=min(args.warmup, 3) or 1, reps=max(3, min(args.reps, 20)))
     rows = run(device, dtypes=args.dtypes, cases=args.cases, warmup=args.warmup, reps=args.reps,
                baseline=not args.no_baseline, memory_budget_gb=args.memory_budget_gb, seed=args.seed,
-               progress=not args.no_progress, copy_bandwidth=bandwidth)
-    report = to_markdown(rows, _header_lines(env, bandwidth, args.warmup, args.reps))
+               progress=not args.no_progress, copy_bandwidth=bandwidth, channels_last=args.channels_last)
+    options = ((["deterministic: torch.use_deterministic_algorithms(True)"] if args.deterministic else []) +
+               (["memory format: channels_last"] if args.channels_last else []))
+    report = to_markdown(rows, _header_lines(env, bandwidth, args.warmup, args.reps, options))
     sys.stdout.write(report)
     sys.stdout.flush()
     if args.markdown:
@@ -745,7 +756,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             json.dump({"environment": env, "copy_bandwidth": bandwidth, "options": {
                 "device": str(device), "dtypes": args.dtypes, "cases": args.cases, "reps": args.reps,
                 "warmup": args.warmup, "baseline": not args.no_baseline, "memory_budget_gb": args.memory_budget_gb,
-                "seed": args.seed, "deterministic": args.deterministic}, "cases": [dict(asdict(c), h_in=c.h_in, w_in=c.w_in) for c in
+                "seed": args.seed, "deterministic": args.deterministic, "channels_last": args.channels_last},
+                "cases": [dict(asdict(c), h_in=c.h_in, w_in=c.w_in) for c in
                                               (CPU_CASES if device.type == "cpu" else CASES)
                                               if args.cases is None or c.name in args.cases],
                 "rows": rows}, f, indent=1)

@@ -40,6 +40,19 @@ def test_main_cpu_quick_writes_json(tmp_path, capsys):
     assert md.read_text() == out
 
 
+def test_main_cpu_channels_last(tmp_path, capsys):
+    path = tmp_path / "bench.json"
+    rc = benchmark.main(["--device", "cpu", "--quick", "--cases", "adacof", "--dtypes", "float32", "--no-baseline",
+                         "--channels-last", "--json", str(path), "--no-progress"])
+    assert rc == 0
+    data = json.loads(path.read_text())
+    assert data["options"]["channels_last"] is True
+    timed = [r for r in data["rows"] if r["impl"] == "edsc_ext"]
+    assert len(timed) == 2 and all(r["status"] == "ok" and r["ms"] > 0 for r in timed)
+    assert {r["memory_format"] for r in data["rows"]} == {"channels_last"}
+    assert "**memory format: channels_last**" in capsys.readouterr().out
+
+
 def test_floor_bytes_by_hand():
     # EDSC-style: N=1, C=2, 4x5 output, K=3, padding 1 -> input 4x5 as well.
     case = Case("t", n=1, c=2, h=4, w=5, k=3, padding=1)
