@@ -101,9 +101,11 @@ std::array<at::Tensor, 5> allocate_deform_sepconv_grads(const DeformSepconvTenso
   std::array<at::Tensor, 5> grads;
   for (int k = 0; k < 5; ++k) {
     if (output_mask[k] && sources[k]->defined()) {
-      // The input gradient is accumulated into; the per-pixel ones are fully overwritten, but a
-      // zero fill keeps the empty-channel case (C == 0) well defined.
-      grads[k] = at::zeros_like(*sources[k]);
+      // The input gradient is accumulated into. The kernels overwrite every element of the
+      // per-pixel ones, except with no channels (the CUDA backward then launches nothing), so
+      // those skip a zero-fill pass, a full write of 2K + 3K^2 values a pixel.
+      const bool overwritten = k > 0 && t.input.size(1) > 0;
+      grads[k] = overwritten ? at::empty_like(*sources[k]) : at::zeros_like(*sources[k]);
     } else {
       grads[k] = at::empty({0}, t.input.options());
     }

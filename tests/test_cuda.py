@@ -73,6 +73,35 @@ def test_global_atomic_input_grad(gen, monkeypatch, config, padding_mode, dtype)
     assert_grads_close(grads, expected_grads, dtype)
 
 
+# Shapes for the 5x5 forward that stages the per-pixel tensors in shared memory in blocks of 128
+# pixels: whole blocks (16-byte copies), a partial last block, an output plane of 143 pixels
+# (4-byte copies in float32; the plain kernel for the half types, whose plane is then not
+# 4-byte aligned), more channels than one channel block with dilation, and C = 1.
+STAGED_CONFIGS = [
+    (2, 3, 16, 16, 5, 5, 2, 1),
+    (2, 4, 9, 20, 5, 5, 2, 1),
+    (1, 3, 13, 11, 5, 5, 2, 1),
+    (1, 32, 12, 12, 5, 5, (1, 3), (2, 1)),
+    (3, 1, 6, 30, 5, 5, 2, 1),
+]
+
+
+@pytest.mark.parametrize("forward", ["staged", "plain"])
+@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("padding_mode", PADDING_MODES)
+@pytest.mark.parametrize("config", STAGED_CONFIGS, ids=["whole", "partial", "plane143", "c32-dil", "c1"])
+def test_forward_paths(gen, monkeypatch, config, padding_mode, dtype, forward):
+    """The staged 5x5 forward and the plain one (EDSC_EXT_FORWARD=plain) against the reference,
+    including absent per-pixel tensors for the staged one."""
+    if forward == "plain":
+        monkeypatch.setenv("EDSC_EXT_FORWARD", "plain")
+    for present in ALL_PRESENT if config is STAGED_CONFIGS[0] else [(True, True, True, True)]:
+        case = make_inputs(*config, present=present, dtype=dtype, device="cuda", generator=gen, offset_scale=3)
+        out, _ = forward_and_grads(OP, case, padding_mode)
+        expected, _ = reference_and_grads(case, padding_mode)
+        assert_close(out, expected, dtype)
+
+
 @pytest.mark.parametrize("padding_mode", PADDING_MODES)
 def test_matches_cpu_op(gen, padding_mode):
     case = make_inputs(2, 7, 33, 35, 3, 3, 1, 2, generator=gen)

@@ -41,9 +41,11 @@ struct PixelView {
   index_t stride;  // H_out * W_out
 };
 
-template <typename acc_t, typename scalar_t>
-EDSC_HOST_DEVICE acc_t load_param_or(const scalar_t* ptr, acc_t fallback) {
-  return ptr ? static_cast<acc_t>(*ptr) : fallback;
+// base[offset], or `fallback` for an absent tensor. Testing the base pointer (not base + offset)
+// lets the compiler hoist the test out of the tap loops.
+template <typename acc_t, typename scalar_t, typename index_t>
+EDSC_HOST_DEVICE acc_t load_param_or(const scalar_t* base, index_t offset, acc_t fallback) {
+  return base ? static_cast<acc_t>(base[offset]) : fallback;
 }
 
 template <typename acc_t>
@@ -70,13 +72,13 @@ struct HorizontalWeights {
     if (kKernelW > 0) {
       EDSC_UNROLL
       for (int j = 0; j < (kKernelW > 0 ? kKernelW : 1); ++j) {
-        cached[j] = load_param_or(horz ? horz + j * hw_out : nullptr, acc_t(1));
+        cached[j] = load_param_or(horz, j * hw_out, acc_t(1));
       }
     }
   }
   EDSC_HOST_DEVICE acc_t operator()(index_t j) const {
     if (kKernelW > 0) return cached[kKernelW > 0 ? j : 0];
-    return load_param_or(ptr ? ptr + j * stride : nullptr, acc_t(1));
+    return load_param_or(ptr, j * stride, acc_t(1));
   }
 };
 
@@ -110,13 +112,13 @@ EDSC_HOST_DEVICE void deform_sepconv_forward_pixel(const DeformSepconvParams<sca
   const int64_t x_base = static_cast<int64_t>(x) - p.pad_w;
   EDSC_UNROLL
   for (index_t i = 0; i < KH; ++i) {
-    const acc_t wv = load_param_or(vert ? vert + i * hw_out : nullptr, acc_t(1));
+    const acc_t wv = load_param_or(vert, i * hw_out, acc_t(1));
     const acc_t py0 = static_cast<acc_t>(y_base + static_cast<int64_t>(i) * p.dilation_h);
     EDSC_UNROLL
     for (index_t j = 0; j < KW; ++j) {
       const index_t t = i * KW + j;
       const acc_t wh = horizontal(j);
-      const acc_t w = wv * wh * load_param_or(mask ? mask + t * hw_out : nullptr, acc_t(1));
+      const acc_t w = wv * wh * load_param_or(mask, t * hw_out, acc_t(1));
       acc_t py = py0;
       acc_t px = static_cast<acc_t>(x_base + static_cast<int64_t>(j) * p.dilation_w);
       if (offs) {
@@ -147,8 +149,10 @@ EDSC_HOST_DEVICE void deform_sepconv_forward_pixel(const DeformSepconvParams<sca
 //   channels and written with plain stores (this pixel owns them);
 // - for channels [scatter_begin, scatter_end), its contributions to the input gradient, through
 //   add_input_grad(c, row, column, value) (plain adds, shared-memory or global atomics).
-// kMaxKernelWidth bounds the horizontal-gradient accumulators when KW is not static.
-template <int kKernelH, int kKernelW, int kMaxKernelWidth, typename scalar_t, typename acc_t,
+// kMaxKernelWidth bounds the horizontal-gradient accumulators when KW is not static. Channels go
+// kChannelBlock at a time, unrolled, so one tap's corner loads for several channels are in flight
+// together.
+template <int kChannelBlock, int kKernelH, int kKernelW, int kMaxKernelWidth, typename scalar_t, typename acc_t,
           typename index_t, typename AddInputGrad>
 EDSC_HOST_DEVICE void deform_sepconv_backward_pixel(const DeformSepconvParams<scalar_t, index_t>& p,
                                                     const scalar_t* grad_output,
@@ -190,14 +194,14 @@ EDSC_HOST_DEVICE void deform_sepconv_backward_pixel(const DeformSepconvParams<sc
   // exhausts the register file.
   EDSC_NO_UNROLL
   for (index_t i = 0; i < KH; ++i) {
-    const acc_t wv = load_param_or(vert ? vert + i * hw_out : nullptr, acc_t(1));
+    const acc_t wv = load_param_or(vert, i * hw_out, acc_t(1));
     const acc_t py0 = static_cast<acc_t>(y_base + static_cast<int64_t>(i) * p.dilation_h);
     acc_t grad_v = acc_t(0);
     EDSC_UNROLL
     for (index_t j = 0; j < KW; ++j) {
       const index_t t = i * KW + j;
       const acc_t wh = horizontal(j);
-      const acc_t wm = load_param_or(mask ? mask + t * hw_out : nullptr, acc_t(1));
+      const acc_t wm = load_param_or(mask, t * hw_out, acc_t(1));
       const acc_t w = wv * wh * wm;
       acc_t py = py0;
       acc_t px = static_cast<acc_t>(x_base + static_cast<int64_t>(j) * p.dilation_w);
@@ -214,15 +218,30 @@ EDSC_HOST_DEVICE void deform_sepconv_backward_pixel(const DeformSepconvParams<sc
         // it scatters nothing.
         if (p.channels > 0) grad_w = grad_ly = grad_lx = quiet_nan<acc_t>();
       } else {
-        for (index_t c = c_begin; c < c_end; ++c) {
-          const acc_t g = static_cast<acc_t>(go[c * hw_out]);
-          if (param_grads) {
-            const auto corners = load_corners<acc_t>(s, in + c * plane);
-            grad_w += g * interpolate(s, corners);
-            grad_ly += g * interpolate_dy(s, corners);
-            grad_lx += g * interpolate_dx(s, corners);
+        for (index_t c0 = c_begin; c0 < c_end; c0 += kChannelBlock) {
+          acc_t g[kChannelBlock];
+          Corners<acc_t> corners[kChannelBlock];
+          EDSC_UNROLL
+          for (int cc = 0; cc < kChannelBlock; ++cc) {
+            if (c0 + cc < c_end) g[cc] = static_cast<acc_t>(go[(c0 + cc) * hw_out]);
           }
-          if (c >= scatter_begin && c < scatter_end) scatter_corners(s, g * w, c, add_input_grad);
+          if (param_grads) {
+            EDSC_UNROLL
+            for (int cc = 0; cc < kChannelBlock; ++cc) {
+              if (c0 + cc < c_end) corners[cc] = load_corners<acc_t>(s, in + (c0 + cc) * plane);
+            }
+          }
+          EDSC_UNROLL
+          for (int cc = 0; cc < kChannelBlock; ++cc) {
+            const index_t c = c0 + cc;
+            if (c >= c_end) continue;
+            if (param_grads) {
+              grad_w += g[cc] * interpolate(s, corners[cc]);
+              grad_ly += g[cc] * interpolate_dy(s, corners[cc]);
+              grad_lx += g[cc] * interpolate_dx(s, corners[cc]);
+            }
+            if (c >= scatter_begin && c < scatter_end) scatter_corners(s, g[cc] * w, c, add_input_grad);
+          }
         }
       }
       if (!param_grads) continue;

@@ -147,13 +147,20 @@ EDSC_HOST_DEVICE acc_t interpolate_dx(const BilinearSample<acc_t, index_t>& s,
 // Scatters `value` (= dL/dS) to the four corners of the sample with the bilinear weights, as
 // add(c, row, column, weighted value); only corners inside the image are passed.
 template <typename acc_t, typename index_t, typename Add>
-EDSC_HOST_DEVICE void scatter_corners(const BilinearSample<acc_t, index_t>& s, acc_t value, index_t c, Add& add) {
+EDSC_HOST_DEVICE void scatter_each_corner(const BilinearSample<acc_t, index_t>& s, acc_t value, index_t c, Add& add) {
   const acc_t ly = s.y.frac, lx = s.x.frac;
   const index_t y0 = s.y.lo, x0 = s.x.lo;
   if (s.y.lo_in && s.x.lo_in) add(c, y0, x0, value * (acc_t(1) - ly) * (acc_t(1) - lx));
   if (s.y.lo_in && s.x.hi_in) add(c, y0, x0 + 1, value * (acc_t(1) - ly) * lx);
   if (s.y.hi_in && s.x.lo_in) add(c, y0 + 1, x0, value * ly * (acc_t(1) - lx));
   if (s.y.hi_in && s.x.hi_in) add(c, y0 + 1, x0 + 1, value * ly * lx);
+}
+
+// What the backward calls: a backend may overload it for its adder type (the CUDA fixed-point
+// tile adds all four corners at once).
+template <typename acc_t, typename index_t, typename Add>
+EDSC_HOST_DEVICE void scatter_corners(const BilinearSample<acc_t, index_t>& s, acc_t value, index_t c, Add& add) {
+  scatter_each_corner(s, value, c, add);
 }
 
 }  // namespace edsc_ext

@@ -92,7 +92,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
               const index_t n = static_cast<index_t>(k / hw);
               const index_t y = static_cast<index_t>((k % hw) / t.width_out);
               const index_t x = static_cast<index_t>(k % t.width_out);
-              deform_sepconv_backward_pixel<kKernelH, kKernelW, kMaxKernelWidth, scalar_t, acc_t, index_t>(
+              deform_sepconv_backward_pixel<1, kKernelH, kKernelW, kMaxKernelWidth, scalar_t, acc_t, index_t>(
                   p, go, param_grads, no_input_grad, index_t(0), index_t(0), n, y, x);
             }
           });
@@ -111,7 +111,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
               PlaneAdd<acc_t, index_t> add{gin + n * p.channels * p.height_in * p.width_in, p.height_in, p.width_in};
               for (index_t y = 0; y < p.height_out; ++y) {
                 for (index_t x = 0; x < p.width_out; ++x) {
-                  deform_sepconv_backward_pixel<kKernelH, kKernelW, kMaxKernelWidth, scalar_t, acc_t,
+                  deform_sepconv_backward_pixel<1, kKernelH, kKernelW, kMaxKernelWidth, scalar_t, acc_t,
                                                 index_t>(p, go, none, add, c, c + 1, n, y, x);
                 }
               }

@@ -2,18 +2,24 @@
 // launches on that device's current stream, so a tensor on cuda:1 works whatever the current
 // device is. Per-pixel work comes from include/edsc_ext/deform_sepconv_pixel.h.
 //
-// Forward: one thread per (n, block of channels, output pixel), x fastest, so the per-pixel
-// tensors (85 values a pixel at K=5, the bulk of the bytes) stream through coalesced, read once.
+// Forward: for 5x5 kernels in float16/bfloat16 with up to 4 channels, blocks of 128 output pixels
+// stage their per-pixel tensors (85 values a pixel, the bulk of the bytes) in shared memory with
+// asynchronous copies and sample row by row as the copies land (deform_sepconv_forward_staged_
+// cuda_kernel); otherwise one thread per (n, block of 4 channels, output pixel), x fastest, so the
+// per-pixel loads stay coalesced. EDSC_EXT_FORWARD=plain forces the latter (benchmarks, tests).
 // Backward: one fused pass over 2-D tiles of output pixels. The input gradient, hundreds of adds
 // per pixel, is accumulated with shared-memory atomics over the tile's footprint (tile + kernel
 // reach + a margin for offsets) and flushed to global memory once; samples that land outside the
-// footprint fall back to global atomics, so any offset stays correct.
+// footprint fall back to global atomics, so any offset stays correct. The tile holds fixed-point
+// integers (see FixedPointTileAdd): shared-memory float atomics are compare-and-swap loops on
+// sm_70..sm_90, integer ones a single native instruction.
 #include <ATen/Context.h>
 #include <ATen/Dispatch.h>
 #include <ATen/ATen.h>
 #include <ATen/OpMathType.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -21,6 +27,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "edsc_ext/ops.h"
 #include "launch.cuh"
@@ -28,8 +35,21 @@
 namespace edsc_ext {
 namespace {
 
-// Output channels a forward thread accumulates in registers; more channels become more threads.
-constexpr int kCudaChannelBlock = 4;
+// Channels a thread handles per step (forward: accumulators in registers, more channels become more
+// threads; backward: corner loads in flight together). Three for RGB-like inputs with the common
+// 5x5 kernel, so no lane of the block is idle; four otherwise.
+template <int kKernelH, int kKernelW, typename Body>
+void dispatch_channel_block(int64_t channels, const Body& body) {
+  if constexpr (kKernelH == 5 && kKernelW == 5) {
+    if (channels % 3 == 0 && channels % 4 != 0) return body(std::integral_constant<int, 3>{});
+  }
+  return body(std::integral_constant<int, 4>{});
+}
+#define EDSC_DISPATCH_CHANNEL_BLOCK(channels, ...)                                       \
+  dispatch_channel_block<kKernelH, kKernelW>(channels, [&](auto channel_block) {         \
+    constexpr int kChannelBlock = decltype(channel_block)::value;                        \
+    return __VA_ARGS__();                                                                \
+  })
 // Backward tile: a warp spans 32 consecutive x, so per-pixel loads and stores stay coalesced.
 constexpr int kTileW = 32;
 constexpr int kTileH = 8;
@@ -39,25 +59,198 @@ constexpr int kTileMargin = 3;
 // Shared memory for the input-gradient footprint (the default per-block limit, no opt-in).
 constexpr int64_t kTileSharedBytes = 48 * 1024;
 
-// kMinBlocks > 1 caps registers so that more warps hide the gathers' latency (an experiment
-// selected by EDSC_EXT_FORWARD_MIN_BLOCKS=3 until the benchmark says which wins).
-template <int kKernelH, int kKernelW, int kMinBlocks, typename scalar_t, typename index_t>
-__global__ void __launch_bounds__(kThreadsPerBlock, kMinBlocks)
+template <int kChannelBlock, int kKernelH, int kKernelW, typename scalar_t, typename index_t>
+__global__ void __launch_bounds__(kThreadsPerBlock)
     deform_sepconv_forward_cuda_kernel(const DeformSepconvParams<scalar_t, index_t> p, scalar_t* __restrict__ output,
                                        int64_t work_items) {
   using acc_t = at::opmath_type<scalar_t>;
   const index_t hw = p.height_out * p.width_out;
-  const index_t channel_blocks = (p.channels + kCudaChannelBlock - 1) / kCudaChannelBlock;
+  const index_t channel_blocks = (p.channels + kChannelBlock - 1) / kChannelBlock;
   for (int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < work_items;
        k += int64_t(blockDim.x) * gridDim.x) {
     const index_t item = static_cast<index_t>(k);  // (n, channel block, y, x), x fastest
     const index_t pixel = item % hw;
     const index_t rest = item / hw;
-    const index_t c0 = (rest % channel_blocks) * kCudaChannelBlock;
+    const index_t c0 = (rest % channel_blocks) * kChannelBlock;
     const index_t n = rest / channel_blocks;
-    deform_sepconv_forward_pixel<kCudaChannelBlock, kKernelH, kKernelW, scalar_t, acc_t, index_t>(
+    deform_sepconv_forward_pixel<kChannelBlock, kKernelH, kKernelW, scalar_t, acc_t, index_t>(
         p, output, n, pixel / p.width_out, pixel % p.width_out, c0);
   }
+}
+
+// Forward with the per-pixel tensors staged in shared memory (5x5 kernels, float32 and the half
+// types, sm_80+). They are 2K + 3K^2 = 85 values a pixel, each read once: streaming data and the
+// bulk of the bytes. Read on demand, every tap waits on a DRAM round trip for its offsets before
+// it can even address the frame, which left the plain kernel latency-bound. Here a block of
+// kStagedPixels consecutive output pixels first issues asynchronous copies (cp.async) of all its
+// per-pixel values, one commit group per row of taps, then samples row by row as the groups
+// land, so later rows' loads overlap the sampling of earlier ones. Each thread owns one pixel and
+// loops over the channels, so the values are read from DRAM once whatever C is.
+constexpr int kStagedPixels = 128;
+constexpr int kStagedKernel = 5;
+// Shared-memory rows of kStagedPixels values: the horizontal kernel, then per row of taps its
+// vertical weight, 2K offsets and K mask values.
+constexpr int kStagedRowSegments = 1 + 3 * kStagedKernel;
+constexpr int kStagedSegments = kStagedKernel + kStagedKernel * kStagedRowSegments;
+
+template <int kBytes>
+__device__ __forceinline__ void copy_async(void* shared, const void* global, int src_bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned int dst = static_cast<unsigned int>(__cvta_generic_to_shared(shared));
+  if constexpr (kBytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(global), "r"(src_bytes)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(global), "n"(kBytes),
+                 "r"(src_bytes)
+                 : "memory");
+  }
+#else
+  // Before sm_80 (the host does not pick this kernel there): a plain copy with cp.async's zero fill.
+  unsigned char* d = static_cast<unsigned char*>(shared);
+  const unsigned char* s = static_cast<const unsigned char*>(global);
+  for (int b = 0; b < kBytes; ++b) d[b] = b < src_bytes ? s[b] : 0;
+#endif
+}
+
+__device__ __forceinline__ void copy_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+// Waits until at most `pending` (a constant after unrolling) commit groups are still in flight.
+__device__ __forceinline__ void copy_async_wait(int pending) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  switch (pending) {
+    case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
+    case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
+    case 2: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
+    case 3: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
+    default: asm volatile("cp.async.wait_group 4;\n" ::: "memory"); break;
+  }
+#endif
+}
+
+// Copies `count` consecutive channel planes' segments [p0, p0 + valid) (channel m at
+// first + m * hw) into shared rows dst + m * kStagedPixels, in kChunk-byte pieces spread over the
+// block; the part of a row past `valid` is zero-filled.
+template <int kChunk, typename scalar_t>
+__device__ __forceinline__ void stage_segments(scalar_t* dst, const scalar_t* first, int count, int hw, int valid) {
+  constexpr int kPerChunk = kChunk / static_cast<int>(sizeof(scalar_t));
+  constexpr int kChunksPerRow = kStagedPixels / kPerChunk;
+  for (int e = threadIdx.x; e < count * kChunksPerRow; e += kStagedPixels) {
+    const int m = e / kChunksPerRow;
+    const int begin = (e % kChunksPerRow) * kPerChunk;
+    const int elements = min(kPerChunk, max(0, valid - begin));
+    copy_async<kChunk>(dst + m * kStagedPixels + begin, first + m * hw + (elements > 0 ? begin : 0),
+                       elements * static_cast<int>(sizeof(scalar_t)));
+  }
+}
+
+template <int kChannelBlock, int kChunk, typename scalar_t>
+__global__ void __launch_bounds__(kStagedPixels)
+    deform_sepconv_forward_staged_cuda_kernel(const DeformSepconvParams<scalar_t, int32_t> p,
+                                              scalar_t* __restrict__ output) {
+  using acc_t = at::opmath_type<scalar_t>;
+  constexpr int K = kStagedKernel;
+  extern __shared__ __align__(16) unsigned char staged_raw[];
+  scalar_t* staged = reinterpret_cast<scalar_t*>(staged_raw);
+
+  const int hw = p.height_out * p.width_out;
+  const int blocks_per_image = (hw + kStagedPixels - 1) / kStagedPixels;
+  const int n = static_cast<int>(blockIdx.x) / blocks_per_image;
+  const int p0 = (static_cast<int>(blockIdx.x) % blocks_per_image) * kStagedPixels;
+  const int valid = min(kStagedPixels, hw - p0);
+
+  EDSC_UNROLL
+  for (int i = 0; i < K; ++i) {
+    if (i == 0 && p.horizontal) stage_segments<kChunk>(staged, p.horizontal + n * K * hw + p0, K, hw, valid);
+    scalar_t* row = staged + (K + i * kStagedRowSegments) * kStagedPixels;
+    if (p.vertical) stage_segments<kChunk>(row, p.vertical + (n * K + i) * hw + p0, 1, hw, valid);
+    if (p.offset) {
+      stage_segments<kChunk>(row + kStagedPixels, p.offset + (n * 2 * K * K + 2 * K * i) * hw + p0, 2 * K, hw, valid);
+    }
+    if (p.mask) {
+      stage_segments<kChunk>(row + (1 + 2 * K) * kStagedPixels, p.mask + (n * K * K + K * i) * hw + p0, K, hw, valid);
+    }
+    copy_async_commit();
+  }
+
+  const int t = threadIdx.x;
+  const bool active = t < valid;
+  const int pixel = p0 + t;
+  const int y = pixel / p.width_out, x = pixel % p.width_out;
+  const int plane = p.height_in * p.width_in;
+  const int64_t y_base = static_cast<int64_t>(y) - p.pad_h;
+  const int64_t x_base = static_cast<int64_t>(x) - p.pad_w;
+  const auto staged_value = [&](const void* present, int segment, acc_t fallback) {
+    return present ? static_cast<acc_t>(staged[segment * kStagedPixels + t]) : fallback;
+  };
+
+  for (int c0 = 0; c0 < p.channels; c0 += kChannelBlock) {
+    const int block = min(kChannelBlock, p.channels - c0);
+    const scalar_t* in = p.input + (n * p.channels + c0) * plane;
+    acc_t acc[kChannelBlock];
+    EDSC_UNROLL
+    for (int cc = 0; cc < kChannelBlock; ++cc) acc[cc] = acc_t(0);
+    EDSC_UNROLL
+    for (int i = 0; i < K; ++i) {
+      copy_async_wait(K - 1 - i);
+      __syncthreads();  // the other threads' copies of row i have landed too
+      if (!active) continue;
+      const int row = K + i * kStagedRowSegments;
+      const acc_t wv = staged_value(p.vertical, row, acc_t(1));
+      const acc_t py0 = static_cast<acc_t>(y_base + static_cast<int64_t>(i) * p.dilation_h);
+      EDSC_UNROLL
+      for (int j = 0; j < K; ++j) {
+        const acc_t w = wv * staged_value(p.horizontal, j, acc_t(1)) * staged_value(p.mask, row + 1 + 2 * K + j, acc_t(1));
+        const acc_t py = py0 + staged_value(p.offset, row + 1 + 2 * j, acc_t(0));
+        const acc_t px = static_cast<acc_t>(x_base + static_cast<int64_t>(j) * p.dilation_w) +
+                         staged_value(p.offset, row + 2 + 2 * j, acc_t(0));
+        const auto s = make_bilinear_sample<acc_t, int32_t>(py, px, p.height_in, p.width_in, p.padding_mode);
+        if (!s.finite) {
+          EDSC_UNROLL
+          for (int cc = 0; cc < kChannelBlock; ++cc) acc[cc] = quiet_nan<acc_t>();
+          continue;
+        }
+        EDSC_UNROLL
+        for (int cc = 0; cc < kChannelBlock; ++cc) {
+          if (cc < block) acc[cc] += w * interpolate(s, load_corners<acc_t>(s, in + cc * plane));
+        }
+      }
+    }
+    if (active) {
+      scalar_t* out = output + (n * p.channels + c0) * hw + pixel;
+      EDSC_UNROLL
+      for (int cc = 0; cc < kChannelBlock; ++cc) {
+        if (cc < block) out[cc * hw] = static_cast<scalar_t>(acc[cc]);
+      }
+    }
+  }
+}
+
+// The chunk size the staged forward can copy every per-pixel tensor's segments with (16 or 4
+// bytes: cp.async needs aligned addresses, and a segment starts at (n * channels + k) * hw + p0
+// elements), or 0 where it cannot be used.
+int staged_forward_chunk(const DeformSepconvTensors& t, int64_t kernel_h, int64_t kernel_w) {
+  if (kernel_h != kStagedKernel || kernel_w != kStagedKernel || !t.use_32bit_indexing) return 0;
+  // Measured on an H200 (BENCHMARKS.md): it wins for the 2-byte types with up to 4 channels
+  // (train bfloat16 0.269 vs 0.306 ms) and loses for float32, whose 43.5 KB of staged values a
+  // block leave too few warps per SM (train 0.370 vs 0.320 ms), and for many channels.
+  if (t.input.element_size() != 2 || t.input.size(1) > 4) return 0;
+  if (at::cuda::getCurrentDeviceProperties()->major < 8) return 0;
+  const char* mode = std::getenv("EDSC_EXT_FORWARD");
+  if (mode != nullptr && std::string(mode) == "plain") return 0;
+  const int64_t row_bytes = t.height_out * t.width_out * t.input.element_size();
+  for (const int64_t chunk : {16, 4}) {
+    bool aligned = row_bytes % chunk == 0;
+    for (const at::Tensor* per_pixel : {&t.vertical, &t.horizontal, &t.offset, &t.mask}) {
+      if (per_pixel->defined()) aligned = aligned && reinterpret_cast<uintptr_t>(per_pixel->const_data_ptr()) % chunk == 0;
+    }
+    if (aligned) return static_cast<int>(chunk);
+  }
+  return 0;
 }
 
 // Global-memory atomics into grad_input[n] (float32 for the half types, rounded once at the end).
@@ -103,29 +296,134 @@ struct FixedPointAtomicAdd {
   }
 };
 
-// Shared-memory atomics into the tile's footprint [row0, row0 + rows) x [col0, col0 + cols) for
-// channels [c0, c0 + channels); anything outside goes to global memory.
-template <typename acc_t, typename index_t>
-struct TileAtomicAdd {
+// Float atomics into the tile's footprint [row0, row0 + rows) x [col0, col0 + cols) for channels
+// [c0, c0 + channels); anything outside goes to `fallback`. Used for float64, whose 53-bit
+// significand the fixed-point tile below cannot hold.
+template <typename acc_t, typename index_t, typename GlobalAdd>
+struct FloatTileAdd {
   acc_t* tile;
   index_t row0, col0, rows, cols, c0;
-  GlobalAtomicAdd<acc_t, index_t> fallback;
-  __host__ __device__ void operator()(index_t c, index_t y, index_t x, acc_t v) const {
-#ifdef __CUDA_ARCH__
+  GlobalAdd fallback;
+  __device__ void operator()(index_t c, index_t y, index_t x, acc_t v) const {
     const index_t r = y - row0, q = x - col0;
     if (r >= 0 && r < rows && q >= 0 && q < cols) {
       atomicAdd(tile + ((c - c0) * rows + r) * cols + q, v);
     } else {
       fallback(c, y, x, v);
     }
-#endif
+  }
+  __device__ acc_t element(index_t e) const { return tile[e]; }
+};
+
+// Fixed-point accumulation for float32 and the half types (which compute in float32). Each tile
+// first bounds the total magnitude S of all its input-gradient contributions (input_grad_bound);
+// every add is then v' = v * 2^kFixedPointBits / S (a power of two, so exact) split into two int32
+// words, hi = round(v' / 2^16) and lo = v' - hi * 2^16, each a native shared-memory integer
+// atomic. With |v'| summing to < 2^37 and at most 2^16 adds per element neither word overflows;
+// the quantum, 2^-37 S, is finer than what float32 atomics lose; and the sum does not depend on
+// the order of the adds, so the tile is deterministic too. A tile whose bound is not finite (NaN
+// or inf data) or vanishingly small is disabled: its adds all go to `fallback`.
+constexpr int kFixedPointBits = 37;
+// At most (tile pixels x taps) adds reach one element of one channel; lo needs that <= 2^16.
+constexpr int64_t kFixedPointMaxTaps = (int64_t(1) << 16) / kTileThreads;
+
+template <typename index_t, typename GlobalAdd>
+struct FixedPointTileAdd {
+  int* tile;  // the hi words; the lo words follow at + lo_offset (two planes, so a warp's adds to
+              // consecutive elements hit consecutive banks)
+  index_t lo_offset;
+  index_t row0, col0, rows, cols, c0;
+  float scale, inv_scale;
+  bool enabled;
+  GlobalAdd fallback;
+  __device__ int* element_at(index_t c, index_t r, index_t q) const {
+    return tile + ((c - c0) * rows + r) * cols + q;
+  }
+  __device__ void add_at(int* element, float v) const {
+    const float scaled = v * scale;
+    // Adding 1.5 * 2^39 leaves round(scaled / 2^16) in the low significand bits (|scaled| < 2^38);
+    // subtracting it back is exact, and so is the remainder, |rest| <= 2^15.
+    constexpr float kHiShift = 824633720832.0f;  // 1.5 * 2^39
+    constexpr float kLoShift = 12582912.0f;      // 1.5 * 2^23
+    const float shifted = scaled + kHiShift;
+    const int hi = __float_as_int(shifted) - __float_as_int(kHiShift);
+    const float rest = scaled - (shifted - kHiShift);
+    const int lo = __float_as_int(rest + kLoShift) - __float_as_int(kLoShift);
+    atomicAdd(element, hi);
+    atomicAdd(element + lo_offset, lo);
+  }
+  __device__ void operator()(index_t c, index_t y, index_t x, float v) const {
+    const index_t r = y - row0, q = x - col0;
+    if (enabled && r >= 0 && r < rows && q >= 0 && q < cols) {
+      add_at(element_at(c, r, q), v);
+    } else {
+      fallback(c, y, x, v);
+    }
+  }
+  __device__ float element(index_t e) const {
+    return fmaf(static_cast<float>(tile[e]), 65536.0f, static_cast<float>(tile[lo_offset + e])) * inv_scale;
   }
 };
+
+// scatter_corners for the fixed-point tile (more specialised than the generic one in sampling.h,
+// so the backward picks it): when all four corners fall inside the footprint, one address and four
+// unconditional adds. Corners outside the image are added too, to footprint elements the flush
+// skips, which saves a check per corner.
+template <typename index_t, typename GlobalAdd>
+__device__ void scatter_corners(const BilinearSample<float, index_t>& s, float value, index_t c,
+                                FixedPointTileAdd<index_t, GlobalAdd>& add) {
+  const index_t r = s.y.lo - add.row0, q = s.x.lo - add.col0;
+  if (!(add.enabled && r >= 0 && r + 1 < add.rows && q >= 0 && q + 1 < add.cols)) {
+    scatter_each_corner(s, value, c, add);
+    return;
+  }
+  const float ly = s.y.frac, lx = s.x.frac;
+  const float top = value * (1.0f - ly), bottom = value * ly;
+  int* element = add.element_at(c, r, q);
+  add.add_at(element, top * (1.0f - lx));
+  add.add_at(element + 1, top * lx);
+  element += add.cols;
+  add.add_at(element, bottom * (1.0f - lx));
+  add.add_at(element + 1, bottom * lx);
+}
+
+// Bound on the summed magnitude of one output pixel's input-gradient contributions:
+// max_c |dL/dout| * sum_t |V_i H_j M_t| (each bilinear weight is <= 1). NaN or inf data make it
+// NaN or inf, which disables the tile.
+template <int kKernelH, int kKernelW, typename scalar_t, typename index_t>
+__device__ float input_grad_bound(const DeformSepconvParams<scalar_t, index_t>& p, const scalar_t* grad_output,
+                                  index_t n, index_t y, index_t x) {
+  const index_t KH = kernel_extent<kKernelH>(p.kernel_h);
+  const index_t KW = kernel_extent<kKernelW>(p.kernel_w);
+  const index_t hw_out = p.height_out * p.width_out;
+  const index_t pixel = y * p.width_out + x;
+  const scalar_t* vert = p.vertical ? p.vertical + n * KH * hw_out + pixel : nullptr;
+  const scalar_t* horz = p.horizontal ? p.horizontal + n * KW * hw_out + pixel : nullptr;
+  const scalar_t* mask = p.mask ? p.mask + n * KH * KW * hw_out + pixel : nullptr;
+  float weights = 0.0f;
+  EDSC_NO_UNROLL
+  for (index_t i = 0; i < KH; ++i) {
+    float row = 0.0f;
+    EDSC_UNROLL
+    for (index_t j = 0; j < KW; ++j) {
+      row += fabsf(load_param_or(horz, j * hw_out, 1.0f) * load_param_or(mask, (i * KW + j) * hw_out, 1.0f));
+    }
+    weights += fabsf(load_param_or(vert, i * hw_out, 1.0f)) * row;
+  }
+  const scalar_t* go = grad_output + n * p.channels * hw_out + pixel;
+  float largest = 0.0f;
+  for (index_t c = 0; c < p.channels; ++c) {
+    const float g = fabsf(static_cast<float>(go[c * hw_out]));
+    largest = (g > largest || g != g) ? g : largest;  // keeps a NaN
+  }
+  return weights * largest;
+}
 
 // Backward with one thread per output pixel: the parameter gradients only, or with the input
 // gradient through global atomics (InputGrad: GlobalAtomicAdd, or FixedPointAtomicAdd when
 // deterministic).
-template <int kKernelH, int kKernelW, int kMaxWidth, typename scalar_t, typename index_t, typename InputGrad>
+template <int kChannelBlock, int kKernelH, int kKernelW, int kMaxWidth, typename scalar_t, typename index_t,
+          typename InputGrad>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     deform_sepconv_backward_cuda_kernel(const DeformSepconvParams<scalar_t, index_t> p,
                                         const scalar_t* __restrict__ grad_output,
@@ -139,7 +437,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     const index_t pixel = item % hw;
     const index_t n = item / hw;
     InputGrad add = input_grad.at_batch(n);
-    deform_sepconv_backward_pixel<kKernelH, kKernelW, kMaxWidth, scalar_t, acc_t, index_t>(
+    deform_sepconv_backward_pixel<kChannelBlock, kKernelH, kKernelW, kMaxWidth, scalar_t, acc_t, index_t>(
         p, grad_output, param_grads, add, index_t(0), with_input_grad ? p.channels : index_t(0), n,
         pixel / p.width_out, pixel % p.width_out);
   }
@@ -150,25 +448,44 @@ struct TileFootprint {
   int64_t rows, cols, channels_per_pass;
 };
 
-TileFootprint tile_footprint(const DeformSepconvConfig& cfg, int64_t channels, size_t acc_size) {
+// Both tile accumulators take 8 bytes an element: a float64, or the fixed point's two int32 words.
+constexpr int64_t kTileElementBytes = 8;
+
+TileFootprint tile_footprint(const DeformSepconvConfig& cfg, int64_t channels) {
   TileFootprint f;
   f.rows = kTileH + cfg.dilation_h * (cfg.kernel_h - 1) + 1 + 2 * kTileMargin;
   f.cols = kTileW + cfg.dilation_w * (cfg.kernel_w - 1) + 1 + 2 * kTileMargin;
-  const int64_t per_channel = f.rows * f.cols * static_cast<int64_t>(acc_size);
-  f.channels_per_pass = std::min<int64_t>(channels, kTileSharedBytes / per_channel);
+  f.channels_per_pass = std::min<int64_t>(channels, kTileSharedBytes / (f.rows * f.cols * kTileElementBytes));
   return f;
 }
 
-template <int kKernelH, int kKernelW, int kMaxWidth, typename scalar_t, typename index_t>
+// Sum over the block (kTileThreads threads); every thread gets it. NaN and inf propagate.
+__device__ float block_sum(float v, float* scratch) {
+  EDSC_UNROLL
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+  if (tid % 32 == 0) scratch[tid / 32] = v;
+  __syncthreads();
+  float total = 0.0f;
+  EDSC_UNROLL
+  for (int w = 0; w < kTileThreads / 32; ++w) total += scratch[w];
+  return total;
+}
+
+// GlobalAdd: GlobalAtomicAdd, or FixedPointAtomicAdd when deterministic (float32 and the half
+// types only, whose tile is fixed point and so order-independent).
+template <int kChannelBlock, int kKernelH, int kKernelW, int kMaxWidth, typename scalar_t, typename index_t,
+          typename GlobalAdd>
 __global__ void __launch_bounds__(kTileThreads, 2)
     deform_sepconv_backward_tiled_cuda_kernel(const DeformSepconvParams<scalar_t, index_t> p,
                                               const scalar_t* __restrict__ grad_output,
                                               const DeformSepconvParamGrads<scalar_t> param_grads,
-                                              at::opmath_type<scalar_t>* __restrict__ grad_input, index_t rows,
-                                              index_t cols, index_t channels_per_pass) {
+                                              const GlobalAdd input_grad, index_t rows, index_t cols,
+                                              index_t channels_per_pass) {
   using acc_t = at::opmath_type<scalar_t>;
-  extern __shared__ unsigned char shared_raw[];
-  acc_t* tile = reinterpret_cast<acc_t*>(shared_raw);
+  constexpr bool kFixedPoint = std::is_same_v<acc_t, float>;
+  extern __shared__ __align__(16) unsigned char shared_raw[];
+  __shared__ float bound_scratch[kTileThreads / 32];
 
   const index_t tiles_x = (p.width_out + kTileW - 1) / kTileW;
   const index_t tiles_y = (p.height_out + kTileH - 1) / kTileH;
@@ -180,33 +497,58 @@ __global__ void __launch_bounds__(kTileThreads, 2)
   const bool active = y < p.height_out && x < p.width_out;
   const int tid = threadIdx.y * kTileW + threadIdx.x;
 
-  const index_t row0 = tile_y * kTileH - p.pad_h - kTileMargin;
-  const index_t col0 = tile_x * kTileW - p.pad_w - kTileMargin;
-  const index_t plane = p.height_in * p.width_in;
-  acc_t* grad_n = grad_input + n * p.channels * plane;
+  using TileAdd = std::conditional_t<kFixedPoint, FixedPointTileAdd<index_t, GlobalAdd>,
+                                     FloatTileAdd<acc_t, index_t, GlobalAdd>>;
+  using word_t = std::conditional_t<kFixedPoint, int, acc_t>;
+  constexpr int kWords = kFixedPoint ? 2 : 1;
+  word_t* tile = reinterpret_cast<word_t*>(shared_raw);
+  TileAdd add{};
+  add.tile = tile;
+  add.row0 = tile_y * kTileH - p.pad_h - kTileMargin;
+  add.col0 = tile_x * kTileW - p.pad_w - kTileMargin;
+  add.rows = rows;
+  add.cols = cols;
+  add.fallback = input_grad.at_batch(n);
+  const index_t words_per_plane = channels_per_pass * rows * cols;
+  bool use_tile = true;
+  if constexpr (kFixedPoint) {
+    add.lo_offset = words_per_plane;
+    const float bound =
+        block_sum(active ? input_grad_bound<kKernelH, kKernelW>(p, grad_output, n, y, x) : 0.0f, bound_scratch);
+    int exponent = 0;
+    frexpf(bound, &exponent);  // bound < 2^exponent
+    // Finite, and not so small that 2^(kFixedPointBits - exponent) overflows float.
+    use_tile = bound == 0.0f || (bound - bound == 0.0f && exponent > kFixedPointBits - 126);
+    add.scale = bound == 0.0f ? 1.0f : ldexpf(1.0f, kFixedPointBits - exponent);
+    add.inv_scale = bound == 0.0f ? 1.0f : ldexpf(1.0f, exponent - kFixedPointBits);
+    add.enabled = use_tile;
+  }
 
   for (index_t c0 = 0; c0 < p.channels; c0 += channels_per_pass) {
     const index_t pass_channels = min(channels_per_pass, p.channels - c0);
     const index_t tile_elems = pass_channels * rows * cols;
-    for (index_t e = tid; e < tile_elems; e += kTileThreads) tile[e] = acc_t(0);
+    if (use_tile) {
+      for (index_t e = tid; e < words_per_plane * kWords; e += kTileThreads) tile[e] = word_t(0);
+    }
     __syncthreads();
     if (active) {
-      TileAtomicAdd<acc_t, index_t> add{tile, row0, col0, rows, cols, c0, {grad_n, p.channels, p.height_in, p.width_in}};
+      add.c0 = c0;
       // The parameter gradients need all channels once: on the first pass only.
       const DeformSepconvParamGrads<scalar_t> pass_grads =
           c0 == 0 ? param_grads : DeformSepconvParamGrads<scalar_t>{nullptr, nullptr, nullptr, nullptr};
-      deform_sepconv_backward_pixel<kKernelH, kKernelW, kMaxWidth, scalar_t, acc_t, index_t>(
+      deform_sepconv_backward_pixel<kChannelBlock, kKernelH, kKernelW, kMaxWidth, scalar_t, acc_t, index_t>(
           p, grad_output, pass_grads, add, c0, c0 + pass_channels, n, y, x);
     }
     __syncthreads();
-    // Flush: one global atomic per touched footprint element (neighbouring tiles overlap).
-    for (index_t e = tid; e < tile_elems; e += kTileThreads) {
-      const acc_t v = tile[e];
-      if (v != acc_t(0)) {
-        const index_t q = e % cols;
-        const index_t r = (e / cols) % rows;
-        const index_t c = e / (cols * rows);
-        atomicAdd(grad_n + ((c0 + c) * p.height_in + row0 + r) * p.width_in + col0 + q, v);
+    // Flush: one global add per touched footprint element inside the image (neighbouring tiles
+    // overlap; elements outside it may hold adds of corners that carry no gradient).
+    if (use_tile) {
+      for (index_t e = tid; e < tile_elems; e += kTileThreads) {
+        const index_t row = add.row0 + (e / cols) % rows;
+        const index_t col = add.col0 + e % cols;
+        if (row < 0 || row >= p.height_in || col < 0 || col >= p.width_in) continue;
+        const acc_t v = add.element(e);
+        if (v != acc_t(0)) add.fallback(c0 + e / (cols * rows), row, col, v);
       }
     }
     __syncthreads();
@@ -255,10 +597,6 @@ at::Tensor finish_fixed_point_input_grad(const FixedPointInputGrad& w) {
   return at::where(bad, at::scalar_tensor(std::numeric_limits<double>::quiet_NaN(), value.options()), value);
 }
 
-int forward_min_blocks() {
-  const char* value = std::getenv("EDSC_EXT_FORWARD_MIN_BLOCKS");
-  return value != nullptr ? std::atoi(value) : 1;
-}
 
 at::Tensor deform_sepconv_forward_cuda(const at::Tensor& input, const std::optional<at::Tensor>& vertical,
                                        const std::optional<at::Tensor>& horizontal,
@@ -271,22 +609,40 @@ at::Tensor deform_sepconv_forward_cuda(const at::Tensor& input, const std::optio
   at::Tensor output = at::empty({input.size(0), input.size(1), t.height_out, t.width_out}, input.options());
   if (output.numel() == 0) return in_layout_of(input, output);
   const auto stream = c10::cuda::getCurrentCUDAStream(input.device().index());
-  const int64_t work_items = input.size(0) * ((input.size(1) + kCudaChannelBlock - 1) / kCudaChannelBlock) *
-                             t.height_out * t.width_out;
+  const int64_t channels = input.size(1);
+
+  const int staged_chunk = staged_forward_chunk(t, kernel_h, kernel_w);
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "deform_sepconv_forward_cuda", [&] {
     EDSC_DISPATCH_INDEX_TYPE(t.use_32bit_indexing, [&] {
       EDSC_DISPATCH_KERNEL_SIZE(kernel_h, kernel_w, [&] {
         const auto p = make_params<scalar_t, index_t>(t, cfg);
-        if (forward_min_blocks() == 3) {
-          deform_sepconv_forward_cuda_kernel<kKernelH, kKernelW, 3, scalar_t, index_t>
-              <<<blocks_for(work_items), kThreadsPerBlock, 0, stream>>>(p, output.mutable_data_ptr<scalar_t>(),
-                                                                        work_items);
-        } else {
-          deform_sepconv_forward_cuda_kernel<kKernelH, kKernelW, 1, scalar_t, index_t>
-              <<<blocks_for(work_items), kThreadsPerBlock, 0, stream>>>(p, output.mutable_data_ptr<scalar_t>(),
-                                                                        work_items);
+        scalar_t* out = output.mutable_data_ptr<scalar_t>();
+        if constexpr (kKernelH == kStagedKernel && kKernelW == kStagedKernel && std::is_same_v<index_t, int32_t> &&
+                      sizeof(scalar_t) == 2) {
+          if (staged_chunk != 0) {
+            const int64_t hw = t.height_out * t.width_out;
+            const int64_t blocks = input.size(0) * ((hw + kStagedPixels - 1) / kStagedPixels);
+            const size_t shared = kStagedSegments * kStagedPixels * sizeof(scalar_t);
+            EDSC_DISPATCH_CHANNEL_BLOCK(channels, [&] {
+              if (staged_chunk == 16) {
+                deform_sepconv_forward_staged_cuda_kernel<kChannelBlock, 16, scalar_t>
+                    <<<static_cast<unsigned int>(blocks), kStagedPixels, shared, stream>>>(p, out);
+              } else {
+                deform_sepconv_forward_staged_cuda_kernel<kChannelBlock, 4, scalar_t>
+                    <<<static_cast<unsigned int>(blocks), kStagedPixels, shared, stream>>>(p, out);
+              }
+              C10_CUDA_KERNEL_LAUNCH_CHECK();
+            });
+            return;
+          }
         }
+        // One thread per (pixel, block of 4 channels).
+        constexpr int kPlainBlock = 4;
+        const int64_t work_items =
+            input.size(0) * ((channels + kPlainBlock - 1) / kPlainBlock) * t.height_out * t.width_out;
+        deform_sepconv_forward_cuda_kernel<kPlainBlock, kKernelH, kKernelW, scalar_t, index_t>
+            <<<blocks_for(work_items), kThreadsPerBlock, 0, stream>>>(p, out, work_items);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       });
     });
@@ -304,7 +660,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
   const DeformSepconvTensors t = prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg, &grad_output);
   auto grads = allocate_deform_sepconv_grads(t, output_mask);
   const int64_t pixels = input.size(0) * t.height_out * t.width_out;
-  if (pixels == 0 || input.size(1) == 0) return {in_layout_of(input, grads[0]), grads[1], grads[2], grads[3], grads[4]};
+  const int64_t channels = input.size(1);
+  if (pixels == 0 || channels == 0) return {in_layout_of(input, grads[0]), grads[1], grads[2], grads[3], grads[4]};
   const auto stream = c10::cuda::getCurrentCUDAStream(input.device().index());
 
   const bool deterministic = grads[0].numel() > 0 && at::globalContext().deterministicAlgorithms();
@@ -321,44 +678,60 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
     }
     acc_t* grad_input = grad_input_acc.defined() ? grad_input_acc.mutable_data_ptr<acc_t>() : nullptr;
     const auto param_grads = make_param_grads<scalar_t>(grads);
-    const TileFootprint footprint = tile_footprint(cfg, input.size(1), sizeof(acc_t));
-    const bool tiled = grad_input != nullptr && footprint.channels_per_pass >= 1 && !force_global_atomics();
+    const TileFootprint footprint = tile_footprint(cfg, channels);
+    // The tile needs shared memory for at least one channel, 32-bit indices (below), at most
+    // kFixedPointMaxTaps taps for the fixed point, and, when deterministic, a fixed-point tile.
+    constexpr bool kFixedPointTile = std::is_same_v<acc_t, float>;
+    const bool tiled = grads[0].numel() > 0 && footprint.channels_per_pass >= 1 && !force_global_atomics() &&
+                       (!kFixedPointTile || kernel_h * kernel_w <= kFixedPointMaxTaps) &&
+                       (kFixedPointTile || !deterministic);
 
     EDSC_DISPATCH_INDEX_TYPE(t.use_32bit_indexing, [&] {
       EDSC_DISPATCH_KERNEL_SIZE(kernel_h, kernel_w, [&] {
-        const auto p = make_params<scalar_t, index_t>(t, cfg);
-        const scalar_t* go = t.grad_output.const_data_ptr<scalar_t>();
-        // Static kernel sizes hold their accumulators in registers; run-time ones in a local array.
-        constexpr int kMaxWidth = kKernelW > 0 ? kKernelW : static_cast<int>(kMaxKernelWidth);
-        const int64_t tiles = input.size(0) * ((t.height_out + kTileH - 1) / kTileH) *
-                              ((t.width_out + kTileW - 1) / kTileW);
-        if constexpr (std::is_same_v<index_t, int32_t>) {
-          if (tiled && tiles <= std::numeric_limits<int32_t>::max()) {
-            const size_t shared = footprint.channels_per_pass * footprint.rows * footprint.cols * sizeof(acc_t);
-            deform_sepconv_backward_tiled_cuda_kernel<kKernelH, kKernelW, kMaxWidth, scalar_t, index_t>
-                <<<static_cast<unsigned int>(tiles), dim3(kTileW, kTileH), shared, stream>>>(
-                    p, go, param_grads, grad_input, static_cast<index_t>(footprint.rows),
-                    static_cast<index_t>(footprint.cols), static_cast<index_t>(footprint.channels_per_pass));
-            C10_CUDA_KERNEL_LAUNCH_CHECK();
-            return;
+        EDSC_DISPATCH_CHANNEL_BLOCK(channels, [&] {
+          const auto p = make_params<scalar_t, index_t>(t, cfg);
+          const scalar_t* go = t.grad_output.const_data_ptr<scalar_t>();
+          // Static kernel sizes hold their accumulators in registers; run-time ones in a local array.
+          constexpr int kMaxWidth = kKernelW > 0 ? kKernelW : static_cast<int>(kMaxKernelWidth);
+          const index_t in_channels = static_cast<index_t>(channels);
+          const index_t height = static_cast<index_t>(input.size(2)), width = static_cast<index_t>(input.size(3));
+          // Launches `kernel` (tiled or one thread per pixel) with the input-gradient adder that the
+          // mode asks for: fixed-point int64 atomics when deterministic, float atomics otherwise.
+          const auto with_global_add = [&](auto&& launch) {
+            if (deterministic) {
+              launch(FixedPointAtomicAdd<acc_t, index_t>{
+                  reinterpret_cast<unsigned long long*>(fixed_point.sums.mutable_data_ptr<int64_t>()),
+                  fixed_point.scale.const_data_ptr<double>(), fixed_point.poisoned.mutable_data_ptr<int>(),
+                  in_channels, height, width});
+            } else {
+              launch(GlobalAtomicAdd<acc_t, index_t>{grad_input, in_channels, height, width});
+            }
+          };
+          const int64_t tiles = input.size(0) * ((t.height_out + kTileH - 1) / kTileH) *
+                                ((t.width_out + kTileW - 1) / kTileW);
+          if constexpr (std::is_same_v<index_t, int32_t>) {
+            if (tiled && tiles <= std::numeric_limits<int32_t>::max()) {
+              const size_t shared = footprint.channels_per_pass * footprint.rows * footprint.cols * kTileElementBytes;
+              with_global_add([&](auto add) {
+                if constexpr (kFixedPointTile || !std::is_same_v<decltype(add), FixedPointAtomicAdd<acc_t, index_t>>) {
+                  deform_sepconv_backward_tiled_cuda_kernel<kChannelBlock, kKernelH, kKernelW, kMaxWidth, scalar_t,
+                                                            index_t><<<static_cast<unsigned int>(tiles),
+                                                                       dim3(kTileW, kTileH), shared, stream>>>(
+                      p, go, param_grads, add, static_cast<index_t>(footprint.rows),
+                      static_cast<index_t>(footprint.cols), static_cast<index_t>(footprint.channels_per_pass));
+                  C10_CUDA_KERNEL_LAUNCH_CHECK();
+                }
+              });
+              return;
+            }
           }
-        }
-        const index_t channels = static_cast<index_t>(input.size(1));
-        const index_t height = static_cast<index_t>(input.size(2)), width = static_cast<index_t>(input.size(3));
-        if (deterministic) {
-          const FixedPointAtomicAdd<acc_t, index_t> add{
-              reinterpret_cast<unsigned long long*>(fixed_point.sums.mutable_data_ptr<int64_t>()),
-              fixed_point.scale.const_data_ptr<double>(), fixed_point.poisoned.mutable_data_ptr<int>(), channels,
-              height, width};
-          deform_sepconv_backward_cuda_kernel<kKernelH, kKernelW, kMaxWidth, scalar_t, index_t>
-              <<<blocks_for(pixels), kThreadsPerBlock, 0, stream>>>(p, go, param_grads, add, true, pixels);
-        } else {
-          const GlobalAtomicAdd<acc_t, index_t> add{grad_input, channels, height, width};
-          deform_sepconv_backward_cuda_kernel<kKernelH, kKernelW, kMaxWidth, scalar_t, index_t>
-              <<<blocks_for(pixels), kThreadsPerBlock, 0, stream>>>(p, go, param_grads, add, grad_input != nullptr,
-                                                                    pixels);
-        }
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
+          with_global_add([&](auto add) {
+            deform_sepconv_backward_cuda_kernel<kChannelBlock, kKernelH, kKernelW, kMaxWidth, scalar_t, index_t>
+                <<<blocks_for(pixels), kThreadsPerBlock, 0, stream>>>(p, go, param_grads, add, grads[0].numel() > 0,
+                                                                      pixels);
+            C10_CUDA_KERNEL_LAUNCH_CHECK();
+          });
+        });
       });
     });
     if (grad_input_acc.defined() && !grad_input_acc.is_same(grads[0])) grads[0].copy_(grad_input_acc);
