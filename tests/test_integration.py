@@ -387,6 +387,32 @@ def test_deterministic_cpu(gen, deterministic, padding_mode):
     assert_grads_close(grads, expected_grads, F32)
 
 
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("padding_mode", PADDING_MODES)
+def test_cpu_backward_paths_bitwise_equal(gen, padding_mode, dtype):
+    """The CPU backward fuses its two passes when there are at least as many batch elements as
+    threads, and otherwise splits the input gradient by blocks of channels or single channels; all
+    three add to each input-gradient plane in the same order, so the thread count changes nothing,
+    not even the last bit."""
+    case = make_inputs(2, 6, 21, 23, 5, 5, 2, 1, dtype=dtype, generator=gen, offset_scale=3)
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        # N = 2 >= 1 thread: fused; 2 x 2 channel blocks >= 4 threads: blocks; 4 < 8: single channels.
+        for count in (1, 4, 8):
+            torch.set_num_threads(count)
+            results.append(forward_and_grads(OP, case, padding_mode))
+    finally:
+        torch.set_num_threads(threads)
+    fused = results[0]
+    for other in results[1:]:
+        assert torch.equal(fused[0], other[0])
+        for name, g, g0 in zip(ARG_NAMES, fused[1], other[1]):
+            assert torch.equal(g, g0), name
+    expected, expected_grads = reference_and_grads(case, padding_mode)
+    assert_grads_close(fused[1], expected_grads, dtype)
+
+
 # Configurations with many samples landing on the same input pixels (small offsets, big kernels,
 # many channels), where float atomics would add in a different order from run to run.
 DETERMINISM_CONFIGS = [

@@ -12,7 +12,7 @@ namespace edsc_ext {
 namespace {
 
 // Channels handled per pass over the taps: sampling weights are computed once per block.
-constexpr int kCpuChannelBlock = 4;
+constexpr int kCpuChannelBlock = 8;
 // Pixels per parallel task, so tiny images still split and huge ones amortise scheduling.
 constexpr int64_t kPixelGrain = 1024;
 
@@ -64,9 +64,15 @@ struct PlaneAdd {
   void operator()(index_t c, index_t y, index_t x, acc_t v) const { grad[(c * height + y) * width + x] += v; }
 };
 
-// Two passes keep the CPU backward deterministic and free of atomics: the per-pixel parameter
-// gradients in parallel over pixels, then the input gradient in parallel over (n, c) planes,
-// since every sample of output plane (n, c) lands in input plane (n, c) alone.
+// The CPU backward is deterministic and free of atomics because each input-gradient plane (n, c)
+// is written by one task, in pixel order, whatever the number of threads:
+// - with at least as many batch elements as threads, one fused pass in parallel over n: a task
+//   computes a pixel's parameter gradients and adds into its own grad_input[n], sampling once;
+// - otherwise two passes: the parameter gradients in parallel over pixels, then the input
+//   gradient in parallel over (n, c) planes, in blocks of channels where there are enough (every
+//   sample of output plane (n, c) lands in input plane (n, c) alone), which keeps the cores busy
+//   for N = 1 at the cost of sampling again.
+// Both add to a plane in the same order, so they give bitwise the same result.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_sepconv_backward_cpu(
     const at::Tensor& grad_output, const at::Tensor& input, const std::optional<at::Tensor>& vertical,
     const std::optional<at::Tensor>& horizontal, const std::optional<at::Tensor>& offset,
@@ -85,6 +91,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
         const auto p = make_params<scalar_t, index_t>(t, cfg);
         const scalar_t* go = t.grad_output.const_data_ptr<scalar_t>();
         const auto param_grads = make_param_grads<scalar_t>(grads);
+        if (grads[0].numel() > 0 && p.batch >= at::get_num_threads()) {
+          at::Tensor acc = std::is_same_v<acc_t, scalar_t>
+                               ? grads[0]
+                               : grads[0].to(c10::CppTypeToScalarType<acc_t>::value);
+          acc_t* gin = acc.mutable_data_ptr<acc_t>();
+          at::parallel_for(0, p.batch, 1, [&](int64_t begin, int64_t end) {
+            for (int64_t b = begin; b < end; ++b) {
+              const index_t n = static_cast<index_t>(b);
+              PlaneAdd<acc_t, index_t> add{gin + n * p.channels * p.height_in * p.width_in, p.height_in, p.width_in};
+              for (index_t y = 0; y < p.height_out; ++y) {
+                for (index_t x = 0; x < p.width_out; ++x) {
+                  deform_sepconv_backward_pixel<kCpuChannelBlock, kKernelH, kKernelW, kMaxKernelWidth, scalar_t,
+                                                acc_t, index_t>(p, go, param_grads, add, index_t(0), p.channels, n,
+                                                                y, x);
+                }
+              }
+            }
+          });
+          if (!acc.is_same(grads[0])) grads[0].copy_(acc);
+          return;
+        }
         if (param_grads.any()) {
           NoInputGrad<acc_t> no_input_grad;
           at::parallel_for(0, p.batch * hw, kPixelGrain, [&](int64_t begin, int64_t end) {
@@ -92,8 +119,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
               const index_t n = static_cast<index_t>(k / hw);
               const index_t y = static_cast<index_t>((k % hw) / t.width_out);
               const index_t x = static_cast<index_t>(k % t.width_out);
-              deform_sepconv_backward_pixel<1, kKernelH, kKernelW, kMaxKernelWidth, scalar_t, acc_t, index_t>(
-                  p, go, param_grads, no_input_grad, index_t(0), index_t(0), n, y, x);
+              deform_sepconv_backward_pixel<kCpuChannelBlock, kKernelH, kKernelW, kMaxKernelWidth, scalar_t, acc_t,
+                                            index_t>(p, go, param_grads, no_input_grad, index_t(0), index_t(0), n, y,
+                                                     x);
             }
           });
         }
@@ -103,20 +131,34 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
                                ? grads[0]
                                : grads[0].to(c10::CppTypeToScalarType<acc_t>::value);
           acc_t* gin = acc.mutable_data_ptr<acc_t>();
-          const DeformSepconvParamGrads<scalar_t> none{nullptr, nullptr, nullptr, nullptr};
-          at::parallel_for(0, p.batch * p.channels, 1, [&](int64_t begin, int64_t end) {
-            for (int64_t nc = begin; nc < end; ++nc) {
-              const index_t n = static_cast<index_t>(nc / p.channels);
-              const index_t c = static_cast<index_t>(nc % p.channels);
-              PlaneAdd<acc_t, index_t> add{gin + n * p.channels * p.height_in * p.width_in, p.height_in, p.width_in};
-              for (index_t y = 0; y < p.height_out; ++y) {
-                for (index_t x = 0; x < p.width_out; ++x) {
-                  deform_sepconv_backward_pixel<1, kKernelH, kKernelW, kMaxKernelWidth, scalar_t, acc_t,
-                                                index_t>(p, go, none, add, c, c + 1, n, y, x);
+          // A task per (n, block of channels): blocks of kCpuChannelBlock sample once per block when
+          // that still leaves a task per thread, single channels otherwise.
+          const auto input_grad_pass = [&](auto channel_block) {
+            constexpr int kBlock = decltype(channel_block)::value;
+            const DeformSepconvParamGrads<scalar_t> none{nullptr, nullptr, nullptr, nullptr};
+            const index_t blocks = (p.channels + kBlock - 1) / kBlock;
+            at::parallel_for(0, p.batch * blocks, 1, [&](int64_t begin, int64_t end) {
+              for (int64_t task = begin; task < end; ++task) {
+                const index_t n = static_cast<index_t>(task / blocks);
+                const index_t c0 = static_cast<index_t>(task % blocks) * kBlock;
+                const index_t c1 = std::min<index_t>(c0 + kBlock, p.channels);
+                PlaneAdd<acc_t, index_t> add{gin + n * p.channels * p.height_in * p.width_in, p.height_in,
+                                             p.width_in};
+                for (index_t y = 0; y < p.height_out; ++y) {
+                  for (index_t x = 0; x < p.width_out; ++x) {
+                    deform_sepconv_backward_pixel<kBlock, kKernelH, kKernelW, kMaxKernelWidth, scalar_t, acc_t,
+                                                  index_t>(p, go, none, add, c0, c1, n, y, x);
+                  }
                 }
               }
-            }
-          });
+            });
+          };
+          const int64_t channel_blocks = (p.channels + kCpuChannelBlock - 1) / kCpuChannelBlock;
+          if (p.batch * channel_blocks >= at::get_num_threads()) {
+            input_grad_pass(std::integral_constant<int, kCpuChannelBlock>{});
+          } else {
+            input_grad_pass(std::integral_constant<int, 1>{});
+          }
           if (!acc.is_same(grads[0])) grads[0].copy_(acc);
         }
       });
