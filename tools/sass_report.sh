@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Compiles src/cuda/deform_sepconv_cuda.cu for one architecture (no GPU needed) and prints, per
+# Compiles src/cuda/deform_sepconv_*_cuda.cu for one architecture (no GPU needed) and prints, per
 # kernel, registers, spills and the SASS instruction mix that matters for this op: gathers (LDG),
 # stores, shared-memory atomics (native ATOMS.ADD vs CAS loops), global reductions.
 #   tools/sass_report.sh [ARCH=90] [FILTER=regex on kernel names]
@@ -21,11 +21,20 @@ for sp in site.getsitepackages():
 print(" ".join("-I" + d for d in dirs))
 PY
 )
-"$cuda_home/bin/nvcc" -std=c++20 -O3 -cubin -arch=sm_$arch -Xptxas -v -DTORCH_EXTENSION_NAME=_C \
-  -I"$root/include" $incs -o "$work/k.cubin" "$root/src/cuda/deform_sepconv_cuda.cu" 2>"$work/ptxas.txt" || { cat "$work/ptxas.txt" >&2; exit 1; }
+pids=()
+for source in "$root"/src/cuda/deform_sepconv_*_cuda.cu; do  # in parallel, one log each
+  name=$(basename "$source" .cu)
+  "$cuda_home/bin/nvcc" -std=c++20 -O3 -cubin -arch=sm_$arch -Xptxas -v -DTORCH_EXTENSION_NAME=_C \
+    -I"$root/include" $incs -o "$work/$name.cubin" "$source" 2>"$work/$name.ptxas" &
+  pids+=($!)
+done
+for pid in "${pids[@]}"; do
+  wait "$pid" || { cat "$work"/*.ptxas >&2; exit 1; }
+done
+cat "$work"/*.ptxas >"$work/ptxas.txt"
 cuobjdump=$(command -v cuobjdump || true)
 [ -n "$cuobjdump" ] || cuobjdump=$(python -c "import triton, os; print(os.path.join(os.path.dirname(triton.__file__), 'backends/nvidia/bin/cuobjdump'))")
-"$cuobjdump" -sass "$work/k.cubin" >"$work/k.sass"
+for cubin in "$work"/*.cubin; do "$cuobjdump" -sass "$cubin"; done >"$work/k.sass"
 python - "$work/k.sass" "$work/ptxas.txt" "$filter" <<'PY'
 import re, sys, subprocess
 sass, ptxas, filt = open(sys.argv[1]).read(), open(sys.argv[2]).read(), re.compile(sys.argv[3])

@@ -1,55 +1,18 @@
-// CUDA backend of deform_sepconv. Every entry point takes a device guard from the input and
+// CUDA backward of deform_sepconv. Every entry point takes a device guard from the input and
 // launches on that device's current stream, so a tensor on cuda:1 works whatever the current
 // device is. Per-pixel work comes from include/edsc_ext/deform_sepconv_pixel.h.
 //
-// Forward: for 5x5 kernels in float16/bfloat16 with up to 4 channels, blocks of 128 output pixels
-// stage their per-pixel tensors (85 values a pixel, the bulk of the bytes) in shared memory with
-// asynchronous copies and sample row by row as the copies land (deform_sepconv_forward_staged_
-// cuda_kernel); otherwise one thread per (n, block of 4 channels, output pixel), x fastest, so the
-// per-pixel loads stay coalesced. EDSC_EXT_FORWARD=plain forces the latter (benchmarks, tests).
 // Backward: one fused pass over 2-D tiles of output pixels. The input gradient, hundreds of adds
 // per pixel, is accumulated with shared-memory atomics over the tile's footprint (tile + kernel
 // reach + a margin for offsets) and flushed to global memory once; samples that land outside the
 // footprint fall back to global atomics, so any offset stays correct. The tile holds fixed-point
 // integers (see FixedPointTileAdd): shared-memory float atomics are compare-and-swap loops on
 // sm_70..sm_90, integer ones a single native instruction.
-#include <ATen/Context.h>
-#include <ATen/Dispatch.h>
-#include <ATen/ATen.h>
-#include <ATen/OpMathType.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
-#include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <torch/library.h>
-
-#include <cstdlib>
-#include <string>
-#include <type_traits>
-
-#include "edsc_ext/ops.h"
-#include "launch.cuh"
+#include "deform_sepconv_cuda.cuh"
 
 namespace edsc_ext {
 namespace {
 
-// Channels a thread handles per step (forward: accumulators in registers, more channels become more
-// threads; backward: corner loads in flight together). Three for RGB-like inputs with the common
-// 5x5 kernel, so no lane of the block is idle; four otherwise.
-template <int kKernelH, int kKernelW, typename Body>
-void dispatch_channel_block(int64_t channels, const Body& body) {
-  if constexpr (kKernelH == 5 && kKernelW == 5) {
-    if (channels % 3 == 0 && channels % 4 != 0) return body(std::integral_constant<int, 3>{});
-  }
-  return body(std::integral_constant<int, 4>{});
-}
-#define EDSC_DISPATCH_CHANNEL_BLOCK(channels, ...)                                       \
-  dispatch_channel_block<kKernelH, kKernelW>(channels, [&](auto channel_block) {         \
-    constexpr int kChannelBlock = decltype(channel_block)::value;                        \
-    return __VA_ARGS__();                                                                \
-  })
 // Backward tile: a warp spans 32 consecutive x, so per-pixel loads and stores stay coalesced.
 constexpr int kTileW = 32;
 constexpr int kTileH = 8;
@@ -58,200 +21,6 @@ constexpr int kTileThreads = kTileW * kTileH;
 constexpr int kTileMargin = 3;
 // Shared memory for the input-gradient footprint (the default per-block limit, no opt-in).
 constexpr int64_t kTileSharedBytes = 48 * 1024;
-
-template <int kChannelBlock, int kKernelH, int kKernelW, typename scalar_t, typename index_t>
-__global__ void __launch_bounds__(kThreadsPerBlock)
-    deform_sepconv_forward_cuda_kernel(const DeformSepconvParams<scalar_t, index_t> p, scalar_t* __restrict__ output,
-                                       int64_t work_items) {
-  using acc_t = at::opmath_type<scalar_t>;
-  const index_t hw = p.height_out * p.width_out;
-  const index_t channel_blocks = (p.channels + kChannelBlock - 1) / kChannelBlock;
-  for (int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < work_items;
-       k += int64_t(blockDim.x) * gridDim.x) {
-    const index_t item = static_cast<index_t>(k);  // (n, channel block, y, x), x fastest
-    const index_t pixel = item % hw;
-    const index_t rest = item / hw;
-    const index_t c0 = (rest % channel_blocks) * kChannelBlock;
-    const index_t n = rest / channel_blocks;
-    deform_sepconv_forward_pixel<kChannelBlock, kKernelH, kKernelW, scalar_t, acc_t, index_t>(
-        p, output, n, pixel / p.width_out, pixel % p.width_out, c0);
-  }
-}
-
-// Forward with the per-pixel tensors staged in shared memory (5x5 kernels, float32 and the half
-// types, sm_80+). They are 2K + 3K^2 = 85 values a pixel, each read once: streaming data and the
-// bulk of the bytes. Read on demand, every tap waits on a DRAM round trip for its offsets before
-// it can even address the frame, which left the plain kernel latency-bound. Here a block of
-// kStagedPixels consecutive output pixels first issues asynchronous copies (cp.async) of all its
-// per-pixel values, one commit group per row of taps, then samples row by row as the groups
-// land, so later rows' loads overlap the sampling of earlier ones. Each thread owns one pixel and
-// loops over the channels, so the values are read from DRAM once whatever C is.
-constexpr int kStagedPixels = 128;
-constexpr int kStagedKernel = 5;
-// Shared-memory rows of kStagedPixels values: the horizontal kernel, then per row of taps its
-// vertical weight, 2K offsets and K mask values.
-constexpr int kStagedRowSegments = 1 + 3 * kStagedKernel;
-constexpr int kStagedSegments = kStagedKernel + kStagedKernel * kStagedRowSegments;
-
-template <int kBytes>
-__device__ __forceinline__ void copy_async(void* shared, const void* global, int src_bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned int dst = static_cast<unsigned int>(__cvta_generic_to_shared(shared));
-  if constexpr (kBytes == 16) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(global), "r"(src_bytes)
-                 : "memory");
-  } else {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(global), "n"(kBytes),
-                 "r"(src_bytes)
-                 : "memory");
-  }
-#else
-  // Before sm_80 (the host does not pick this kernel there): a plain copy with cp.async's zero fill.
-  unsigned char* d = static_cast<unsigned char*>(shared);
-  const unsigned char* s = static_cast<const unsigned char*>(global);
-  for (int b = 0; b < kBytes; ++b) d[b] = b < src_bytes ? s[b] : 0;
-#endif
-}
-
-__device__ __forceinline__ void copy_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-
-// Waits until at most `pending` (a constant after unrolling) commit groups are still in flight.
-__device__ __forceinline__ void copy_async_wait(int pending) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  switch (pending) {
-    case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
-    case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
-    case 2: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
-    case 3: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
-    default: asm volatile("cp.async.wait_group 4;\n" ::: "memory"); break;
-  }
-#endif
-}
-
-// Copies `count` consecutive channel planes' segments [p0, p0 + valid) (channel m at
-// first + m * hw) into shared rows dst + m * kStagedPixels, in kChunk-byte pieces spread over the
-// block; the part of a row past `valid` is zero-filled.
-template <int kChunk, typename scalar_t>
-__device__ __forceinline__ void stage_segments(scalar_t* dst, const scalar_t* first, int count, int hw, int valid) {
-  constexpr int kPerChunk = kChunk / static_cast<int>(sizeof(scalar_t));
-  constexpr int kChunksPerRow = kStagedPixels / kPerChunk;
-  for (int e = threadIdx.x; e < count * kChunksPerRow; e += kStagedPixels) {
-    const int m = e / kChunksPerRow;
-    const int begin = (e % kChunksPerRow) * kPerChunk;
-    const int elements = min(kPerChunk, max(0, valid - begin));
-    copy_async<kChunk>(dst + m * kStagedPixels + begin, first + m * hw + (elements > 0 ? begin : 0),
-                       elements * static_cast<int>(sizeof(scalar_t)));
-  }
-}
-
-template <int kChannelBlock, int kChunk, typename scalar_t>
-__global__ void __launch_bounds__(kStagedPixels)
-    deform_sepconv_forward_staged_cuda_kernel(const DeformSepconvParams<scalar_t, int32_t> p,
-                                              scalar_t* __restrict__ output) {
-  using acc_t = at::opmath_type<scalar_t>;
-  constexpr int K = kStagedKernel;
-  extern __shared__ __align__(16) unsigned char staged_raw[];
-  scalar_t* staged = reinterpret_cast<scalar_t*>(staged_raw);
-
-  const int hw = p.height_out * p.width_out;
-  const int blocks_per_image = (hw + kStagedPixels - 1) / kStagedPixels;
-  const int n = static_cast<int>(blockIdx.x) / blocks_per_image;
-  const int p0 = (static_cast<int>(blockIdx.x) % blocks_per_image) * kStagedPixels;
-  const int valid = min(kStagedPixels, hw - p0);
-
-  EDSC_UNROLL
-  for (int i = 0; i < K; ++i) {
-    if (i == 0 && p.horizontal) stage_segments<kChunk>(staged, p.horizontal + n * K * hw + p0, K, hw, valid);
-    scalar_t* row = staged + (K + i * kStagedRowSegments) * kStagedPixels;
-    if (p.vertical) stage_segments<kChunk>(row, p.vertical + (n * K + i) * hw + p0, 1, hw, valid);
-    if (p.offset) {
-      stage_segments<kChunk>(row + kStagedPixels, p.offset + (n * 2 * K * K + 2 * K * i) * hw + p0, 2 * K, hw, valid);
-    }
-    if (p.mask) {
-      stage_segments<kChunk>(row + (1 + 2 * K) * kStagedPixels, p.mask + (n * K * K + K * i) * hw + p0, K, hw, valid);
-    }
-    copy_async_commit();
-  }
-
-  const int t = threadIdx.x;
-  const bool active = t < valid;
-  const int pixel = p0 + t;
-  const int y = pixel / p.width_out, x = pixel % p.width_out;
-  const int plane = p.height_in * p.width_in;
-  const int64_t y_base = static_cast<int64_t>(y) - p.pad_h;
-  const int64_t x_base = static_cast<int64_t>(x) - p.pad_w;
-  const auto staged_value = [&](const void* present, int segment, acc_t fallback) {
-    return present ? static_cast<acc_t>(staged[segment * kStagedPixels + t]) : fallback;
-  };
-
-  for (int c0 = 0; c0 < p.channels; c0 += kChannelBlock) {
-    const int block = min(kChannelBlock, p.channels - c0);
-    const scalar_t* in = p.input + (n * p.channels + c0) * plane;
-    acc_t acc[kChannelBlock];
-    EDSC_UNROLL
-    for (int cc = 0; cc < kChannelBlock; ++cc) acc[cc] = acc_t(0);
-    EDSC_UNROLL
-    for (int i = 0; i < K; ++i) {
-      copy_async_wait(K - 1 - i);
-      __syncthreads();  // the other threads' copies of row i have landed too
-      if (!active) continue;
-      const int row = K + i * kStagedRowSegments;
-      const acc_t wv = staged_value(p.vertical, row, acc_t(1));
-      const acc_t py0 = static_cast<acc_t>(y_base + static_cast<int64_t>(i) * p.dilation_h);
-      EDSC_UNROLL
-      for (int j = 0; j < K; ++j) {
-        const acc_t w = wv * staged_value(p.horizontal, j, acc_t(1)) * staged_value(p.mask, row + 1 + 2 * K + j, acc_t(1));
-        const acc_t py = py0 + staged_value(p.offset, row + 1 + 2 * j, acc_t(0));
-        const acc_t px = static_cast<acc_t>(x_base + static_cast<int64_t>(j) * p.dilation_w) +
-                         staged_value(p.offset, row + 2 + 2 * j, acc_t(0));
-        const auto s = make_bilinear_sample<acc_t, int32_t>(py, px, p.height_in, p.width_in, p.padding_mode);
-        if (!s.finite) {
-          EDSC_UNROLL
-          for (int cc = 0; cc < kChannelBlock; ++cc) acc[cc] = quiet_nan<acc_t>();
-          continue;
-        }
-        EDSC_UNROLL
-        for (int cc = 0; cc < kChannelBlock; ++cc) {
-          if (cc < block) acc[cc] += w * interpolate(s, load_corners<acc_t>(s, in + cc * plane));
-        }
-      }
-    }
-    if (active) {
-      scalar_t* out = output + (n * p.channels + c0) * hw + pixel;
-      EDSC_UNROLL
-      for (int cc = 0; cc < kChannelBlock; ++cc) {
-        if (cc < block) out[cc * hw] = static_cast<scalar_t>(acc[cc]);
-      }
-    }
-  }
-}
-
-// The chunk size the staged forward can copy every per-pixel tensor's segments with (16 or 4
-// bytes: cp.async needs aligned addresses, and a segment starts at (n * channels + k) * hw + p0
-// elements), or 0 where it cannot be used.
-int staged_forward_chunk(const DeformSepconvTensors& t, int64_t kernel_h, int64_t kernel_w) {
-  if (kernel_h != kStagedKernel || kernel_w != kStagedKernel || !t.use_32bit_indexing) return 0;
-  // Measured on an H200 (BENCHMARKS.md): it wins for the 2-byte types with up to 4 channels
-  // (train bfloat16 0.269 vs 0.306 ms) and loses for float32, whose 43.5 KB of staged values a
-  // block leave too few warps per SM (train 0.370 vs 0.320 ms), and for many channels.
-  if (t.input.element_size() != 2 || t.input.size(1) > 4) return 0;
-  if (at::cuda::getCurrentDeviceProperties()->major < 8) return 0;
-  const char* mode = std::getenv("EDSC_EXT_FORWARD");
-  if (mode != nullptr && std::string(mode) == "plain") return 0;
-  const int64_t row_bytes = t.height_out * t.width_out * t.input.element_size();
-  for (const int64_t chunk : {16, 4}) {
-    bool aligned = row_bytes % chunk == 0;
-    for (const at::Tensor* per_pixel : {&t.vertical, &t.horizontal, &t.offset, &t.mask}) {
-      if (per_pixel->defined()) aligned = aligned && reinterpret_cast<uintptr_t>(per_pixel->const_data_ptr()) % chunk == 0;
-    }
-    if (aligned) return static_cast<int>(chunk);
-  }
-  return 0;
-}
 
 // Global-memory atomics into grad_input[n] (float32 for the half types, rounded once at the end).
 template <typename acc_t, typename index_t>
@@ -597,59 +366,6 @@ at::Tensor finish_fixed_point_input_grad(const FixedPointInputGrad& w) {
   return at::where(bad, at::scalar_tensor(std::numeric_limits<double>::quiet_NaN(), value.options()), value);
 }
 
-
-at::Tensor deform_sepconv_forward_cuda(const at::Tensor& input, const std::optional<at::Tensor>& vertical,
-                                       const std::optional<at::Tensor>& horizontal,
-                                       const std::optional<at::Tensor>& offset, const std::optional<at::Tensor>& mask,
-                                       int64_t kernel_h, int64_t kernel_w, int64_t pad_h, int64_t pad_w,
-                                       int64_t dilation_h, int64_t dilation_w, int64_t padding_mode) {
-  const c10::cuda::CUDAGuard device_guard(input.device());
-  const DeformSepconvConfig cfg{kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode};
-  const DeformSepconvTensors t = prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg);
-  at::Tensor output = at::empty({input.size(0), input.size(1), t.height_out, t.width_out}, input.options());
-  if (output.numel() == 0) return in_layout_of(input, output);
-  const auto stream = c10::cuda::getCurrentCUDAStream(input.device().index());
-  const int64_t channels = input.size(1);
-
-  const int staged_chunk = staged_forward_chunk(t, kernel_h, kernel_w);
-
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "deform_sepconv_forward_cuda", [&] {
-    EDSC_DISPATCH_INDEX_TYPE(t.use_32bit_indexing, [&] {
-      EDSC_DISPATCH_KERNEL_SIZE(kernel_h, kernel_w, [&] {
-        const auto p = make_params<scalar_t, index_t>(t, cfg);
-        scalar_t* out = output.mutable_data_ptr<scalar_t>();
-        if constexpr (kKernelH == kStagedKernel && kKernelW == kStagedKernel && std::is_same_v<index_t, int32_t> &&
-                      sizeof(scalar_t) == 2) {
-          if (staged_chunk != 0) {
-            const int64_t hw = t.height_out * t.width_out;
-            const int64_t blocks = input.size(0) * ((hw + kStagedPixels - 1) / kStagedPixels);
-            const size_t shared = kStagedSegments * kStagedPixels * sizeof(scalar_t);
-            EDSC_DISPATCH_CHANNEL_BLOCK(channels, [&] {
-              if (staged_chunk == 16) {
-                deform_sepconv_forward_staged_cuda_kernel<kChannelBlock, 16, scalar_t>
-                    <<<static_cast<unsigned int>(blocks), kStagedPixels, shared, stream>>>(p, out);
-              } else {
-                deform_sepconv_forward_staged_cuda_kernel<kChannelBlock, 4, scalar_t>
-                    <<<static_cast<unsigned int>(blocks), kStagedPixels, shared, stream>>>(p, out);
-              }
-              C10_CUDA_KERNEL_LAUNCH_CHECK();
-            });
-            return;
-          }
-        }
-        // One thread per (pixel, block of 4 channels).
-        constexpr int kPlainBlock = 4;
-        const int64_t work_items =
-            input.size(0) * ((channels + kPlainBlock - 1) / kPlainBlock) * t.height_out * t.width_out;
-        deform_sepconv_forward_cuda_kernel<kPlainBlock, kKernelH, kKernelW, scalar_t, index_t>
-            <<<blocks_for(work_items), kThreadsPerBlock, 0, stream>>>(p, out, work_items);
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-      });
-    });
-  });
-  return in_layout_of(input, output);
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_sepconv_backward_cuda(
     const at::Tensor& grad_output, const at::Tensor& input, const std::optional<at::Tensor>& vertical,
     const std::optional<at::Tensor>& horizontal, const std::optional<at::Tensor>& offset,
@@ -742,9 +458,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(edsc_ext, CUDA, m) {
-  m.impl("deform_sepconv_forward", &deform_sepconv_forward_cuda);
-  m.impl("deform_sepconv_backward", &deform_sepconv_backward_cuda);
-}
+TORCH_LIBRARY_IMPL(edsc_ext, CUDA, m) { m.impl("deform_sepconv_backward", &deform_sepconv_backward_cuda); }
 
 }  // namespace edsc_ext
