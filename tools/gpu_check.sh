@@ -4,7 +4,10 @@
 # optionally the benchmark. Logs go to $OUT (the device tool brings that folder back).
 #   bash tools/gpu_check.sh [--bench "BENCHMARK ARGS"]
 # Knobs (environment): PYTEST_WORKERS (xdist), PYTEST_ARGS (replaces the test selection, e.g.
-# "tests/test_cuda.py -x"), SANITIZER_TOOLS (default "memcheck racecheck"; "" skips), PROFILE=1 (ncu).
+# "tests/test_cuda.py -x"; paths under tests/ are taken from the checkout), SANITIZER_TOOLS
+# (default "memcheck racecheck"; "" skips), PROFILE=1 (ncu), BENCH_MODES (extra benchmark runs
+# with the same arguments, e.g. "--deterministic --channels-last"), SKIP_BUILD=1 (a warm machine
+# that already has this checkout installed). Each step prints its wall time.
 set -uo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 OUT="${OUT:-/tmp/edsc_ext_gpu_check}"
@@ -18,20 +21,28 @@ export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
 # links it dynamically, as torch's own build does (EDSC_EXT_KEEP_CXX=1 keeps $CXX).
 if [ -z "${EDSC_EXT_KEEP_CXX:-}" ] && [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CC=/usr/bin/gcc; fi
 status=0
-step() { echo "=== $*"; }
+step() { echo "=== $* (at ${SECONDS}s)"; }
 
 step "machine"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count())"
 
-step "build: pip install --no-build-isolation ."
 cd "$REPO"
-rm -rf build edsc_ext/_C*.so
-if ! EDSC_EXT_PTXAS_VERBOSE=1 python3 -m pip install -v --no-build-isolation --no-deps --no-index . > "$OUT/build.log" 2>&1; then
-  tail -60 "$OUT/build.log"; exit 1
+if [ -z "${SKIP_BUILD:-}" ]; then
+  step "build: pip install --no-build-isolation ."
+  rm -rf build edsc_ext/_C*.so
+  if ! EDSC_EXT_PTXAS_VERBOSE=1 python3 -m pip install -v --no-build-isolation --no-deps --no-index . > "$OUT/build.log" 2>&1; then
+    tail -60 "$OUT/build.log"; exit 1
+  fi
+  echo "ptxas: $(grep -c "bytes spill stores" "$OUT/build.log") kernels, spills in" \
+    "$(grep "bytes spill stores" "$OUT/build.log" | grep -vc " 0 bytes spill stores")"
 fi
-echo "ptxas: $(grep -c "bytes spill stores" "$OUT/build.log") kernels, spills in" \
-  "$(grep "bytes spill stores" "$OUT/build.log" | grep -vc " 0 bytes spill stores")"
+# Test paths relative to the checkout (pytest runs from /tmp, below).
+pytest_args=()
+for arg in ${PYTEST_ARGS:-}; do
+  case "$arg" in tests/*) pytest_args+=("$REPO/$arg") ;; *) pytest_args+=("$arg") ;; esac
+done
+[ ${#pytest_args[@]} -gt 0 ] || pytest_args=("$REPO/tests")
 
 # Run from outside the checkout so that the installed package, not the source folder, is imported.
 cd /tmp
@@ -41,9 +52,8 @@ python3 -m edsc_ext 2>&1 | tee "$OUT/selfcheck.txt" || status=1
 # Single-device tests in parallel (PYTEST_WORKERS, pytest-xdist), then the multi-GPU ones alone:
 # they measure memory and launches on the card the others would be using.
 step "pytest"
-# shellcheck disable=SC2086
 python3 -X faulthandler -m pytest -v -rs -p no:cacheprovider -m "not multi_gpu" --durations=10 \
-  ${PYTEST_WORKERS:+-n "$PYTEST_WORKERS"} ${PYTEST_ARGS:-"$REPO/tests"} > "$OUT/pytest.log" 2>&1 || status=1
+  ${PYTEST_WORKERS:+-n "$PYTEST_WORKERS"} "${pytest_args[@]}" > "$OUT/pytest.log" 2>&1 || status=1
 grep -E "FAILED|ERROR|passed|failed" "$OUT/pytest.log" | tail -25
 step "pytest (multi-GPU)"
 python3 -X faulthandler -m pytest -v -rs -p no:cacheprovider -m multi_gpu "$REPO/tests" >> "$OUT/pytest.log" 2>&1 \
@@ -75,6 +85,12 @@ if [ -n "$BENCH_ARGS" ]; then
   python3 -m edsc_ext.benchmark --no-progress --json "$OUT/bench.json" $BENCH_ARGS 2>"$OUT/bench.err" \
     | tee "$OUT/bench.md" || status=1
   tail -5 "$OUT/bench.err"; [ -s "$OUT/bench.err" ] || rm -f "$OUT/bench.err"
+  for mode in ${BENCH_MODES:-}; do
+    step "benchmark $BENCH_ARGS $mode"
+    # shellcheck disable=SC2086
+    python3 -m edsc_ext.benchmark --no-progress $BENCH_ARGS $mode --no-baseline 2>&1 \
+      | tee "$OUT/bench${mode//-/_}.md" | grep "edsc_ext |" || status=1
+  done
 fi
 step "gpu_check exit status $status"
 exit $status
