@@ -82,6 +82,24 @@ struct HorizontalWeights {
   }
 };
 
+// Adds one tap, weight w at input position (py, px), to the accumulators of the block's first
+// `block` channels (planes at in + cc * plane). A non-finite position makes every channel NaN.
+template <int kChannelBlock, typename scalar_t, typename acc_t, typename index_t>
+EDSC_HOST_DEVICE void accumulate_tap(const DeformSepconvParams<scalar_t, index_t>& p, const scalar_t* in,
+                                     index_t plane, int block, acc_t w, acc_t py, acc_t px,
+                                     acc_t (&acc)[kChannelBlock]) {
+  const auto s = make_bilinear_sample<acc_t, index_t>(py, px, p.height_in, p.width_in, p.padding_mode);
+  if (!s.finite) {
+    EDSC_UNROLL
+    for (int cc = 0; cc < kChannelBlock; ++cc) acc[cc] = quiet_nan<acc_t>();
+    return;
+  }
+  EDSC_UNROLL
+  for (int cc = 0; cc < kChannelBlock; ++cc) {
+    if (cc < block) acc[cc] += w * interpolate(s, load_corners<acc_t>(s, in + cc * plane));
+  }
+}
+
 // out[n, c0 : c0 + kChannelBlock, y, x]. The sampling positions and weights of each tap are
 // computed once and reused for the block of channels.
 template <int kChannelBlock, int kKernelH, int kKernelW, typename scalar_t, typename acc_t,
@@ -125,16 +143,7 @@ EDSC_HOST_DEVICE void deform_sepconv_forward_pixel(const DeformSepconvParams<sca
         py += static_cast<acc_t>(offs[2 * t * hw_out]);
         px += static_cast<acc_t>(offs[(2 * t + 1) * hw_out]);
       }
-      const auto s = make_bilinear_sample<acc_t, index_t>(py, px, p.height_in, p.width_in, p.padding_mode);
-      if (!s.finite) {
-        EDSC_UNROLL
-        for (int cc = 0; cc < kChannelBlock; ++cc) acc[cc] = quiet_nan<acc_t>();
-        continue;
-      }
-      EDSC_UNROLL
-      for (int cc = 0; cc < kChannelBlock; ++cc) {
-        if (cc < block) acc[cc] += w * interpolate(s, load_corners<acc_t>(s, in + cc * plane));
-      }
+      accumulate_tap<kChannelBlock>(p, in, plane, block, w, py, px, acc);
     }
   }
   scalar_t* out = output + (n * p.channels + c0) * hw_out + pixel;

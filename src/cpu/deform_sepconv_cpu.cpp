@@ -91,15 +91,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
         const auto p = make_params<scalar_t, index_t>(t, cfg);
         const scalar_t* go = t.grad_output.const_data_ptr<scalar_t>();
         const auto param_grads = make_param_grads<scalar_t>(grads);
-        if (grads[0].numel() > 0 && p.batch >= at::get_num_threads()) {
-          at::Tensor acc = std::is_same_v<acc_t, scalar_t>
-                               ? grads[0]
-                               : grads[0].to(c10::CppTypeToScalarType<acc_t>::value);
-          acc_t* gin = acc.mutable_data_ptr<acc_t>();
+        // Half types accumulate the input gradient in a float plane, rounded once at the end.
+        at::Tensor acc;
+        if (grads[0].numel() > 0) {
+          acc = std::is_same_v<acc_t, scalar_t> ? grads[0] : grads[0].to(c10::CppTypeToScalarType<acc_t>::value);
+        }
+        acc_t* gin = acc.defined() ? acc.mutable_data_ptr<acc_t>() : nullptr;
+        const auto planes_of = [&](index_t n) {
+          return PlaneAdd<acc_t, index_t>{gin + n * p.channels * p.height_in * p.width_in, p.height_in, p.width_in};
+        };
+        if (gin != nullptr && p.batch >= at::get_num_threads()) {
           at::parallel_for(0, p.batch, 1, [&](int64_t begin, int64_t end) {
             for (int64_t b = begin; b < end; ++b) {
               const index_t n = static_cast<index_t>(b);
-              PlaneAdd<acc_t, index_t> add{gin + n * p.channels * p.height_in * p.width_in, p.height_in, p.width_in};
+              auto add = planes_of(n);
               for (index_t y = 0; y < p.height_out; ++y) {
                 for (index_t x = 0; x < p.width_out; ++x) {
                   deform_sepconv_backward_pixel<kCpuChannelBlock, kKernelH, kKernelW, kMaxKernelWidth, scalar_t,
@@ -109,28 +114,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
               }
             }
           });
-          if (!acc.is_same(grads[0])) grads[0].copy_(acc);
-          return;
-        }
-        if (param_grads.any()) {
-          NoInputGrad<acc_t> no_input_grad;
-          at::parallel_for(0, p.batch * hw, kPixelGrain, [&](int64_t begin, int64_t end) {
-            for (int64_t k = begin; k < end; ++k) {
-              const index_t n = static_cast<index_t>(k / hw);
-              const index_t y = static_cast<index_t>((k % hw) / t.width_out);
-              const index_t x = static_cast<index_t>(k % t.width_out);
-              deform_sepconv_backward_pixel<kCpuChannelBlock, kKernelH, kKernelW, kMaxKernelWidth, scalar_t, acc_t,
-                                            index_t>(p, go, param_grads, no_input_grad, index_t(0), index_t(0), n, y,
-                                                     x);
-            }
-          });
-        }
-        if (grads[0].numel() > 0) {
-          // Half types accumulate in a float plane, rounded once at the end.
-          at::Tensor acc = std::is_same_v<acc_t, scalar_t>
-                               ? grads[0]
-                               : grads[0].to(c10::CppTypeToScalarType<acc_t>::value);
-          acc_t* gin = acc.mutable_data_ptr<acc_t>();
+        } else {
+          if (param_grads.any()) {
+            NoInputGrad<acc_t> no_input_grad;
+            at::parallel_for(0, p.batch * hw, kPixelGrain, [&](int64_t begin, int64_t end) {
+              for (int64_t k = begin; k < end; ++k) {
+                const index_t n = static_cast<index_t>(k / hw);
+                const index_t y = static_cast<index_t>((k % hw) / t.width_out);
+                const index_t x = static_cast<index_t>(k % t.width_out);
+                deform_sepconv_backward_pixel<kCpuChannelBlock, kKernelH, kKernelW, kMaxKernelWidth, scalar_t,
+                                              acc_t, index_t>(p, go, param_grads, no_input_grad, index_t(0),
+                                                              index_t(0), n, y, x);
+              }
+            });
+          }
           // A task per (n, block of channels): blocks of kCpuChannelBlock sample once per block when
           // that still leaves a task per thread, single channels otherwise.
           const auto input_grad_pass = [&](auto channel_block) {
@@ -142,8 +139,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
                 const index_t n = static_cast<index_t>(task / blocks);
                 const index_t c0 = static_cast<index_t>(task % blocks) * kBlock;
                 const index_t c1 = std::min<index_t>(c0 + kBlock, p.channels);
-                PlaneAdd<acc_t, index_t> add{gin + n * p.channels * p.height_in * p.width_in, p.height_in,
-                                             p.width_in};
+                auto add = planes_of(n);
                 for (index_t y = 0; y < p.height_out; ++y) {
                   for (index_t x = 0; x < p.width_out; ++x) {
                     deform_sepconv_backward_pixel<kBlock, kKernelH, kKernelW, kMaxKernelWidth, scalar_t, acc_t,
@@ -154,13 +150,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
             });
           };
           const int64_t channel_blocks = (p.channels + kCpuChannelBlock - 1) / kCpuChannelBlock;
-          if (p.batch * channel_blocks >= at::get_num_threads()) {
+          if (gin != nullptr && p.batch * channel_blocks >= at::get_num_threads()) {
             input_grad_pass(std::integral_constant<int, kCpuChannelBlock>{});
-          } else {
+          } else if (gin != nullptr) {
             input_grad_pass(std::integral_constant<int, 1>{});
           }
-          if (!acc.is_same(grads[0])) grads[0].copy_(acc);
         }
+        if (acc.defined() && !acc.is_same(grads[0])) grads[0].copy_(acc);
       });
     });
   });

@@ -161,16 +161,7 @@ __global__ void __launch_bounds__(kStagedPixels)
         const acc_t py = py0 + staged_value(p.offset, row + 1 + 2 * j, acc_t(0));
         const acc_t px = static_cast<acc_t>(x_base + static_cast<int64_t>(j) * p.dilation_w) +
                          staged_value(p.offset, row + 2 + 2 * j, acc_t(0));
-        const auto s = make_bilinear_sample<acc_t, int32_t>(py, px, p.height_in, p.width_in, p.padding_mode);
-        if (!s.finite) {
-          EDSC_UNROLL
-          for (int cc = 0; cc < kChannelBlock; ++cc) acc[cc] = quiet_nan<acc_t>();
-          continue;
-        }
-        EDSC_UNROLL
-        for (int cc = 0; cc < kChannelBlock; ++cc) {
-          if (cc < block) acc[cc] += w * interpolate(s, load_corners<acc_t>(s, in + cc * plane));
-        }
+        accumulate_tap<kChannelBlock>(p, in, plane, block, w, py, px, acc);
       }
     }
     if (active) {
