@@ -260,7 +260,7 @@ def _deform_sepconv_forward_fake(input, vertical, horizontal, offset, mask,
 
 
 def _in_layout_of(input, result):
-    """A channels_last input gets channels_last results (wants_channels_last in src/deform_sepconv.cpp)."""
+    """A channels_last input makes the call channels_last (wants_channels_last in src/deform_sepconv.cpp)."""
     if (result.dim() == 4 and not input.is_contiguous()
             and input.is_contiguous(memory_format=torch.channels_last)):
         return result.contiguous(memory_format=torch.channels_last)
@@ -275,9 +275,9 @@ def _deform_sepconv_backward_fake(grad_output, input, vertical, horizontal, offs
         # Gradients that were not asked for come back as empty tensors (see src/deform_sepconv.cpp).
         return t.new_empty(t.shape) if (t is not None and wanted) else input.new_empty((0,))
 
-    grads = [like(t, m) for t, m in zip((input, vertical, horizontal, offset, mask), output_mask)]
-    grads[0] = _in_layout_of(input, grads[0])
-    return tuple(grads)
+    # Every requested gradient comes in the call's memory format, as the output does.
+    return tuple(_in_layout_of(input, like(t, m))
+                 for t, m in zip((input, vertical, horizontal, offset, mask), output_mask))
 
 
 def _setup_context(ctx, inputs, output):

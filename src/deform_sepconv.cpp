@@ -25,7 +25,7 @@ namespace edsc_ext {
 namespace {
 
 at::Tensor checked_optional(const std::optional<at::Tensor>& t, const char* name, const at::Tensor& input,
-                            int64_t channels, int64_t height_out, int64_t width_out) {
+                            int64_t channels, int64_t height_out, int64_t width_out, at::MemoryFormat format) {
   if (!t.has_value() || !t->defined()) return at::Tensor();
   const at::Tensor& v = *t;
   TORCH_CHECK_VALUE(v.device() == input.device(), name, " is on ", v.device(), " but input is on ",
@@ -36,7 +36,7 @@ at::Tensor checked_optional(const std::optional<at::Tensor>& t, const char* name
                         v.size(2) == height_out && v.size(3) == width_out,
                     name, " must have shape (", input.size(0), ", ", channels, ", ", height_out, ", ", width_out,
                     "), got ", v.sizes());
-  return v.contiguous();
+  return v.contiguous(format);
 }
 
 bool fits_int32(int64_t v) { return v >= 0 && v <= std::numeric_limits<int32_t>::max(); }
@@ -68,13 +68,16 @@ DeformSepconvTensors prepare_deform_sepconv(const at::Tensor& input, const std::
   TORCH_CHECK_VALUE(t.height_out >= 0 && t.width_out >= 0, "output size (", t.height_out, ", ", t.width_out,
                     ") is negative for input of shape ", input.sizes());
   const int64_t taps = cfg.kernel_h * cfg.kernel_w;
-  t.input = input.contiguous();
-  t.vertical = checked_optional(vertical, "vertical", input, cfg.kernel_h, t.height_out, t.width_out);
-  t.horizontal = checked_optional(horizontal, "horizontal", input, cfg.kernel_w, t.height_out, t.width_out);
-  t.offset = checked_optional(offset, "offset", input, 2 * taps, t.height_out, t.width_out);
-  t.mask = checked_optional(mask, "mask", input, taps, t.height_out, t.width_out);
+  t.channels_last = wants_channels_last(input);
+  const at::MemoryFormat format = t.memory_format();
+  t.input = input.contiguous(format);
+  t.vertical = checked_optional(vertical, "vertical", input, cfg.kernel_h, t.height_out, t.width_out, format);
+  t.horizontal = checked_optional(horizontal, "horizontal", input, cfg.kernel_w, t.height_out, t.width_out, format);
+  t.offset = checked_optional(offset, "offset", input, 2 * taps, t.height_out, t.width_out, format);
+  t.mask = checked_optional(mask, "mask", input, taps, t.height_out, t.width_out, format);
   if (grad_output) {
-    t.grad_output = checked_optional(*grad_output, "grad_output", input, input.size(1), t.height_out, t.width_out);
+    t.grad_output =
+        checked_optional(*grad_output, "grad_output", input, input.size(1), t.height_out, t.width_out, format);
   }
 
   // 32-bit indices when every element offset (and every coordinate term) fits.
@@ -91,10 +94,6 @@ bool wants_channels_last(const at::Tensor& input) {
   return input.dim() == 4 && !input.is_contiguous() && input.is_contiguous(at::MemoryFormat::ChannelsLast);
 }
 
-at::Tensor in_layout_of(const at::Tensor& input, const at::Tensor& result) {
-  return wants_channels_last(input) && result.dim() == 4 ? result.contiguous(at::MemoryFormat::ChannelsLast) : result;
-}
-
 std::array<at::Tensor, 5> allocate_deform_sepconv_grads(const DeformSepconvTensors& t,
                                                         const std::array<bool, 5>& output_mask) {
   const at::Tensor* sources[5] = {&t.input, &t.vertical, &t.horizontal, &t.offset, &t.mask};
@@ -105,7 +104,9 @@ std::array<at::Tensor, 5> allocate_deform_sepconv_grads(const DeformSepconvTenso
       // per-pixel ones, except with no channels (the CUDA backward then launches nothing), so
       // those skip a zero-fill pass, a full write of 2K + 3K^2 values a pixel.
       const bool overwritten = k > 0 && t.input.size(1) > 0;
-      grads[k] = overwritten ? at::empty_like(*sources[k]) : at::zeros_like(*sources[k]);
+      // (at::zeros ignores a memory format in its options; at::empty honours it.)
+      grads[k] = at::empty(sources[k]->sizes(), sources[k]->options().memory_format(t.memory_format()));
+      if (!overwritten) grads[k].zero_();
     } else {
       grads[k] = at::empty({0}, t.input.options());
     }

@@ -503,13 +503,49 @@ def test_channels_last(gen, layout, padding_mode, device):
     odd = case.replace(**{name: (t.contiguous(memory_format=torch.channels_last) if cl else t)
                           for name, t, cl in zip(ARG_NAMES, case.tensors, LAYOUTS[layout])})
     out, grads = forward_and_grads(OP, odd, padding_mode)
-    if LAYOUTS[layout][0]:
-        assert out.is_contiguous(memory_format=torch.channels_last), out.stride()
-    else:
-        assert out.is_contiguous(), out.stride()
+    # The input decides the call's memory format: the output and the backward op's gradients come in
+    # it (the leaves' .grad then follow autograd's layout contract: each leaf's own strides).
+    format = torch.channels_last if LAYOUTS[layout][0] else torch.contiguous_format
+    args = normalize_args(*odd.tensors, **odd.kwargs, padding_mode=padding_mode)
+    raw_grads = BACKWARD(default_grad_output(out.shape).to(out), *args.op_args(), [True] * 5)
+    for name, t in zip(("output",) + ARG_NAMES, (out,) + tuple(raw_grads)):
+        assert t.is_contiguous(memory_format=format), (name, t.stride())
     expected, expected_grads = reference_and_grads(case, padding_mode)
     assert_close(out, expected, F32)
     assert_grads_close(grads, expected_grads, F32)
+
+
+# channels_last calls index NHWC memory directly in every kernel: the shapes below take the 5x5
+# specialisation and the run-time one with dilation and a tile pass of several channels; the modes
+# take the CUDA backward's shared-memory tile (fixed point, or float for float64), its global-atomic
+# path and the deterministic one. N = 1 and 2 take the CPU's two-pass and fused backwards.
+CHANNELS_LAST_CONFIGS = [(2, 3, 12, 40, 5, 5, 2, 1), (1, 10, 9, 11, 3, 4, (1, 2), (2, 1))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", ["default", "global", "deterministic"])
+@pytest.mark.parametrize("dtype", [F64, F32, F16, BF16], ids=["f64", "f32", "f16", "bf16"])
+@pytest.mark.parametrize("config", CHANNELS_LAST_CONFIGS, ids=["5x5", "3x4-dil"])
+def test_channels_last_paths(gen, request, monkeypatch, config, dtype, mode, device):
+    if mode == "global":
+        monkeypatch.setenv("EDSC_EXT_INPUT_GRAD", "global")
+    elif mode == "deterministic":
+        request.getfixturevalue("deterministic")
+    case = make_inputs(*config, dtype=dtype, device=device, generator=gen, offset_scale=3)
+    odd = case.map(lambda t: t.contiguous(memory_format=torch.channels_last))
+    grad_output = torch.randn(case.input.shape[:2] + normalize_args(*case.tensors, **case.kwargs).output_size,
+                              generator=gen, dtype=F64)
+    out, grads = forward_and_grads(OP, odd, "zeros", grad_output.contiguous(memory_format=torch.channels_last))
+    for name, t in zip(("output",) + ARG_NAMES, (out,) + tuple(grads)):
+        assert t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous(), (name, t.stride())
+    expected, expected_grads = reference_and_grads(case, "zeros", grad_output)
+    tol_dtype = F32 if mode == "deterministic" and dtype == F64 else dtype
+    assert_close(out, expected, tol_dtype)
+    assert_grads_close(grads, expected_grads, tol_dtype)
+    if mode == "deterministic":
+        _, again = forward_and_grads(OP, odd, "zeros", grad_output.contiguous(memory_format=torch.channels_last))
+        for name, g, g0 in zip(ARG_NAMES, again, grads):
+            assert torch.equal(g, g0), f"grad of {name} differs between two deterministic runs"
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -43,7 +43,7 @@ def run_every_path() -> None:
                 out = edsc_ext.deform_sepconv(ts[0], None, ts[2], None, ts[4], kernel_size=(kh, kw), padding=pad,
                                               dilation=dil, padding_mode=mode)
                 out.sum().backward()
-                # channels_last takes the layout conversions.
+                # channels_last: every kernel indexes NHWC memory directly.
                 cl = [t.detach().contiguous(memory_format=torch.channels_last).requires_grad_() for t in ts]
                 out = edsc_ext.deform_sepconv(*cl, padding=pad, dilation=dil, padding_mode=mode)
                 out.sum().backward()

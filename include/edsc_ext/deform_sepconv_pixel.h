@@ -10,7 +10,9 @@
 namespace edsc_ext {
 
 // Raw pointers and sizes of one call. Absent optional tensors are nullptr: the kernels then skip
-// their loads and multiplies rather than reading a tensor of ones or zeros.
+// their loads and multiplies rather than reading a tensor of ones or zeros. Every 4-D tensor of a
+// call (gradients and output included) has one memory layout: NCHW-contiguous, or channels_last
+// (NHWC) when the input is, so that channels_last training code pays no layout copies.
 template <typename scalar_t, typename index_t>
 struct DeformSepconvParams {
   const scalar_t* input;       // (N, C, H_in, W_in)
@@ -21,7 +23,21 @@ struct DeformSepconvParams {
   index_t batch, channels, height_in, width_in, height_out, width_out;
   index_t kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w;
   int64_t padding_mode;
+  bool channels_last;  // the hosts pick kernels compiled for it (kChannelsLast below)
 };
+
+// The kernels take the layout as a compile-time kChannelsLast, so NCHW code pays nothing for
+// channels_last support (as a run-time value it cost 16 registers and 15% more instructions).
+// input[n, c, y, x] is at n * C * H_in * W_in + c * input_channel_stride + (y * W_in + x) *
+// input_pixel_stride.
+template <bool kChannelsLast, typename scalar_t, typename index_t>
+EDSC_HOST_DEVICE index_t input_channel_stride(const DeformSepconvParams<scalar_t, index_t>& p) {
+  return kChannelsLast ? index_t(1) : p.height_in * p.width_in;
+}
+template <bool kChannelsLast, typename scalar_t, typename index_t>
+EDSC_HOST_DEVICE index_t input_pixel_stride(const DeformSepconvParams<scalar_t, index_t>& p) {
+  return kChannelsLast ? p.channels : index_t(1);
+}
 
 // Gradient outputs of the per-pixel tensors; nullptr where not requested.
 template <typename scalar_t>
@@ -34,12 +50,19 @@ struct DeformSepconvParamGrads {
   EDSC_HOST_DEVICE bool any() const { return vertical || horizontal || offset || mask; }
 };
 
-// Where one output pixel's per-pixel tensors live: (n, k, y, x) is at base + k * stride.
-template <typename scalar_t, typename index_t>
+// Where one pixel's channels of a (N, K, H, W) tensor live: (n, k, y, x) is at base + k * stride.
+template <typename index_t>
 struct PixelView {
-  index_t base;    // n * K * H_out * W_out + y * W_out + x, for a tensor with K channels
-  index_t stride;  // H_out * W_out
+  index_t base;    // element (n, 0, y, x)
+  index_t stride;  // H * W in NCHW-contiguous memory, 1 in channels_last
 };
+
+// `pixel` = y * W + x, `pixels` = H * W.
+template <bool kChannelsLast, typename index_t>
+EDSC_HOST_DEVICE PixelView<index_t> pixel_view(index_t n, index_t pixel, index_t channels, index_t pixels) {
+  if (kChannelsLast) return {(n * pixels + pixel) * channels, index_t(1)};
+  return {n * channels * pixels + pixel, pixels};
+}
 
 // base[offset], or `fallback` for an absent tensor. Testing the base pointer (not base + offset)
 // lets the compiler hoist the test out of the tap loops.
@@ -68,11 +91,11 @@ struct HorizontalWeights {
   index_t stride;
   acc_t cached[kKernelW > 0 ? kKernelW : 1];
 
-  EDSC_HOST_DEVICE HorizontalWeights(const scalar_t* horz, index_t hw_out) : ptr(horz), stride(hw_out) {
+  EDSC_HOST_DEVICE HorizontalWeights(const scalar_t* horz, index_t tap_stride) : ptr(horz), stride(tap_stride) {
     if (kKernelW > 0) {
       EDSC_UNROLL
       for (int j = 0; j < (kKernelW > 0 ? kKernelW : 1); ++j) {
-        cached[j] = load_param_or(horz, j * hw_out, acc_t(1));
+        cached[j] = load_param_or(horz, j * tap_stride, acc_t(1));
       }
     }
   }
@@ -83,12 +106,14 @@ struct HorizontalWeights {
 };
 
 // Adds one tap, weight w at input position (py, px), to the accumulators of the block's first
-// `block` channels (planes at in + cc * plane). A non-finite position makes every channel NaN.
-template <int kChannelBlock, typename scalar_t, typename acc_t, typename index_t>
+// `block` channels (planes at in + cc * plane, plane = input_channel_stride). A non-finite
+// position makes every channel NaN.
+template <int kChannelBlock, bool kChannelsLast, typename scalar_t, typename acc_t, typename index_t>
 EDSC_HOST_DEVICE void accumulate_tap(const DeformSepconvParams<scalar_t, index_t>& p, const scalar_t* in,
                                      index_t plane, int block, acc_t w, acc_t py, acc_t px,
                                      acc_t (&acc)[kChannelBlock]) {
-  const auto s = make_bilinear_sample<acc_t, index_t>(py, px, p.height_in, p.width_in, p.padding_mode);
+  const auto s = make_bilinear_sample<acc_t, index_t>(py, px, p.height_in, p.width_in, p.padding_mode,
+                                                      input_pixel_stride<kChannelsLast>(p));
   if (!s.finite) {
     EDSC_UNROLL
     for (int cc = 0; cc < kChannelBlock; ++cc) acc[cc] = quiet_nan<acc_t>();
@@ -102,7 +127,7 @@ EDSC_HOST_DEVICE void accumulate_tap(const DeformSepconvParams<scalar_t, index_t
 
 // out[n, c0 : c0 + kChannelBlock, y, x]. The sampling positions and weights of each tap are
 // computed once and reused for the block of channels.
-template <int kChannelBlock, int kKernelH, int kKernelW, typename scalar_t, typename acc_t,
+template <int kChannelBlock, int kKernelH, int kKernelW, bool kChannelsLast, typename scalar_t, typename acc_t,
           typename index_t>
 EDSC_HOST_DEVICE void deform_sepconv_forward_pixel(const DeformSepconvParams<scalar_t, index_t>& p,
                                                    scalar_t* output, index_t n, index_t y, index_t x,
@@ -112,44 +137,48 @@ EDSC_HOST_DEVICE void deform_sepconv_forward_pixel(const DeformSepconvParams<sca
   const index_t hw_out = p.height_out * p.width_out;
   const index_t pixel = y * p.width_out + x;
   const index_t taps = KH * KW;
-  const index_t plane = p.height_in * p.width_in;
-  const scalar_t* vert = p.vertical ? p.vertical + n * KH * hw_out + pixel : nullptr;
-  const scalar_t* horz = p.horizontal ? p.horizontal + n * KW * hw_out + pixel : nullptr;
-  const scalar_t* offs = p.offset ? p.offset + n * 2 * taps * hw_out + pixel : nullptr;
-  const scalar_t* mask = p.mask ? p.mask + n * taps * hw_out + pixel : nullptr;
-  const scalar_t* in = p.input + (n * p.channels + c0) * plane;
+  const index_t plane = input_channel_stride<kChannelsLast>(p);
+  // Channel k of a per-pixel tensor is at k * tap_stride from the pixel's first (every per-pixel
+  // tensor has the same layout).
+  const index_t tap_stride = kChannelsLast ? index_t(1) : hw_out;
+  const scalar_t* vert = p.vertical ? p.vertical + pixel_view<kChannelsLast>(n, pixel, KH, hw_out).base : nullptr;
+  const scalar_t* horz = p.horizontal ? p.horizontal + pixel_view<kChannelsLast>(n, pixel, KW, hw_out).base : nullptr;
+  const scalar_t* offs = p.offset ? p.offset + pixel_view<kChannelsLast>(n, pixel, 2 * taps, hw_out).base : nullptr;
+  const scalar_t* mask = p.mask ? p.mask + pixel_view<kChannelsLast>(n, pixel, taps, hw_out).base : nullptr;
+  const scalar_t* in = p.input + n * p.channels * p.height_in * p.width_in + c0 * plane;
   const int block = static_cast<int>(p.channels - c0 < kChannelBlock ? p.channels - c0 : kChannelBlock);
 
   acc_t acc[kChannelBlock];
   EDSC_UNROLL
   for (int cc = 0; cc < kChannelBlock; ++cc) acc[cc] = acc_t(0);
 
-  const HorizontalWeights<kKernelW, scalar_t, acc_t, index_t> horizontal(horz, hw_out);
+  const HorizontalWeights<kKernelW, scalar_t, acc_t, index_t> horizontal(horz, tap_stride);
 
   const int64_t y_base = static_cast<int64_t>(y) - p.pad_h;
   const int64_t x_base = static_cast<int64_t>(x) - p.pad_w;
   EDSC_UNROLL
   for (index_t i = 0; i < KH; ++i) {
-    const acc_t wv = load_param_or(vert, i * hw_out, acc_t(1));
+    const acc_t wv = load_param_or(vert, i * tap_stride, acc_t(1));
     const acc_t py0 = static_cast<acc_t>(y_base + static_cast<int64_t>(i) * p.dilation_h);
     EDSC_UNROLL
     for (index_t j = 0; j < KW; ++j) {
       const index_t t = i * KW + j;
       const acc_t wh = horizontal(j);
-      const acc_t w = wv * wh * load_param_or(mask, t * hw_out, acc_t(1));
+      const acc_t w = wv * wh * load_param_or(mask, t * tap_stride, acc_t(1));
       acc_t py = py0;
       acc_t px = static_cast<acc_t>(x_base + static_cast<int64_t>(j) * p.dilation_w);
       if (offs) {
-        py += static_cast<acc_t>(offs[2 * t * hw_out]);
-        px += static_cast<acc_t>(offs[(2 * t + 1) * hw_out]);
+        py += static_cast<acc_t>(offs[2 * t * tap_stride]);
+        px += static_cast<acc_t>(offs[(2 * t + 1) * tap_stride]);
       }
-      accumulate_tap<kChannelBlock>(p, in, plane, block, w, py, px, acc);
+      accumulate_tap<kChannelBlock, kChannelsLast>(p, in, plane, block, w, py, px, acc);
     }
   }
-  scalar_t* out = output + (n * p.channels + c0) * hw_out + pixel;
+  const PixelView<index_t> out_view = pixel_view<kChannelsLast>(n, pixel, p.channels, hw_out);
+  scalar_t* out = output + out_view.base + c0 * out_view.stride;
   EDSC_UNROLL
   for (int cc = 0; cc < kChannelBlock; ++cc) {
-    if (cc < block) out[cc * hw_out] = static_cast<scalar_t>(acc[cc]);
+    if (cc < block) out[cc * out_view.stride] = static_cast<scalar_t>(acc[cc]);
   }
 }
 
@@ -161,8 +190,8 @@ EDSC_HOST_DEVICE void deform_sepconv_forward_pixel(const DeformSepconvParams<sca
 // kMaxKernelWidth bounds the horizontal-gradient accumulators when KW is not static. Channels go
 // kChannelBlock at a time, unrolled, so one tap's corner loads for several channels are in flight
 // together.
-template <int kChannelBlock, int kKernelH, int kKernelW, int kMaxKernelWidth, typename scalar_t, typename acc_t,
-          typename index_t, typename AddInputGrad>
+template <int kChannelBlock, int kKernelH, int kKernelW, int kMaxKernelWidth, bool kChannelsLast, typename scalar_t,
+          typename acc_t, typename index_t, typename AddInputGrad>
 EDSC_HOST_DEVICE void deform_sepconv_backward_pixel(const DeformSepconvParams<scalar_t, index_t>& p,
                                                     const scalar_t* grad_output,
                                                     const DeformSepconvParamGrads<scalar_t>& grads,
@@ -173,23 +202,25 @@ EDSC_HOST_DEVICE void deform_sepconv_backward_pixel(const DeformSepconvParams<sc
   const index_t hw_out = p.height_out * p.width_out;
   const index_t pixel = y * p.width_out + x;
   const index_t taps = KH * KW;
-  const index_t plane = p.height_in * p.width_in;
-  const index_t vert_base = n * KH * hw_out + pixel;
-  const index_t horz_base = n * KW * hw_out + pixel;
-  const index_t offs_base = n * 2 * taps * hw_out + pixel;
-  const index_t mask_base = n * taps * hw_out + pixel;
+  const index_t plane = input_channel_stride<kChannelsLast>(p);
+  const index_t tap_stride = kChannelsLast ? index_t(1) : hw_out;  // as in the forward
+  const index_t vert_base = pixel_view<kChannelsLast>(n, pixel, KH, hw_out).base;
+  const index_t horz_base = pixel_view<kChannelsLast>(n, pixel, KW, hw_out).base;
+  const index_t offs_base = pixel_view<kChannelsLast>(n, pixel, 2 * taps, hw_out).base;
+  const index_t mask_base = pixel_view<kChannelsLast>(n, pixel, taps, hw_out).base;
   const scalar_t* vert = p.vertical ? p.vertical + vert_base : nullptr;
   const scalar_t* horz = p.horizontal ? p.horizontal + horz_base : nullptr;
   const scalar_t* offs = p.offset ? p.offset + offs_base : nullptr;
   const scalar_t* mask = p.mask ? p.mask + mask_base : nullptr;
-  const scalar_t* go = grad_output + n * p.channels * hw_out + pixel;
-  const scalar_t* in = p.input + n * p.channels * plane;
+  const PixelView<index_t> go_view = pixel_view<kChannelsLast>(n, pixel, p.channels, hw_out);
+  const scalar_t* go = grad_output + go_view.base;
+  const scalar_t* in = p.input + n * p.channels * p.height_in * p.width_in;
   const bool param_grads = grads.any();
   // Parameter gradients need every channel; the input gradient only the scatter range.
   const index_t c_begin = param_grads ? index_t(0) : scatter_begin;
   const index_t c_end = param_grads ? p.channels : scatter_end;
 
-  const HorizontalWeights<kKernelW, scalar_t, acc_t, index_t> horizontal(horz, hw_out);
+  const HorizontalWeights<kKernelW, scalar_t, acc_t, index_t> horizontal(horz, tap_stride);
   constexpr int kWidthSlots = kKernelW > 0 ? kKernelW : kMaxKernelWidth;
   acc_t grad_h[kWidthSlots];
   if (grads.horizontal) {
@@ -203,22 +234,23 @@ EDSC_HOST_DEVICE void deform_sepconv_backward_pixel(const DeformSepconvParams<sc
   // exhausts the register file.
   EDSC_NO_UNROLL
   for (index_t i = 0; i < KH; ++i) {
-    const acc_t wv = load_param_or(vert, i * hw_out, acc_t(1));
+    const acc_t wv = load_param_or(vert, i * tap_stride, acc_t(1));
     const acc_t py0 = static_cast<acc_t>(y_base + static_cast<int64_t>(i) * p.dilation_h);
     acc_t grad_v = acc_t(0);
     EDSC_UNROLL
     for (index_t j = 0; j < KW; ++j) {
       const index_t t = i * KW + j;
       const acc_t wh = horizontal(j);
-      const acc_t wm = load_param_or(mask, t * hw_out, acc_t(1));
+      const acc_t wm = load_param_or(mask, t * tap_stride, acc_t(1));
       const acc_t w = wv * wh * wm;
       acc_t py = py0;
       acc_t px = static_cast<acc_t>(x_base + static_cast<int64_t>(j) * p.dilation_w);
       if (offs) {
-        py += static_cast<acc_t>(offs[2 * t * hw_out]);
-        px += static_cast<acc_t>(offs[(2 * t + 1) * hw_out]);
+        py += static_cast<acc_t>(offs[2 * t * tap_stride]);
+        px += static_cast<acc_t>(offs[(2 * t + 1) * tap_stride]);
       }
-      const auto s = make_bilinear_sample<acc_t, index_t>(py, px, p.height_in, p.width_in, p.padding_mode);
+      const auto s = make_bilinear_sample<acc_t, index_t>(py, px, p.height_in, p.width_in, p.padding_mode,
+                                                          input_pixel_stride<kChannelsLast>(p));
 
       // Sums over channels of dL/dout * S, dL/dout * dS/dly and dL/dout * dS/dlx.
       acc_t grad_w = acc_t(0), grad_ly = acc_t(0), grad_lx = acc_t(0);
@@ -232,7 +264,7 @@ EDSC_HOST_DEVICE void deform_sepconv_backward_pixel(const DeformSepconvParams<sc
           Corners<acc_t> corners[kChannelBlock];
           EDSC_UNROLL
           for (int cc = 0; cc < kChannelBlock; ++cc) {
-            if (c0 + cc < c_end) g[cc] = static_cast<acc_t>(go[(c0 + cc) * hw_out]);
+            if (c0 + cc < c_end) g[cc] = static_cast<acc_t>(go[(c0 + cc) * go_view.stride]);
           }
           if (param_grads) {
             EDSC_UNROLL
@@ -256,19 +288,33 @@ EDSC_HOST_DEVICE void deform_sepconv_backward_pixel(const DeformSepconvParams<sc
       if (!param_grads) continue;
       if (grads.vertical) grad_v += grad_w * wh * wm;
       if (grads.horizontal) grad_h[j] += grad_w * wv * wm;
-      if (grads.mask) grads.mask[mask_base + t * hw_out] = static_cast<scalar_t>(grad_w * wv * wh);
+      if (grads.mask) grads.mask[mask_base + t * tap_stride] = static_cast<scalar_t>(grad_w * wv * wh);
       if (grads.offset) {
-        grads.offset[offs_base + 2 * t * hw_out] = static_cast<scalar_t>(grad_ly * w * s.y.dcoord);
-        grads.offset[offs_base + (2 * t + 1) * hw_out] = static_cast<scalar_t>(grad_lx * w * s.x.dcoord);
+        grads.offset[offs_base + 2 * t * tap_stride] = static_cast<scalar_t>(grad_ly * w * s.y.dcoord);
+        grads.offset[offs_base + (2 * t + 1) * tap_stride] = static_cast<scalar_t>(grad_lx * w * s.x.dcoord);
       }
     }
-    if (grads.vertical) grads.vertical[vert_base + i * hw_out] = static_cast<scalar_t>(grad_v);
+    if (grads.vertical) grads.vertical[vert_base + i * tap_stride] = static_cast<scalar_t>(grad_v);
   }
   if (grads.horizontal) {
     EDSC_UNROLL
-    for (index_t j = 0; j < KW; ++j) grads.horizontal[horz_base + j * hw_out] = static_cast<scalar_t>(grad_h[j]);
+    for (index_t j = 0; j < KW; ++j) {
+      grads.horizontal[horz_base + j * tap_stride] = static_cast<scalar_t>(grad_h[j]);
+    }
   }
 }
+
+// Instantiates `body` with the call's layout as a compile-time kChannelsLast.
+#define EDSC_DISPATCH_LAYOUT(channels_last, ...) \
+  [&] {                                         \
+    if (channels_last) {                        \
+      constexpr bool kChannelsLast = true;      \
+      return __VA_ARGS__();                     \
+    } else {                                    \
+      constexpr bool kChannelsLast = false;     \
+      return __VA_ARGS__();                     \
+    }                                           \
+  }()
 
 // Instantiates `body` with compile-time kernel sizes for the common 5x5 (EDSC, DSepConv, AdaCoF)
 // and run-time sizes otherwise.

@@ -19,31 +19,38 @@ struct DeformSepconvConfig {
   int64_t kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode;
 };
 
-// Validated, contiguous tensors of one call. Absent optional tensors stay undefined.
+// Validated tensors of one call, all dense in one memory format (memory_format()). Absent
+// optional tensors stay undefined.
 struct DeformSepconvTensors {
   at::Tensor input, vertical, horizontal, offset, mask, grad_output;
   int64_t height_out = 0, width_out = 0;
   bool use_32bit_indexing = true;
+  bool channels_last = false;  // see DeformSepconvParams
+
+  at::MemoryFormat memory_format() const {
+    return channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+  }
 };
 
 // Checks what memory safety depends on (the Python layer gives the friendlier messages first)
-// and makes every tensor contiguous. grad_output is checked when given.
+// and makes every tensor dense in the call's memory format: channels_last when the input is
+// (wants_channels_last), NCHW-contiguous otherwise; a tensor already so is not copied.
+// grad_output is checked when given.
 DeformSepconvTensors prepare_deform_sepconv(const at::Tensor& input, const std::optional<at::Tensor>& vertical,
                                             const std::optional<at::Tensor>& horizontal,
                                             const std::optional<at::Tensor>& offset,
                                             const std::optional<at::Tensor>& mask, const DeformSepconvConfig& cfg,
                                             const at::Tensor* grad_output = nullptr);
 
-// Allocates the five gradient outputs: zero-filled where requested (the input gradient is
-// accumulated into), a 0-element tensor where not.
+// Allocates the five gradient outputs in the call's memory format: zero-filled where requested
+// (the input gradient is accumulated into), a 0-element tensor where not.
 std::array<at::Tensor, 5> allocate_deform_sepconv_grads(const DeformSepconvTensors& t,
                                                         const std::array<bool, 5>& output_mask);
 
-// The kernels index NCHW-contiguous memory; a channels_last input gets its output (and input
-// gradient) back in channels_last, as PyTorch's own convolutions do. edsc_ext/ops.py's fake
+// A channels_last input (and not also contiguous) makes the call channels_last: its output and
+// gradients come back in channels_last, as PyTorch's own convolutions do. edsc_ext/ops.py's fake
 // kernels apply the same rule.
 bool wants_channels_last(const at::Tensor& input);
-at::Tensor in_layout_of(const at::Tensor& input, const at::Tensor& result);
 
 template <typename scalar_t>
 const scalar_t* data_or_null(const at::Tensor& t) {
@@ -76,6 +83,7 @@ DeformSepconvParams<scalar_t, index_t> make_params(const DeformSepconvTensors& t
   p.dilation_h = static_cast<index_t>(cfg.dilation_h);
   p.dilation_w = static_cast<index_t>(cfg.dilation_w);
   p.padding_mode = cfg.padding_mode;
+  p.channels_last = t.channels_last;
   return p;
 }
 

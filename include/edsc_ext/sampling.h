@@ -76,23 +76,26 @@ EDSC_HOST_DEVICE AxisSample<acc_t, index_t> sample_axis(acc_t coord, index_t siz
 }
 
 // A bilinear sample of one input plane at (py, px): the four corners' flat offsets within the
-// plane, validity, and the fractional weights.
+// plane, validity, and the fractional weights. Pixels of a plane are `pixel_stride` elements apart:
+// 1 in NCHW-contiguous memory, C in channels_last.
 template <typename acc_t, typename index_t>
 struct BilinearSample {
   AxisSample<acc_t, index_t> y, x;
-  index_t width;
+  index_t row_stride, pixel_stride;
   bool finite;  // false for a non-finite position: the sample is NaN and touches no memory
 
   EDSC_HOST_DEVICE index_t offset_of(index_t dy, index_t dx) const {
-    return (y.lo + dy) * width + (x.lo + dx);
+    return (y.lo + dy) * row_stride + (x.lo + dx) * pixel_stride;
   }
 };
 
 template <typename acc_t, typename index_t>
 EDSC_HOST_DEVICE BilinearSample<acc_t, index_t> make_bilinear_sample(acc_t py, acc_t px, index_t height,
-                                                                     index_t width, int64_t padding_mode) {
+                                                                     index_t width, int64_t padding_mode,
+                                                                     index_t pixel_stride) {
   BilinearSample<acc_t, index_t> s;
-  s.width = width;
+  s.row_stride = width * pixel_stride;
+  s.pixel_stride = pixel_stride;
   s.finite = is_finite(py) && is_finite(px);
   if (!s.finite) {
     py = acc_t(0);
@@ -109,7 +112,7 @@ struct Corners {
   acc_t v00, v01, v10, v11;  // v<dy><dx>
 };
 
-// `plane` points at input[n, c].
+// `plane` points at input[n, c, 0, 0].
 template <typename acc_t, typename scalar_t, typename index_t>
 EDSC_HOST_DEVICE Corners<acc_t> load_corners(const BilinearSample<acc_t, index_t>& s, const scalar_t* plane) {
   Corners<acc_t> c;

@@ -23,12 +23,14 @@ at::Tensor deform_sepconv_forward_cpu(const at::Tensor& input, const std::option
                                       int64_t dilation_h, int64_t dilation_w, int64_t padding_mode) {
   const DeformSepconvConfig cfg{kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode};
   const DeformSepconvTensors t = prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg);
-  at::Tensor output = at::empty({input.size(0), input.size(1), t.height_out, t.width_out}, input.options());
-  if (output.numel() == 0) return in_layout_of(input, output);
+  at::Tensor output = at::empty({input.size(0), input.size(1), t.height_out, t.width_out},
+                                input.options().memory_format(t.memory_format()));
+  if (output.numel() == 0) return output;
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "deform_sepconv_forward_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     EDSC_DISPATCH_INDEX_TYPE(t.use_32bit_indexing, [&] {
+      EDSC_DISPATCH_LAYOUT(t.channels_last, [&] {
       EDSC_DISPATCH_KERNEL_SIZE(kernel_h, kernel_w, [&] {
         const auto p = make_params<scalar_t, index_t>(t, cfg);
         scalar_t* out = output.mutable_data_ptr<scalar_t>();
@@ -39,15 +41,16 @@ at::Tensor deform_sepconv_forward_cpu(const at::Tensor& input, const std::option
             const index_t y = static_cast<index_t>((k % hw) / t.width_out);
             const index_t x = static_cast<index_t>(k % t.width_out);
             for (index_t c0 = 0; c0 < p.channels; c0 += kCpuChannelBlock) {
-              deform_sepconv_forward_pixel<kCpuChannelBlock, kKernelH, kKernelW, scalar_t, acc_t, index_t>(
-                  p, out, n, y, x, c0);
+              deform_sepconv_forward_pixel<kCpuChannelBlock, kKernelH, kKernelW, kChannelsLast, scalar_t, acc_t,
+                                           index_t>(p, out, n, y, x, c0);
             }
           }
         });
       });
+      });
     });
   });
-  return in_layout_of(input, output);
+  return output;
 }
 
 template <typename acc_t>
@@ -60,8 +63,10 @@ struct NoInputGrad {
 template <typename acc_t, typename index_t>
 struct PlaneAdd {
   acc_t* grad;  // grad_input[n]
-  index_t height, width;
-  void operator()(index_t c, index_t y, index_t x, acc_t v) const { grad[(c * height + y) * width + x] += v; }
+  index_t width, channel_stride, pixel_stride;
+  void operator()(index_t c, index_t y, index_t x, acc_t v) const {
+    grad[c * channel_stride + (y * width + x) * pixel_stride] += v;
+  }
 };
 
 // The CPU backward is deterministic and free of atomics because each input-gradient plane (n, c)
@@ -82,11 +87,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
   const DeformSepconvTensors t = prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg, &grad_output);
   auto grads = allocate_deform_sepconv_grads(t, output_mask);
   const int64_t hw = t.height_out * t.width_out;
-  if (input.size(0) == 0 || hw == 0) return {in_layout_of(input, grads[0]), grads[1], grads[2], grads[3], grads[4]};
+  if (input.size(0) == 0 || hw == 0) return {grads[0], grads[1], grads[2], grads[3], grads[4]};
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "deform_sepconv_backward_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     EDSC_DISPATCH_INDEX_TYPE(t.use_32bit_indexing, [&] {
+      EDSC_DISPATCH_LAYOUT(t.channels_last, [&] {
       EDSC_DISPATCH_KERNEL_SIZE(kernel_h, kernel_w, [&] {
         const auto p = make_params<scalar_t, index_t>(t, cfg);
         const scalar_t* go = t.grad_output.const_data_ptr<scalar_t>();
@@ -98,7 +104,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
         }
         acc_t* gin = acc.defined() ? acc.mutable_data_ptr<acc_t>() : nullptr;
         const auto planes_of = [&](index_t n) {
-          return PlaneAdd<acc_t, index_t>{gin + n * p.channels * p.height_in * p.width_in, p.height_in, p.width_in};
+          return PlaneAdd<acc_t, index_t>{gin + n * p.channels * p.height_in * p.width_in, p.width_in,
+                                          input_channel_stride<kChannelsLast>(p), input_pixel_stride<kChannelsLast>(p)};
         };
         if (gin != nullptr && p.batch >= at::get_num_threads()) {
           at::parallel_for(0, p.batch, 1, [&](int64_t begin, int64_t end) {
@@ -107,9 +114,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
               auto add = planes_of(n);
               for (index_t y = 0; y < p.height_out; ++y) {
                 for (index_t x = 0; x < p.width_out; ++x) {
-                  deform_sepconv_backward_pixel<kCpuChannelBlock, kKernelH, kKernelW, kMaxKernelWidth, scalar_t,
-                                                acc_t, index_t>(p, go, param_grads, add, index_t(0), p.channels, n,
-                                                                y, x);
+                  deform_sepconv_backward_pixel<kCpuChannelBlock, kKernelH, kKernelW, kMaxKernelWidth, kChannelsLast,
+                                                scalar_t, acc_t, index_t>(p, go, param_grads, add, index_t(0),
+                                                                          p.channels, n, y, x);
                 }
               }
             }
@@ -122,9 +129,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
                 const index_t n = static_cast<index_t>(k / hw);
                 const index_t y = static_cast<index_t>((k % hw) / t.width_out);
                 const index_t x = static_cast<index_t>(k % t.width_out);
-                deform_sepconv_backward_pixel<kCpuChannelBlock, kKernelH, kKernelW, kMaxKernelWidth, scalar_t,
-                                              acc_t, index_t>(p, go, param_grads, no_input_grad, index_t(0),
-                                                              index_t(0), n, y, x);
+                deform_sepconv_backward_pixel<kCpuChannelBlock, kKernelH, kKernelW, kMaxKernelWidth, kChannelsLast,
+                                              scalar_t, acc_t, index_t>(p, go, param_grads, no_input_grad,
+                                                                        index_t(0), index_t(0), n, y, x);
               }
             });
           }
@@ -142,8 +149,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
                 auto add = planes_of(n);
                 for (index_t y = 0; y < p.height_out; ++y) {
                   for (index_t x = 0; x < p.width_out; ++x) {
-                    deform_sepconv_backward_pixel<kBlock, kKernelH, kKernelW, kMaxKernelWidth, scalar_t, acc_t,
-                                                  index_t>(p, go, none, add, c0, c1, n, y, x);
+                    deform_sepconv_backward_pixel<kBlock, kKernelH, kKernelW, kMaxKernelWidth, kChannelsLast,
+                                                  scalar_t, acc_t, index_t>(p, go, none, add, c0, c1, n, y, x);
                   }
                 }
               }
@@ -158,9 +165,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
         }
         if (acc.defined() && !acc.is_same(grads[0])) grads[0].copy_(acc);
       });
+      });
     });
   });
-  return {in_layout_of(input, grads[0]), grads[1], grads[2], grads[3], grads[4]};
+  return {grads[0], grads[1], grads[2], grads[3], grads[4]};
 }
 
 }  // namespace

@@ -22,17 +22,33 @@ constexpr int kTileMargin = 3;
 // Shared memory for the input-gradient footprint (the default per-block limit, no opt-in).
 constexpr int64_t kTileSharedBytes = 48 * 1024;
 
+// Where input-gradient element (n, c, y, x) lives, in the call's memory format.
+template <typename index_t>
+struct InputGradLayout {
+  index_t channels, height, width, channel_stride, pixel_stride;
+  __host__ __device__ index_t batch_offset(index_t n) const { return n * channels * height * width; }
+  __host__ __device__ index_t offset(index_t c, index_t y, index_t x) const {
+    return c * channel_stride + (y * width + x) * pixel_stride;
+  }
+};
+
+template <bool kChannelsLast, typename scalar_t, typename index_t>
+InputGradLayout<index_t> input_grad_layout(const DeformSepconvParams<scalar_t, index_t>& p) {
+  return {p.channels, p.height_in, p.width_in, input_channel_stride<kChannelsLast>(p),
+          input_pixel_stride<kChannelsLast>(p)};
+}
+
 // Global-memory atomics into grad_input[n] (float32 for the half types, rounded once at the end).
 template <typename acc_t, typename index_t>
 struct GlobalAtomicAdd {
   acc_t* grad;  // grad_input (or grad_input[n] after at_batch), nullptr for no input gradient
-  index_t channels, height, width;
+  InputGradLayout<index_t> layout;
   __host__ __device__ GlobalAtomicAdd at_batch(index_t n) const {
-    return {grad ? grad + n * channels * height * width : nullptr, channels, height, width};
+    return {grad ? grad + layout.batch_offset(n) : nullptr, layout};
   }
   __host__ __device__ void operator()(index_t c, index_t y, index_t x, acc_t v) const {
 #ifdef __CUDA_ARCH__
-    atomicAdd(grad + (c * height + y) * width + x, v);
+    atomicAdd(grad + layout.offset(c, y, x), v);
 #endif
   }
 };
@@ -48,9 +64,9 @@ struct FixedPointAtomicAdd {
   unsigned long long* grad;
   const double* scale;
   int* poisoned;
-  index_t channels, height, width;
+  InputGradLayout<index_t> layout;
   __host__ __device__ FixedPointAtomicAdd at_batch(index_t n) const {
-    return {grad + n * channels * height * width, scale, poisoned, channels, height, width};
+    return {grad + layout.batch_offset(n), scale, poisoned, layout};
   }
   __host__ __device__ void operator()(index_t c, index_t y, index_t x, acc_t v) const {
 #ifdef __CUDA_ARCH__
@@ -59,7 +75,7 @@ struct FixedPointAtomicAdd {
       atomicOr(poisoned, 1);
       return;
     }
-    atomicAdd(grad + (c * height + y) * width + x,
+    atomicAdd(grad + layout.offset(c, y, x),
               static_cast<unsigned long long>(static_cast<long long>(llrint(scaled))));
 #endif
   }
@@ -159,30 +175,32 @@ __device__ void scatter_corners(const BilinearSample<float, index_t>& s, float v
 // Bound on the summed magnitude of one output pixel's input-gradient contributions:
 // max_c |dL/dout| * sum_t |V_i H_j M_t| (each bilinear weight is <= 1). NaN or inf data make it
 // NaN or inf, which disables the tile.
-template <int kKernelH, int kKernelW, typename scalar_t, typename index_t>
+template <int kKernelH, int kKernelW, bool kChannelsLast, typename scalar_t, typename index_t>
 __device__ float input_grad_bound(const DeformSepconvParams<scalar_t, index_t>& p, const scalar_t* grad_output,
                                   index_t n, index_t y, index_t x) {
   const index_t KH = kernel_extent<kKernelH>(p.kernel_h);
   const index_t KW = kernel_extent<kKernelW>(p.kernel_w);
   const index_t hw_out = p.height_out * p.width_out;
   const index_t pixel = y * p.width_out + x;
-  const scalar_t* vert = p.vertical ? p.vertical + n * KH * hw_out + pixel : nullptr;
-  const scalar_t* horz = p.horizontal ? p.horizontal + n * KW * hw_out + pixel : nullptr;
-  const scalar_t* mask = p.mask ? p.mask + n * KH * KW * hw_out + pixel : nullptr;
+  const index_t tap_stride = kChannelsLast ? index_t(1) : hw_out;
+  const scalar_t* vert = p.vertical ? p.vertical + pixel_view<kChannelsLast>(n, pixel, KH, hw_out).base : nullptr;
+  const scalar_t* horz = p.horizontal ? p.horizontal + pixel_view<kChannelsLast>(n, pixel, KW, hw_out).base : nullptr;
+  const scalar_t* mask = p.mask ? p.mask + pixel_view<kChannelsLast>(n, pixel, KH * KW, hw_out).base : nullptr;
   float weights = 0.0f;
   EDSC_NO_UNROLL
   for (index_t i = 0; i < KH; ++i) {
     float row = 0.0f;
     EDSC_UNROLL
     for (index_t j = 0; j < KW; ++j) {
-      row += fabsf(load_param_or(horz, j * hw_out, 1.0f) * load_param_or(mask, (i * KW + j) * hw_out, 1.0f));
+      row += fabsf(load_param_or(horz, j * tap_stride, 1.0f) * load_param_or(mask, (i * KW + j) * tap_stride, 1.0f));
     }
-    weights += fabsf(load_param_or(vert, i * hw_out, 1.0f)) * row;
+    weights += fabsf(load_param_or(vert, i * tap_stride, 1.0f)) * row;
   }
-  const scalar_t* go = grad_output + n * p.channels * hw_out + pixel;
+  const PixelView<index_t> go_view = pixel_view<kChannelsLast>(n, pixel, p.channels, hw_out);
+  const scalar_t* go = grad_output + go_view.base;
   float largest = 0.0f;
   for (index_t c = 0; c < p.channels; ++c) {
-    const float g = fabsf(static_cast<float>(go[c * hw_out]));
+    const float g = fabsf(static_cast<float>(go[c * go_view.stride]));
     largest = (g > largest || g != g) ? g : largest;  // keeps a NaN
   }
   return weights * largest;
@@ -191,8 +209,8 @@ __device__ float input_grad_bound(const DeformSepconvParams<scalar_t, index_t>& 
 // Backward with one thread per output pixel: the parameter gradients only, or with the input
 // gradient through global atomics (InputGrad: GlobalAtomicAdd, or FixedPointAtomicAdd when
 // deterministic).
-template <int kChannelBlock, int kKernelH, int kKernelW, int kMaxWidth, typename scalar_t, typename index_t,
-          typename InputGrad>
+template <int kChannelBlock, int kKernelH, int kKernelW, int kMaxWidth, bool kChannelsLast, typename scalar_t,
+          typename index_t, typename InputGrad>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     deform_sepconv_backward_cuda_kernel(const DeformSepconvParams<scalar_t, index_t> p,
                                         const scalar_t* __restrict__ grad_output,
@@ -206,7 +224,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     const index_t pixel = item % hw;
     const index_t n = item / hw;
     InputGrad add = input_grad.at_batch(n);
-    deform_sepconv_backward_pixel<kChannelBlock, kKernelH, kKernelW, kMaxWidth, scalar_t, acc_t, index_t>(
+    deform_sepconv_backward_pixel<kChannelBlock, kKernelH, kKernelW, kMaxWidth, kChannelsLast, scalar_t, acc_t,
+                                  index_t>(
         p, grad_output, param_grads, add, index_t(0), with_input_grad ? p.channels : index_t(0), n,
         pixel / p.width_out, pixel % p.width_out);
   }
@@ -243,8 +262,8 @@ __device__ float block_sum(float v, float* scratch) {
 
 // GlobalAdd: GlobalAtomicAdd, or FixedPointAtomicAdd when deterministic (float32 and the half
 // types only, whose tile is fixed point and so order-independent).
-template <int kChannelBlock, int kKernelH, int kKernelW, int kMaxWidth, typename scalar_t, typename index_t,
-          typename GlobalAdd>
+template <int kChannelBlock, int kKernelH, int kKernelW, int kMaxWidth, bool kChannelsLast, typename scalar_t,
+          typename index_t, typename GlobalAdd>
 __global__ void __launch_bounds__(kTileThreads, 2)
     deform_sepconv_backward_tiled_cuda_kernel(const DeformSepconvParams<scalar_t, index_t> p,
                                               const scalar_t* __restrict__ grad_output,
@@ -283,7 +302,8 @@ __global__ void __launch_bounds__(kTileThreads, 2)
   if constexpr (kFixedPoint) {
     add.lo_offset = words_per_plane;
     const float bound =
-        block_sum(active ? input_grad_bound<kKernelH, kKernelW>(p, grad_output, n, y, x) : 0.0f, bound_scratch);
+        block_sum(active ? input_grad_bound<kKernelH, kKernelW, kChannelsLast>(p, grad_output, n, y, x) : 0.0f,
+                  bound_scratch);
     int exponent = 0;
     frexpf(bound, &exponent);  // bound < 2^exponent
     // Finite, and not so small that 2^(kFixedPointBits - exponent) overflows float.
@@ -305,19 +325,22 @@ __global__ void __launch_bounds__(kTileThreads, 2)
       // The parameter gradients need all channels once: on the first pass only.
       const DeformSepconvParamGrads<scalar_t> pass_grads =
           c0 == 0 ? param_grads : DeformSepconvParamGrads<scalar_t>{nullptr, nullptr, nullptr, nullptr};
-      deform_sepconv_backward_pixel<kChannelBlock, kKernelH, kKernelW, kMaxWidth, scalar_t, acc_t, index_t>(
-          p, grad_output, pass_grads, add, c0, c0 + pass_channels, n, y, x);
+      deform_sepconv_backward_pixel<kChannelBlock, kKernelH, kKernelW, kMaxWidth, kChannelsLast, scalar_t, acc_t,
+                                    index_t>(p, grad_output, pass_grads, add, c0, c0 + pass_channels, n, y, x);
     }
     __syncthreads();
     // Flush: one global add per touched footprint element inside the image (neighbouring tiles
-    // overlap; elements outside it may hold adds of corners that carry no gradient).
+    // overlap; elements outside it may hold adds of corners that carry no gradient). Consecutive
+    // threads take consecutive addresses: x fastest in NCHW, the channel fastest in channels_last.
     if (use_tile) {
-      for (index_t e = tid; e < tile_elems; e += kTileThreads) {
+      const index_t footprint = rows * cols;
+      for (index_t k = tid; k < tile_elems; k += kTileThreads) {
+        const index_t e = kChannelsLast ? (k % pass_channels) * footprint + k / pass_channels : k;
         const index_t row = add.row0 + (e / cols) % rows;
         const index_t col = add.col0 + e % cols;
         if (row < 0 || row >= p.height_in || col < 0 || col >= p.width_in) continue;
         const acc_t v = add.element(e);
-        if (v != acc_t(0)) add.fallback(c0 + e / (cols * rows), row, col, v);
+        if (v != acc_t(0)) add.fallback(c0 + e / footprint, row, col, v);
       }
     }
     __syncthreads();
@@ -355,7 +378,7 @@ FixedPointInputGrad prepare_fixed_point_input_grad(const DeformSepconvTensors& t
   w.bound = per_pixel.sum();
   w.scale = at::where(w.bound > 0, at::scalar_tensor(4.611686018427387904e18, f64) / w.bound,
                       at::scalar_tensor(1.0, f64));
-  w.sums = at::zeros(t.input.sizes(), t.input.options().dtype(at::kLong));
+  w.sums = at::empty(t.input.sizes(), t.input.options().dtype(at::kLong).memory_format(t.memory_format())).zero_();
   w.poisoned = at::zeros({1}, t.input.options().dtype(at::kInt));
   return w;
 }
@@ -377,7 +400,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
   auto grads = allocate_deform_sepconv_grads(t, output_mask);
   const int64_t pixels = input.size(0) * t.height_out * t.width_out;
   const int64_t channels = input.size(1);
-  if (pixels == 0 || channels == 0) return {in_layout_of(input, grads[0]), grads[1], grads[2], grads[3], grads[4]};
+  if (pixels == 0 || channels == 0) return {grads[0], grads[1], grads[2], grads[3], grads[4]};
   const auto stream = c10::cuda::getCurrentCUDAStream(input.device().index());
 
   const bool deterministic = grads[0].numel() > 0 && at::globalContext().deterministicAlgorithms();
@@ -390,7 +413,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
     if (grads[0].numel() > 0 && !deterministic) {
       grad_input_acc = std::is_same_v<acc_t, scalar_t>
                            ? grads[0]
-                           : at::zeros(input.sizes(), input.options().dtype(c10::CppTypeToScalarType<acc_t>::value));
+                           : at::empty(input.sizes(), input.options()
+                                                          .dtype(c10::CppTypeToScalarType<acc_t>::value)
+                                                          .memory_format(t.memory_format()))
+                                 .zero_();
     }
     acc_t* grad_input = grad_input_acc.defined() ? grad_input_acc.mutable_data_ptr<acc_t>() : nullptr;
     const auto param_grads = make_param_grads<scalar_t>(grads);
@@ -405,22 +431,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
     EDSC_DISPATCH_INDEX_TYPE(t.use_32bit_indexing, [&] {
       EDSC_DISPATCH_KERNEL_SIZE(kernel_h, kernel_w, [&] {
         EDSC_DISPATCH_CHANNEL_BLOCK(channels, [&] {
+        EDSC_DISPATCH_LAYOUT(t.channels_last, [&] {
           const auto p = make_params<scalar_t, index_t>(t, cfg);
           const scalar_t* go = t.grad_output.const_data_ptr<scalar_t>();
           // Static kernel sizes hold their accumulators in registers; run-time ones in a local array.
           constexpr int kMaxWidth = kKernelW > 0 ? kKernelW : static_cast<int>(kMaxKernelWidth);
-          const index_t in_channels = static_cast<index_t>(channels);
-          const index_t height = static_cast<index_t>(input.size(2)), width = static_cast<index_t>(input.size(3));
+          const InputGradLayout<index_t> layout = input_grad_layout<kChannelsLast>(p);
           // Launches `kernel` (tiled or one thread per pixel) with the input-gradient adder that the
           // mode asks for: fixed-point int64 atomics when deterministic, float atomics otherwise.
           const auto with_global_add = [&](auto&& launch) {
             if (deterministic) {
               launch(FixedPointAtomicAdd<acc_t, index_t>{
                   reinterpret_cast<unsigned long long*>(fixed_point.sums.mutable_data_ptr<int64_t>()),
-                  fixed_point.scale.const_data_ptr<double>(), fixed_point.poisoned.mutable_data_ptr<int>(),
-                  in_channels, height, width});
+                  fixed_point.scale.const_data_ptr<double>(), fixed_point.poisoned.mutable_data_ptr<int>(), layout});
             } else {
-              launch(GlobalAtomicAdd<acc_t, index_t>{grad_input, in_channels, height, width});
+              launch(GlobalAtomicAdd<acc_t, index_t>{grad_input, layout});
             }
           };
           const int64_t tiles = input.size(0) * ((t.height_out + kTileH - 1) / kTileH) *
@@ -430,8 +455,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
               const size_t shared = footprint.channels_per_pass * footprint.rows * footprint.cols * kTileElementBytes;
               with_global_add([&](auto add) {
                 if constexpr (kFixedPointTile || !std::is_same_v<decltype(add), FixedPointAtomicAdd<acc_t, index_t>>) {
-                  deform_sepconv_backward_tiled_cuda_kernel<kChannelBlock, kKernelH, kKernelW, kMaxWidth, scalar_t,
-                                                            index_t><<<static_cast<unsigned int>(tiles),
+                  deform_sepconv_backward_tiled_cuda_kernel<kChannelBlock, kKernelH, kKernelW, kMaxWidth,
+                                                            kChannelsLast, scalar_t, index_t><<<static_cast<unsigned int>(tiles),
                                                                        dim3(kTileW, kTileH), shared, stream>>>(
                       p, go, param_grads, add, static_cast<index_t>(footprint.rows),
                       static_cast<index_t>(footprint.cols), static_cast<index_t>(footprint.channels_per_pass));
@@ -442,18 +467,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
             }
           }
           with_global_add([&](auto add) {
-            deform_sepconv_backward_cuda_kernel<kChannelBlock, kKernelH, kKernelW, kMaxWidth, scalar_t, index_t>
-                <<<blocks_for(pixels), kThreadsPerBlock, 0, stream>>>(p, go, param_grads, add, grads[0].numel() > 0,
+            deform_sepconv_backward_cuda_kernel<kChannelBlock, kKernelH, kKernelW, kMaxWidth, kChannelsLast, scalar_t,
+                                                index_t><<<blocks_for(pixels), kThreadsPerBlock, 0, stream>>>(p, go, param_grads, add, grads[0].numel() > 0,
                                                                       pixels);
             C10_CUDA_KERNEL_LAUNCH_CHECK();
           });
+        });
         });
       });
     });
     if (grad_input_acc.defined() && !grad_input_acc.is_same(grads[0])) grads[0].copy_(grad_input_acc);
   });
   if (deterministic) grads[0].copy_(finish_fixed_point_input_grad(fixed_point));
-  return {in_layout_of(input, grads[0]), grads[1], grads[2], grads[3], grads[4]};
+  return {grads[0], grads[1], grads[2], grads[3], grads[4]};
 }
 
 }  // namespace

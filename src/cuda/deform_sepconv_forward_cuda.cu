@@ -12,7 +12,7 @@
 namespace edsc_ext {
 namespace {
 
-template <int kChannelBlock, int kKernelH, int kKernelW, typename scalar_t, typename index_t>
+template <int kChannelBlock, int kKernelH, int kKernelW, bool kChannelsLast, typename scalar_t, typename index_t>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     deform_sepconv_forward_cuda_kernel(const DeformSepconvParams<scalar_t, index_t> p, scalar_t* __restrict__ output,
                                        int64_t work_items) {
@@ -21,12 +21,21 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   const index_t channel_blocks = (p.channels + kChannelBlock - 1) / kChannelBlock;
   for (int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < work_items;
        k += int64_t(blockDim.x) * gridDim.x) {
-    const index_t item = static_cast<index_t>(k);  // (n, channel block, y, x), x fastest
-    const index_t pixel = item % hw;
-    const index_t rest = item / hw;
-    const index_t c0 = (rest % channel_blocks) * kChannelBlock;
-    const index_t n = rest / channel_blocks;
-    deform_sepconv_forward_pixel<kChannelBlock, kKernelH, kKernelW, scalar_t, acc_t, index_t>(
+    // Consecutive threads take adjacent memory: items are (n, channel block, y, x) with x fastest
+    // in NCHW, (n, y, x, channel block) with the block fastest in channels_last, where a warp then
+    // gathers whole runs of a corner's channels and shares each pixel's per-pixel loads.
+    const index_t item = static_cast<index_t>(k);
+    index_t pixel, c0, n;
+    if constexpr (kChannelsLast) {
+      c0 = (item % channel_blocks) * kChannelBlock;
+      pixel = (item / channel_blocks) % hw;
+      n = item / channel_blocks / hw;
+    } else {
+      pixel = item % hw;
+      c0 = ((item / hw) % channel_blocks) * kChannelBlock;
+      n = item / hw / channel_blocks;
+    }
+    deform_sepconv_forward_pixel<kChannelBlock, kKernelH, kKernelW, kChannelsLast, scalar_t, acc_t, index_t>(
         p, output, n, pixel / p.width_out, pixel % p.width_out, c0);
   }
 }
@@ -161,7 +170,7 @@ __global__ void __launch_bounds__(kStagedPixels)
         const acc_t py = py0 + staged_value(p.offset, row + 1 + 2 * j, acc_t(0));
         const acc_t px = static_cast<acc_t>(x_base + static_cast<int64_t>(j) * p.dilation_w) +
                          staged_value(p.offset, row + 2 + 2 * j, acc_t(0));
-        accumulate_tap<kChannelBlock>(p, in, plane, block, w, py, px, acc);
+        accumulate_tap<kChannelBlock, /*kChannelsLast=*/false>(p, in, plane, block, w, py, px, acc);
       }
     }
     if (active) {
@@ -178,7 +187,8 @@ __global__ void __launch_bounds__(kStagedPixels)
 // bytes: cp.async needs aligned addresses, and a segment starts at (n * channels + k) * hw + p0
 // elements), or 0 where it cannot be used.
 int staged_forward_chunk(const DeformSepconvTensors& t, int64_t kernel_h, int64_t kernel_w) {
-  if (kernel_h != kStagedKernel || kernel_w != kStagedKernel || !t.use_32bit_indexing) return 0;
+  // It indexes NCHW-contiguous memory: in channels_last a pixel's values are contiguous already.
+  if (kernel_h != kStagedKernel || kernel_w != kStagedKernel || !t.use_32bit_indexing || t.channels_last) return 0;
   // Measured on an H200 (BENCHMARKS.md): it wins for the 2-byte types with up to 4 channels
   // (train bfloat16 0.269 vs 0.306 ms) and loses for float32, whose 43.5 KB of staged values a
   // block leave too few warps per SM (train 0.370 vs 0.320 ms), and for many channels.
@@ -205,8 +215,9 @@ at::Tensor deform_sepconv_forward_cuda(const at::Tensor& input, const std::optio
   const c10::cuda::CUDAGuard device_guard(input.device());
   const DeformSepconvConfig cfg{kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode};
   const DeformSepconvTensors t = prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg);
-  at::Tensor output = at::empty({input.size(0), input.size(1), t.height_out, t.width_out}, input.options());
-  if (output.numel() == 0) return in_layout_of(input, output);
+  at::Tensor output = at::empty({input.size(0), input.size(1), t.height_out, t.width_out},
+                                input.options().memory_format(t.memory_format()));
+  if (output.numel() == 0) return output;
   const auto stream = c10::cuda::getCurrentCUDAStream(input.device().index());
   const int64_t channels = input.size(1);
 
@@ -240,13 +251,15 @@ at::Tensor deform_sepconv_forward_cuda(const at::Tensor& input, const std::optio
         constexpr int kPlainBlock = 4;
         const int64_t work_items =
             input.size(0) * ((channels + kPlainBlock - 1) / kPlainBlock) * t.height_out * t.width_out;
-        deform_sepconv_forward_cuda_kernel<kPlainBlock, kKernelH, kKernelW, scalar_t, index_t>
-            <<<blocks_for(work_items), kThreadsPerBlock, 0, stream>>>(p, out, work_items);
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        EDSC_DISPATCH_LAYOUT(t.channels_last, [&] {
+          deform_sepconv_forward_cuda_kernel<kPlainBlock, kKernelH, kKernelW, kChannelsLast, scalar_t, index_t>
+              <<<blocks_for(work_items), kThreadsPerBlock, 0, stream>>>(p, out, work_items);
+          C10_CUDA_KERNEL_LAUNCH_CHECK();
+        });
       });
     });
   });
-  return in_layout_of(input, output);
+  return output;
 }
 
 }  // namespace
