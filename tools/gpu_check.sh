@@ -5,9 +5,13 @@
 #   bash tools/gpu_check.sh [--bench "BENCHMARK ARGS"]
 # Knobs (environment): PYTEST_WORKERS (xdist), PYTEST_ARGS (replaces the test selection, e.g.
 # "tests/test_cuda.py -x"; paths under tests/ are taken from the checkout), SANITIZER_TOOLS
-# (default "memcheck racecheck"; "" skips), PROFILE=1 (ncu), BENCH_MODES (extra benchmark runs
-# with the same arguments, e.g. "--deterministic --channels-last"), SKIP_BUILD=1 (a warm machine
-# that already has this checkout installed). Each step prints its wall time.
+# (default "memcheck racecheck"; "" skips), PROFILE=1 (ncu of tools/profile_case.py, whose
+# arguments PROFILE_ARGS gives, e.g. "float32 --case feat --channels-last"), BENCH_MODES (extra
+# benchmark runs with the same arguments, e.g. "--deterministic --channels-last"), SKIP_BUILD=1
+# (a warm machine that already has this checkout installed). Each step prints its wall time.
+# PYTEST_MARKS replaces the marker expression of the parallel run ("not multi_gpu"): the whole
+# suite takes longer than one device call allows next to the build, so a final check can run
+# PYTEST_MARKS="cuda and not multi_gpu" (the tests that need a GPU; CI runs the rest).
 set -uo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 OUT="${OUT:-/tmp/edsc_ext_gpu_check}"
@@ -52,7 +56,7 @@ python3 -m edsc_ext 2>&1 | tee "$OUT/selfcheck.txt" || status=1
 # Single-device tests in parallel (PYTEST_WORKERS, pytest-xdist), then the multi-GPU ones alone:
 # they measure memory and launches on the card the others would be using.
 step "pytest"
-python3 -X faulthandler -m pytest -v -rs -p no:cacheprovider -m "not multi_gpu" --durations=10 \
+python3 -X faulthandler -m pytest -v -rs -p no:cacheprovider -m "${PYTEST_MARKS:-not multi_gpu}" --durations=10 \
   ${PYTEST_WORKERS:+-n "$PYTEST_WORKERS"} "${pytest_args[@]}" > "$OUT/pytest.log" 2>&1 || status=1
 grep -E "FAILED|ERROR|passed|failed" "$OUT/pytest.log" | tail -25
 step "pytest (multi-GPU)"
@@ -69,12 +73,12 @@ for tool in ${SANITIZER_TOOLS-memcheck racecheck}; do
 done
 
 if [ -n "${PROFILE:-}" ]; then
-  step "ncu (train shape, fp32)"
+  step "ncu (tools/profile_case.py ${PROFILE_ARGS:-float32 --case train})"
   ncu --clock-control none --launch-skip 2 --launch-count 2 -k regex:deform_sepconv \
     --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
     --section MemoryWorkloadAnalysis --section InstructionStats --section SchedulerStats \
     --metrics smsp__average_warp_latency_issue_stalled_long_scoreboard,smsp__average_warp_latency_issue_stalled_mio_throttle,smsp__average_warp_latency_issue_stalled_lg_throttle,smsp__average_warp_latency_issue_stalled_short_scoreboard,smsp__average_warp_latency_issue_stalled_barrier,smsp__average_warp_latency_issue_stalled_wait,smsp__average_warp_latency_issue_stalled_math_pipe_throttle \
-    python3 "$REPO/tools/profile_case.py" ${PROFILE_DTYPE:-} > "$OUT/ncu.txt" 2>&1 || status=1
+    python3 "$REPO/tools/profile_case.py" ${PROFILE_ARGS:-} > "$OUT/ncu.txt" 2>&1 || status=1
   grep -E "deform_sepconv|Duration|Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Executed Instructions  |Issue Slots Busy|stalled|No Eligible" \
     "$OUT/ncu.txt" | sed 's/  */ /g' | cut -c1-150 | head -70
 fi

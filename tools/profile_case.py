@@ -1,23 +1,37 @@
-"""One forward+backward at the benchmark's `train` shape (16x3x256x256, K=5, border), for ncu.
+"""One forward+backward at a benchmark shape (K=5, border padding), for ncu.
 
-    ncu --clock-control none --launch-skip 2 -k regex:deform_sepconv python3 tools/profile_case.py
+    ncu --clock-control none --launch-skip 2 -k regex:deform_sepconv python3 tools/profile_case.py \
+        [float32|bfloat16|float16] [--case train|feat|adacof] [--channels-last]
 """
-import sys
+import argparse
 
 import torch
 
 import edsc_ext
 
-dtype = getattr(torch, sys.argv[1]) if len(sys.argv) > 1 else torch.float32
-n, c, h, w, k = 16, 3, 256, 256, 5
+# N, C, H, W, dilation of the benchmark's cases (edsc_ext/benchmark.py).
+CASES = {"train": (16, 3, 256, 256, 1), "feat": (4, 32, 256, 256, 1), "adacof": (8, 3, 256, 256, 2)}
+
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("dtype", nargs="?", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
+parser.add_argument("--case", default="train", choices=sorted(CASES))
+parser.add_argument("--channels-last", action="store_true", help="every 4-D tensor in channels_last")
+args = parser.parse_args()
+
+dtype = getattr(torch, args.dtype)
+n, c, h, w, dil = CASES[args.case]
+k = 5
 device = torch.device("cuda")
 frame = torch.rand(n, c, h, w, device=device, dtype=dtype)
 vertical = torch.rand(n, k, h, w, device=device, dtype=dtype)
 horizontal = torch.rand(n, k, h, w, device=device, dtype=dtype)
 offset = (torch.randn(n, 2 * k * k, h, w, device=device) * 1.5).to(dtype)
 mask = torch.rand(n, k * k, h, w, device=device, dtype=dtype)
-tensors = [t.requires_grad_() for t in (frame, vertical, horizontal, offset, mask)]
+tensors = [frame, vertical, horizontal, offset, mask]
+if args.channels_last:
+    tensors = [t.contiguous(memory_format=torch.channels_last) for t in tensors]
+tensors = [t.requires_grad_() for t in tensors]
 for _ in range(2):  # the first pass is warm-up; ncu --launch-skip skips its kernels
-    out = edsc_ext.deform_sepconv(*tensors, padding=2, padding_mode="border")
+    out = edsc_ext.deform_sepconv(*tensors, padding=2 * dil, dilation=dil, padding_mode="border")
     torch.autograd.grad(out, tensors, torch.ones_like(out))
 torch.cuda.synchronize()
