@@ -389,28 +389,29 @@ def test_deterministic_cpu(gen, deterministic, padding_mode):
 
 @pytest.mark.parametrize("dtype", [F32, BF16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("padding_mode", PADDING_MODES)
-def test_cpu_backward_paths_bitwise_equal(gen, padding_mode, dtype):
-    """The CPU backward fuses its two passes when there are at least as many batch elements as
-    threads, and otherwise splits the input gradient by blocks of channels or single channels; all
-    three add to each input-gradient plane in the same order, so the thread count changes nothing,
-    not even the last bit."""
-    case = make_inputs(2, 6, 21, 23, 5, 5, 2, 1, dtype=dtype, generator=gen, offset_scale=3)
+@pytest.mark.parametrize("config", [(1, 6, 21, 23, 5, 5, 2, 1), (2, 6, 21, 23, 5, 5, 2, 1), (17, 2, 9, 10, 3, 3, 1, 1)],
+                         ids=["n1", "n2", "n17"])
+def test_cpu_backward_independent_of_threads(gen, config, padding_mode, dtype):
+    """The CPU backward splits every image into bands of output rows fixed by the shape alone (16
+    tasks in all; a single band per image from N = 16 on), each adding into a plane of its own,
+    and sums the bands' planes in band order, so 1, 3 and 8 threads give the same gradients, to the
+    last bit."""
+    case = make_inputs(*config, dtype=dtype, generator=gen, offset_scale=3)
     threads = torch.get_num_threads()
     results = []
     try:
-        # N = 2 >= 1 thread: fused; 2 x 2 channel blocks >= 4 threads: blocks; 4 < 8: single channels.
-        for count in (1, 4, 8):
+        for count in (1, 3, 8):
             torch.set_num_threads(count)
             results.append(forward_and_grads(OP, case, padding_mode))
     finally:
         torch.set_num_threads(threads)
-    fused = results[0]
+    first = results[0]
     for other in results[1:]:
-        assert torch.equal(fused[0], other[0])
-        for name, g, g0 in zip(ARG_NAMES, fused[1], other[1]):
+        assert torch.equal(first[0], other[0])
+        for name, g, g0 in zip(ARG_NAMES, first[1], other[1]):
             assert torch.equal(g, g0), name
     expected, expected_grads = reference_and_grads(case, padding_mode)
-    assert_grads_close(fused[1], expected_grads, dtype)
+    assert_grads_close(first[1], expected_grads, dtype)
 
 
 # Configurations with many samples landing on the same input pixels (small offsets, big kernels,
@@ -518,7 +519,8 @@ def test_channels_last(gen, layout, padding_mode, device):
 # channels_last calls index NHWC memory directly in every kernel: the shapes below take the 5x5
 # specialisation and the run-time one with dilation and a tile pass of several channels; the modes
 # take the CUDA backward's shared-memory tile (fixed point, or float for float64), its global-atomic
-# path and the deterministic one. N = 1 and 2 take the CPU's two-pass and fused backwards.
+# path and the deterministic one; on the CPU the backward splits them into 8 and 7 bands of rows
+# per image.
 CHANNELS_LAST_CONFIGS = [(2, 3, 12, 40, 5, 5, 2, 1), (1, 10, 9, 11, 3, 4, (1, 2), (2, 1))]
 
 

@@ -4,6 +4,7 @@
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include "edsc_ext/ops.h"
@@ -59,7 +60,7 @@ struct NoInputGrad {
   void operator()(index_t, index_t, index_t, acc_t) const {}
 };
 
-// Adds into the input gradient of one batch element; each (n, c) plane belongs to one task.
+// Adds into one batch element's input gradient (or a band's scratch copy of it), owned by one task.
 template <typename acc_t, typename index_t>
 struct PlaneAdd {
   acc_t* grad;  // grad_input[n]
@@ -69,15 +70,25 @@ struct PlaneAdd {
   }
 };
 
-// The CPU backward is deterministic and free of atomics because each input-gradient plane (n, c)
-// is written by one task, in pixel order, whatever the number of threads:
-// - with at least as many batch elements as threads, one fused pass in parallel over n: a task
-//   computes a pixel's parameter gradients and adds into its own grad_input[n], sampling once;
-// - otherwise two passes: the parameter gradients in parallel over pixels, then the input
-//   gradient in parallel over (n, c) planes, in blocks of channels where there are enough (every
-//   sample of output plane (n, c) lands in input plane (n, c) alone), which keeps the cores busy
-//   for N = 1 at the cost of sampling again.
-// Both add to a plane in the same order, so they give bitwise the same result.
+// The CPU backward is one fused pass (each sample computed once for the parameter gradients and
+// the input gradient), deterministic and free of atomics, and its result does not depend on the
+// number of threads, to the last bit: tasks are (n, band of output rows), with the bands fixed by
+// the shape alone (input_grad_bands), and each task adds into a plane of its own, in pixel order.
+// Band 0 of image n adds straight into grad_input[n]; later bands into scratch planes, summed
+// into it afterwards in band order. With at least kCpuTasks batch elements there is one band per
+// image and no scratch at all.
+constexpr int64_t kCpuTasks = 16;
+// Scratch for the bands' planes is capped (fewer bands beyond it): N = 1 at 1080p with 3 channels
+// gets 11 bands, 10 scratch planes of 25 MB.
+constexpr int64_t kCpuScratchBytes = int64_t(256) << 20;
+
+int64_t input_grad_bands(int64_t batch, int64_t height_out, int64_t plane_bytes) {
+  int64_t bands = batch >= kCpuTasks ? 1 : (kCpuTasks + batch - 1) / batch;
+  bands = std::min(bands, std::max<int64_t>(height_out, 1));
+  if (plane_bytes > 0) bands = std::min(bands, 1 + kCpuScratchBytes / (batch * plane_bytes));
+  return std::max<int64_t>(bands, 1);
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_sepconv_backward_cpu(
     const at::Tensor& grad_output, const at::Tensor& input, const std::optional<at::Tensor>& vertical,
     const std::optional<at::Tensor>& horizontal, const std::optional<at::Tensor>& offset,
@@ -103,16 +114,35 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
           acc = std::is_same_v<acc_t, scalar_t> ? grads[0] : grads[0].to(c10::CppTypeToScalarType<acc_t>::value);
         }
         acc_t* gin = acc.defined() ? acc.mutable_data_ptr<acc_t>() : nullptr;
-        const auto planes_of = [&](index_t n) {
-          return PlaneAdd<acc_t, index_t>{gin + n * p.channels * p.height_in * p.width_in, p.width_in,
-                                          input_channel_stride<kChannelsLast>(p), input_pixel_stride<kChannelsLast>(p)};
-        };
-        if (gin != nullptr && p.batch >= at::get_num_threads()) {
-          at::parallel_for(0, p.batch, 1, [&](int64_t begin, int64_t end) {
-            for (int64_t b = begin; b < end; ++b) {
-              const index_t n = static_cast<index_t>(b);
-              auto add = planes_of(n);
-              for (index_t y = 0; y < p.height_out; ++y) {
+        if (gin == nullptr) {
+          // Parameter gradients only: no adds to share, so parallel over pixels.
+          NoInputGrad<acc_t> no_input_grad;
+          at::parallel_for(0, p.batch * hw, kPixelGrain, [&](int64_t begin, int64_t end) {
+            for (int64_t k = begin; k < end; ++k) {
+              const index_t n = static_cast<index_t>(k / hw);
+              const index_t y = static_cast<index_t>((k % hw) / t.width_out);
+              const index_t x = static_cast<index_t>(k % t.width_out);
+              deform_sepconv_backward_pixel<kCpuChannelBlock, kKernelH, kKernelW, kMaxKernelWidth, kChannelsLast,
+                                            scalar_t, acc_t, index_t>(p, go, param_grads, no_input_grad,
+                                                                      index_t(0), index_t(0), n, y, x);
+            }
+          });
+        } else {
+          const int64_t image = p.channels * p.height_in * p.width_in;  // one grad_input[n], any layout
+          const int64_t bands = input_grad_bands(p.batch, t.height_out, image * static_cast<int64_t>(sizeof(acc_t)));
+          at::Tensor scratch;
+          if (bands > 1) scratch = at::zeros({p.batch * (bands - 1) * image}, acc.options());
+          acc_t* extra = scratch.defined() ? scratch.mutable_data_ptr<acc_t>() : nullptr;
+          at::parallel_for(0, p.batch * bands, 1, [&](int64_t begin, int64_t end) {
+            for (int64_t task = begin; task < end; ++task) {
+              const index_t n = static_cast<index_t>(task / bands);
+              const int64_t band = task % bands;
+              acc_t* target = band == 0 ? gin + n * image : extra + (n * (bands - 1) + band - 1) * image;
+              const PlaneAdd<acc_t, index_t> add{target, p.width_in, input_channel_stride<kChannelsLast>(p),
+                                                 input_pixel_stride<kChannelsLast>(p)};
+              const index_t y_begin = static_cast<index_t>(band * t.height_out / bands);
+              const index_t y_end = static_cast<index_t>((band + 1) * t.height_out / bands);
+              for (index_t y = y_begin; y < y_end; ++y) {
                 for (index_t x = 0; x < p.width_out; ++x) {
                   deform_sepconv_backward_pixel<kCpuChannelBlock, kKernelH, kKernelW, kMaxKernelWidth, kChannelsLast,
                                                 scalar_t, acc_t, index_t>(p, go, param_grads, add, index_t(0),
@@ -121,46 +151,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
               }
             }
           });
-        } else {
-          if (param_grads.any()) {
-            NoInputGrad<acc_t> no_input_grad;
-            at::parallel_for(0, p.batch * hw, kPixelGrain, [&](int64_t begin, int64_t end) {
+          if (extra != nullptr) {
+            // grad_input[n] += band 1 + band 2 + ..., in that order for every element.
+            at::parallel_for(0, p.batch * image, kPixelGrain * 16, [&](int64_t begin, int64_t end) {
               for (int64_t k = begin; k < end; ++k) {
-                const index_t n = static_cast<index_t>(k / hw);
-                const index_t y = static_cast<index_t>((k % hw) / t.width_out);
-                const index_t x = static_cast<index_t>(k % t.width_out);
-                deform_sepconv_backward_pixel<kCpuChannelBlock, kKernelH, kKernelW, kMaxKernelWidth, kChannelsLast,
-                                              scalar_t, acc_t, index_t>(p, go, param_grads, no_input_grad,
-                                                                        index_t(0), index_t(0), n, y, x);
+                const int64_t n = k / image, e = k % image;
+                acc_t v = gin[k];
+                for (int64_t b = 0; b < bands - 1; ++b) v += extra[(n * (bands - 1) + b) * image + e];
+                gin[k] = v;
               }
             });
-          }
-          // A task per (n, block of channels): blocks of kCpuChannelBlock sample once per block when
-          // that still leaves a task per thread, single channels otherwise.
-          const auto input_grad_pass = [&](auto channel_block) {
-            constexpr int kBlock = decltype(channel_block)::value;
-            const DeformSepconvParamGrads<scalar_t> none{nullptr, nullptr, nullptr, nullptr};
-            const index_t blocks = (p.channels + kBlock - 1) / kBlock;
-            at::parallel_for(0, p.batch * blocks, 1, [&](int64_t begin, int64_t end) {
-              for (int64_t task = begin; task < end; ++task) {
-                const index_t n = static_cast<index_t>(task / blocks);
-                const index_t c0 = static_cast<index_t>(task % blocks) * kBlock;
-                const index_t c1 = std::min<index_t>(c0 + kBlock, p.channels);
-                auto add = planes_of(n);
-                for (index_t y = 0; y < p.height_out; ++y) {
-                  for (index_t x = 0; x < p.width_out; ++x) {
-                    deform_sepconv_backward_pixel<kBlock, kKernelH, kKernelW, kMaxKernelWidth, kChannelsLast,
-                                                  scalar_t, acc_t, index_t>(p, go, none, add, c0, c1, n, y, x);
-                  }
-                }
-              }
-            });
-          };
-          const int64_t channel_blocks = (p.channels + kCpuChannelBlock - 1) / kCpuChannelBlock;
-          if (gin != nullptr && p.batch * channel_blocks >= at::get_num_threads()) {
-            input_grad_pass(std::integral_constant<int, kCpuChannelBlock>{});
-          } else if (gin != nullptr) {
-            input_grad_pass(std::integral_constant<int, 1>{});
           }
         }
         if (acc.defined() && !acc.is_same(grads[0])) grads[0].copy_(acc);
