@@ -7,7 +7,9 @@
 // reach + a margin for offsets) and flushed to global memory once; samples that land outside the
 // footprint fall back to global atomics, so any offset stays correct. The tile holds fixed-point
 // integers (see FixedPointTileAdd): shared-memory float atomics are compare-and-swap loops on
-// sm_70..sm_90, integer ones a single native instruction.
+// sm_70..sm_90, integer ones a single native instruction. Every kernel is compiled for both memory
+// layouts (kChannelsLast); the shared-memory tile is the same for both, only its flush order and
+// the global addresses differ.
 #include "deform_sepconv_cuda.cuh"
 
 namespace edsc_ext {

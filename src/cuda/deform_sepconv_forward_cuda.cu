@@ -2,11 +2,12 @@
 // launches on that device's current stream, so a tensor on cuda:1 works whatever the current
 // device is. Per-pixel work comes from include/edsc_ext/deform_sepconv_pixel.h.
 //
-// Forward: for 5x5 kernels in float16/bfloat16 with up to 4 channels, blocks of 128 output pixels
-// stage their per-pixel tensors (85 values a pixel, the bulk of the bytes) in shared memory with
-// asynchronous copies and sample row by row as the copies land (deform_sepconv_forward_staged_
-// cuda_kernel); otherwise one thread per (n, block of 4 channels, output pixel), x fastest, so the
-// per-pixel loads stay coalesced. EDSC_EXT_FORWARD=plain forces the latter (benchmarks, tests).
+// Forward: for NCHW 5x5 kernels in float16/bfloat16 with up to 4 channels, blocks of 128 output
+// pixels stage their per-pixel tensors (85 values a pixel, the bulk of the bytes) in shared memory
+// with asynchronous copies and sample row by row as the copies land (deform_sepconv_forward_staged_
+// cuda_kernel); otherwise one thread per (n, block of 4 channels, output pixel), compiled for each
+// memory layout, with consecutive threads on adjacent memory (x fastest in NCHW, the channel block
+// in channels_last). EDSC_EXT_FORWARD=plain forces the latter (benchmarks, tests).
 #include "deform_sepconv_cuda.cuh"
 
 namespace edsc_ext {
