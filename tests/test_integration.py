@@ -550,6 +550,40 @@ def test_channels_last_paths(gen, request, monkeypatch, config, dtype, mode, dev
             assert torch.equal(g, g0), f"grad of {name} differs between two deterministic runs"
 
 
+COPY_OPS = {"aten::copy_", "aten::clone", "aten::contiguous", "aten::_to_copy"}
+
+
+def _ops_run_by(fn) -> set:
+    """The names of the aten/custom ops that fn dispatches (torch.profiler, host side)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return {event.name for event in prof.events()}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "input-only"])
+def test_layout_copies(gen, layout, device):
+    """Tensors already in the call's memory format are used in place: neither the forward nor the
+    backward op copies anything (float32, whose gradients need no dtype conversion); a per-pixel
+    tensor in the other format is converted, which the profiler does see."""
+    case = make_inputs(2, 3, 9, 10, 3, 3, 1, 1, dtype=F32, device=device, generator=gen)
+    if layout != "contiguous":
+        as_cl = lambda t: t.contiguous(memory_format=torch.channels_last)  # noqa: E731
+        case = case.replace(input=as_cl(case.input)) if layout == "input-only" else case.map(as_cl)
+    args = normalize_args(*case.tensors, **case.kwargs, padding_mode="zeros").op_args()
+    grad_output = torch.randn((2, 3, 9, 10), generator=gen, dtype=F32).to(device)
+    if layout != "contiguous":
+        grad_output = grad_output.contiguous(memory_format=torch.channels_last)
+    ops = _ops_run_by(lambda: (FORWARD(*args), BACKWARD(grad_output, *args, [True] * 5)))
+    assert {"edsc_ext::deform_sepconv_forward", "edsc_ext::deform_sepconv_backward"} <= ops, ops
+    if layout == "input-only":
+        assert ops & COPY_OPS, ops
+    else:
+        assert not ops & COPY_OPS, sorted(ops & COPY_OPS)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_channels_last_single_channel(gen, device):
     """C=1: channels_last and contiguous are the same layout; the values must be right either way."""
