@@ -391,11 +391,15 @@ def test_deterministic_cpu(gen, deterministic, padding_mode):
 @pytest.mark.parametrize("padding_mode", PADDING_MODES)
 @pytest.mark.parametrize("config", [(1, 6, 21, 23, 5, 5, 2, 1), (2, 6, 21, 23, 5, 5, 2, 1), (17, 2, 9, 10, 3, 3, 1, 1)],
                          ids=["n1", "n2", "n17"])
-def test_cpu_backward_independent_of_threads(gen, config, padding_mode, dtype):
+@pytest.mark.parametrize("backward", ["banded", "two-pass"])
+def test_cpu_backward_independent_of_threads(gen, monkeypatch, config, padding_mode, dtype, backward):
     """The CPU backward splits every image into bands of output rows fixed by the shape alone (16
     tasks in all; a single band per image from N = 16 on), each adding into a plane of its own,
-    and sums the bands' planes in band order, so 1, 3 and 8 threads give the same gradients, to the
-    last bit."""
+    and sums the bands' planes in band order; without room for the bands' scratch planes
+    (EDSC_EXT_CPU_SCRATCH_MB=0 here) it runs a parameter pass and a pass over (n, channel) planes.
+    Either way 1, 3 and 8 threads give the same gradients, to the last bit."""
+    if backward == "two-pass":
+        monkeypatch.setenv("EDSC_EXT_CPU_SCRATCH_MB", "0")
     case = make_inputs(*config, dtype=dtype, generator=gen, offset_scale=3)
     threads = torch.get_num_threads()
     results = []
