@@ -418,6 +418,27 @@ def test_cpu_backward_independent_of_threads(gen, monkeypatch, config, padding_m
     assert_grads_close(first[1], expected_grads, dtype)
 
 
+@pytest.mark.parametrize("dtype", [F64, F32, F16, BF16], ids=["f64", "f32", "f16", "bf16"])
+@pytest.mark.parametrize("config", [(1, 3, 17, 19, 5, 5, 2, 1), (2, 10, 9, 11, 3, 4, (1, 2), (2, 1))],
+                         ids=["5x5", "3x4-dil"])
+def test_cpu_instruction_sets(gen, monkeypatch, config, dtype):
+    """The CPU loops run compiled for AVX2 + FMA where the CPU has them, else for the x86-64 baseline
+    the wheels target (EDSC_EXT_CPU_ISA=baseline forces it): both match the float64 reference, in
+    the forward and every gradient, and each is repeatable bit for bit."""
+    case = make_inputs(*config, dtype=dtype, generator=gen, offset_scale=3)
+    expected, expected_grads = reference_and_grads(case, "zeros")
+    for isa in ("default", "baseline"):
+        if isa == "baseline":
+            monkeypatch.setenv("EDSC_EXT_CPU_ISA", "baseline")
+        out, grads = forward_and_grads(OP, case, "zeros")
+        assert_close(out, expected, dtype, what=f"output ({isa})")
+        assert_grads_close(grads, expected_grads, dtype)
+        again, again_grads = forward_and_grads(OP, case, "zeros")
+        assert torch.equal(out, again)
+        for name, g, g0 in zip(ARG_NAMES, again_grads, grads):
+            assert torch.equal(g, g0), f"grad of {name} ({isa})"
+
+
 # Configurations with many samples landing on the same input pixels (small offsets, big kernels,
 # many channels), where float atomics would add in a different order from run to run.
 DETERMINISM_CONFIGS = [

@@ -10,7 +10,13 @@
 #define EDSC_UNROLL _Pragma("unroll")
 #define EDSC_NO_UNROLL _Pragma("unroll 1")
 #else
+// Forced inline on the host too: the CPU backend compiles its loops for several instruction sets
+// (src/cpu/deform_sepconv_cpu.cpp) and this code must be compiled inside each of them.
+#if defined(__GNUC__) || defined(__clang__)
+#define EDSC_HOST_DEVICE inline __attribute__((always_inline))
+#else
 #define EDSC_HOST_DEVICE inline
+#endif
 #define EDSC_UNROLL
 #define EDSC_NO_UNROLL
 #endif
