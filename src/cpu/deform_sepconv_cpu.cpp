@@ -17,7 +17,7 @@ namespace {
 
 // Instruction sets: the wheels target the x86-64 baseline (SSE2), which leaves the sampling math
 // without FMA or vector rounding. On x86-64 the loops are also compiled for AVX2 + FMA (x86 CPUs
-// since 2013) and run that way where the CPU has them: 1.3-1.5x faster forward on a 2-core EPYC.
+// since 2013) and run that way where the CPU has them: 1.2-1.4x faster forward on a 2-core EPYC.
 // Only run_avx2 is compiled for AVX2, with the loop bodies and the per-pixel code force-inlined
 // into it, so no out-of-line AVX2 code can be reached on an older CPU. EDSC_EXT_CPU_ISA=baseline
 // forces the baseline build (tests; results then differ in the last bits, FMA rounds once).
