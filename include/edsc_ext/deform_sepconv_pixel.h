@@ -23,16 +23,22 @@ struct DeformSepconvParams {
   index_t batch, channels, height_in, width_in, height_out, width_out;
   index_t kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w;
   int64_t padding_mode;
-  bool channels_last;  // the hosts pick kernels compiled for it (kChannelsLast below)
 };
 
-// The kernels take the layout as a compile-time kChannelsLast, so NCHW code pays nothing for
-// channels_last support (as a run-time value it cost 16 registers and 15% more instructions).
+// The kernels take the layout as a compile-time kChannelsLast (the hosts dispatch on
+// DeformSepconvTensors::channels_last), so NCHW code pays nothing for channels_last support (as a
+// run-time value it cost 16 registers and 15% more instructions).
+// From channel k to k + 1 of one pixel of a (N, K, H, W) tensor, `pixels` = H * W.
+template <bool kChannelsLast, typename index_t>
+EDSC_HOST_DEVICE index_t channel_stride(index_t pixels) {
+  return kChannelsLast ? index_t(1) : pixels;
+}
+
 // input[n, c, y, x] is at n * C * H_in * W_in + c * input_channel_stride + (y * W_in + x) *
 // input_pixel_stride.
 template <bool kChannelsLast, typename scalar_t, typename index_t>
 EDSC_HOST_DEVICE index_t input_channel_stride(const DeformSepconvParams<scalar_t, index_t>& p) {
-  return kChannelsLast ? index_t(1) : p.height_in * p.width_in;
+  return channel_stride<kChannelsLast>(p.height_in * p.width_in);
 }
 template <bool kChannelsLast, typename scalar_t, typename index_t>
 EDSC_HOST_DEVICE index_t input_pixel_stride(const DeformSepconvParams<scalar_t, index_t>& p) {
@@ -60,8 +66,8 @@ struct PixelView {
 // `pixel` = y * W + x, `pixels` = H * W.
 template <bool kChannelsLast, typename index_t>
 EDSC_HOST_DEVICE PixelView<index_t> pixel_view(index_t n, index_t pixel, index_t channels, index_t pixels) {
-  if (kChannelsLast) return {(n * pixels + pixel) * channels, index_t(1)};
-  return {n * channels * pixels + pixel, pixels};
+  if (kChannelsLast) return {(n * pixels + pixel) * channels, channel_stride<kChannelsLast>(pixels)};
+  return {n * channels * pixels + pixel, channel_stride<kChannelsLast>(pixels)};
 }
 
 // base[offset], or `fallback` for an absent tensor. Testing the base pointer (not base + offset)
@@ -140,7 +146,7 @@ EDSC_HOST_DEVICE void deform_sepconv_forward_pixel(const DeformSepconvParams<sca
   const index_t plane = input_channel_stride<kChannelsLast>(p);
   // Channel k of a per-pixel tensor is at k * tap_stride from the pixel's first (every per-pixel
   // tensor has the same layout).
-  const index_t tap_stride = kChannelsLast ? index_t(1) : hw_out;
+  const index_t tap_stride = channel_stride<kChannelsLast>(hw_out);
   const scalar_t* vert = p.vertical ? p.vertical + pixel_view<kChannelsLast>(n, pixel, KH, hw_out).base : nullptr;
   const scalar_t* horz = p.horizontal ? p.horizontal + pixel_view<kChannelsLast>(n, pixel, KW, hw_out).base : nullptr;
   const scalar_t* offs = p.offset ? p.offset + pixel_view<kChannelsLast>(n, pixel, 2 * taps, hw_out).base : nullptr;
@@ -203,7 +209,7 @@ EDSC_HOST_DEVICE void deform_sepconv_backward_pixel(const DeformSepconvParams<sc
   const index_t pixel = y * p.width_out + x;
   const index_t taps = KH * KW;
   const index_t plane = input_channel_stride<kChannelsLast>(p);
-  const index_t tap_stride = kChannelsLast ? index_t(1) : hw_out;  // as in the forward
+  const index_t tap_stride = channel_stride<kChannelsLast>(hw_out);  // as in the forward
   const index_t vert_base = pixel_view<kChannelsLast>(n, pixel, KH, hw_out).base;
   const index_t horz_base = pixel_view<kChannelsLast>(n, pixel, KW, hw_out).base;
   const index_t offs_base = pixel_view<kChannelsLast>(n, pixel, 2 * taps, hw_out).base;

@@ -25,7 +25,7 @@ struct DeformSepconvTensors {
   at::Tensor input, vertical, horizontal, offset, mask, grad_output;
   int64_t height_out = 0, width_out = 0;
   bool use_32bit_indexing = true;
-  bool channels_last = false;  // see DeformSepconvParams
+  bool channels_last = false;  // the call's layout; kernels take it as kChannelsLast (EDSC_DISPATCH_LAYOUT)
 
   at::MemoryFormat memory_format() const {
     return channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
@@ -83,7 +83,6 @@ DeformSepconvParams<scalar_t, index_t> make_params(const DeformSepconvTensors& t
   p.dilation_h = static_cast<index_t>(cfg.dilation_h);
   p.dilation_w = static_cast<index_t>(cfg.dilation_w);
   p.padding_mode = cfg.padding_mode;
-  p.channels_last = t.channels_last;
   return p;
 }
 

@@ -184,7 +184,7 @@ __device__ float input_grad_bound(const DeformSepconvParams<scalar_t, index_t>& 
   const index_t KW = kernel_extent<kKernelW>(p.kernel_w);
   const index_t hw_out = p.height_out * p.width_out;
   const index_t pixel = y * p.width_out + x;
-  const index_t tap_stride = kChannelsLast ? index_t(1) : hw_out;
+  const index_t tap_stride = channel_stride<kChannelsLast>(hw_out);
   const scalar_t* vert = p.vertical ? p.vertical + pixel_view<kChannelsLast>(n, pixel, KH, hw_out).base : nullptr;
   const scalar_t* horz = p.horizontal ? p.horizontal + pixel_view<kChannelsLast>(n, pixel, KW, hw_out).base : nullptr;
   const scalar_t* mask = p.mask ? p.mask + pixel_view<kChannelsLast>(n, pixel, KH * KW, hw_out).base : nullptr;
