@@ -131,26 +131,79 @@ EDSC_HOST_DEVICE void accumulate_tap(const DeformSepconvParams<scalar_t, index_t
   }
 }
 
+// Where the pixel code reads one output pixel's per-pixel values (vertical, horizontal, offset,
+// mask) and writes their gradients: here, straight from and to global memory. The CUDA
+// channels_last kernels pass a policy with the same interface that stages a warp's rows of taps
+// in shared memory instead (begin_row / end_row, called by every lane, active or not, in step).
+// Taps are named by their row i, column j and index t = i * KW + j.
+template <bool kChannelsLast, typename scalar_t, typename index_t>
+struct GlobalPixelValues {
+  const scalar_t *vert, *horz, *offs, *mask;  // the pixel's first value; nullptr for an absent tensor
+  DeformSepconvParamGrads<scalar_t> grads;    // whole tensors, nullptr where not asked for
+  index_t vert_base, horz_base, offs_base, mask_base;
+  index_t stride;  // channel k of a per-pixel tensor is at k * stride from the pixel's first
+
+  EDSC_HOST_DEVICE GlobalPixelValues(const DeformSepconvParams<scalar_t, index_t>& p, index_t n, index_t pixel,
+                                     index_t KH, index_t KW,
+                                     const DeformSepconvParamGrads<scalar_t>& param_grads = {})
+      : grads(param_grads) {
+    const index_t hw_out = p.height_out * p.width_out;
+    stride = channel_stride<kChannelsLast>(hw_out);
+    vert_base = pixel_view<kChannelsLast>(n, pixel, KH, hw_out).base;
+    horz_base = pixel_view<kChannelsLast>(n, pixel, KW, hw_out).base;
+    offs_base = pixel_view<kChannelsLast>(n, pixel, 2 * KH * KW, hw_out).base;
+    mask_base = pixel_view<kChannelsLast>(n, pixel, KH * KW, hw_out).base;
+    vert = p.vertical ? p.vertical + vert_base : nullptr;
+    horz = p.horizontal ? p.horizontal + horz_base : nullptr;
+    offs = p.offset ? p.offset + offs_base : nullptr;
+    mask = p.mask ? p.mask + mask_base : nullptr;
+  }
+
+  EDSC_HOST_DEVICE static constexpr bool active() { return true; }
+  EDSC_HOST_DEVICE void begin_row(index_t) {}
+  EDSC_HOST_DEVICE void end_row(index_t) {}
+
+  EDSC_HOST_DEVICE const scalar_t* horizontal_values() const { return horz; }
+  EDSC_HOST_DEVICE index_t horizontal_stride() const { return stride; }
+  template <typename acc_t>
+  EDSC_HOST_DEVICE acc_t vertical(index_t i) const { return load_param_or(vert, i * stride, acc_t(1)); }
+  template <typename acc_t>
+  EDSC_HOST_DEVICE acc_t mask_value(index_t, index_t t) const { return load_param_or(mask, t * stride, acc_t(1)); }
+  EDSC_HOST_DEVICE bool has_offset() const { return offs != nullptr; }
+  // Component 0 (dy) or 1 (dx) of tap t's offset.
+  template <typename acc_t>
+  EDSC_HOST_DEVICE acc_t offset_value(index_t, index_t t, int component) const {
+    return static_cast<acc_t>(offs[(2 * t + component) * stride]);
+  }
+
+  EDSC_HOST_DEVICE bool any_grad() const { return grads.any(); }
+  EDSC_HOST_DEVICE bool wants_vertical_grad() const { return grads.vertical != nullptr; }
+  EDSC_HOST_DEVICE bool wants_horizontal_grad() const { return grads.horizontal != nullptr; }
+  EDSC_HOST_DEVICE bool wants_offset_grad() const { return grads.offset != nullptr; }
+  EDSC_HOST_DEVICE bool wants_mask_grad() const { return grads.mask != nullptr; }
+  EDSC_HOST_DEVICE void store_vertical_grad(index_t i, scalar_t v) const { grads.vertical[vert_base + i * stride] = v; }
+  EDSC_HOST_DEVICE void store_horizontal_grad(index_t j, scalar_t v) const {
+    grads.horizontal[horz_base + j * stride] = v;
+  }
+  EDSC_HOST_DEVICE void store_mask_grad(index_t, index_t t, scalar_t v) const { grads.mask[mask_base + t * stride] = v; }
+  EDSC_HOST_DEVICE void store_offset_grad(index_t, index_t t, scalar_t dy, scalar_t dx) const {
+    grads.offset[offs_base + 2 * t * stride] = dy;
+    grads.offset[offs_base + (2 * t + 1) * stride] = dx;
+  }
+};
+
 // out[n, c0 : c0 + kChannelBlock, y, x]. The sampling positions and weights of each tap are
-// computed once and reused for the block of channels.
+// computed once and reused for the block of channels. `values`: see GlobalPixelValues.
 template <int kChannelBlock, int kKernelH, int kKernelW, bool kChannelsLast, typename scalar_t, typename acc_t,
-          typename index_t>
-EDSC_HOST_DEVICE void deform_sepconv_forward_pixel(const DeformSepconvParams<scalar_t, index_t>& p,
-                                                   scalar_t* output, index_t n, index_t y, index_t x,
-                                                   index_t c0) {
+          typename index_t, typename PixelValues>
+EDSC_HOST_DEVICE void deform_sepconv_forward_pixel_with(const DeformSepconvParams<scalar_t, index_t>& p,
+                                                        PixelValues& values, scalar_t* output, index_t n, index_t y,
+                                                        index_t x, index_t c0) {
   const index_t KH = kernel_extent<kKernelH>(p.kernel_h);
   const index_t KW = kernel_extent<kKernelW>(p.kernel_w);
   const index_t hw_out = p.height_out * p.width_out;
   const index_t pixel = y * p.width_out + x;
-  const index_t taps = KH * KW;
   const index_t plane = input_channel_stride<kChannelsLast>(p);
-  // Channel k of a per-pixel tensor is at k * tap_stride from the pixel's first (every per-pixel
-  // tensor has the same layout).
-  const index_t tap_stride = channel_stride<kChannelsLast>(hw_out);
-  const scalar_t* vert = p.vertical ? p.vertical + pixel_view<kChannelsLast>(n, pixel, KH, hw_out).base : nullptr;
-  const scalar_t* horz = p.horizontal ? p.horizontal + pixel_view<kChannelsLast>(n, pixel, KW, hw_out).base : nullptr;
-  const scalar_t* offs = p.offset ? p.offset + pixel_view<kChannelsLast>(n, pixel, 2 * taps, hw_out).base : nullptr;
-  const scalar_t* mask = p.mask ? p.mask + pixel_view<kChannelsLast>(n, pixel, taps, hw_out).base : nullptr;
   const scalar_t* in = p.input + n * p.channels * p.height_in * p.width_in + c0 * plane;
   const int block = static_cast<int>(p.channels - c0 < kChannelBlock ? p.channels - c0 : kChannelBlock);
 
@@ -158,28 +211,34 @@ EDSC_HOST_DEVICE void deform_sepconv_forward_pixel(const DeformSepconvParams<sca
   EDSC_UNROLL
   for (int cc = 0; cc < kChannelBlock; ++cc) acc[cc] = acc_t(0);
 
-  const HorizontalWeights<kKernelW, scalar_t, acc_t, index_t> horizontal(horz, tap_stride);
+  const HorizontalWeights<kKernelW, scalar_t, acc_t, index_t> horizontal(values.horizontal_values(),
+                                                                          values.horizontal_stride());
 
   const int64_t y_base = static_cast<int64_t>(y) - p.pad_h;
   const int64_t x_base = static_cast<int64_t>(x) - p.pad_w;
   EDSC_UNROLL
   for (index_t i = 0; i < KH; ++i) {
-    const acc_t wv = load_param_or(vert, i * tap_stride, acc_t(1));
-    const acc_t py0 = static_cast<acc_t>(y_base + static_cast<int64_t>(i) * p.dilation_h);
-    EDSC_UNROLL
-    for (index_t j = 0; j < KW; ++j) {
-      const index_t t = i * KW + j;
-      const acc_t wh = horizontal(j);
-      const acc_t w = wv * wh * load_param_or(mask, t * tap_stride, acc_t(1));
-      acc_t py = py0;
-      acc_t px = static_cast<acc_t>(x_base + static_cast<int64_t>(j) * p.dilation_w);
-      if (offs) {
-        py += static_cast<acc_t>(offs[2 * t * tap_stride]);
-        px += static_cast<acc_t>(offs[(2 * t + 1) * tap_stride]);
+    values.begin_row(i);
+    if (values.active()) {
+      const acc_t wv = values.template vertical<acc_t>(i);
+      const acc_t py0 = static_cast<acc_t>(y_base + static_cast<int64_t>(i) * p.dilation_h);
+      EDSC_UNROLL
+      for (index_t j = 0; j < KW; ++j) {
+        const index_t t = i * KW + j;
+        const acc_t wh = horizontal(j);
+        const acc_t w = wv * wh * values.template mask_value<acc_t>(j, t);
+        acc_t py = py0;
+        acc_t px = static_cast<acc_t>(x_base + static_cast<int64_t>(j) * p.dilation_w);
+        if (values.has_offset()) {
+          py += values.template offset_value<acc_t>(j, t, 0);
+          px += values.template offset_value<acc_t>(j, t, 1);
+        }
+        accumulate_tap<kChannelBlock, kChannelsLast>(p, in, plane, block, w, py, px, acc);
       }
-      accumulate_tap<kChannelBlock, kChannelsLast>(p, in, plane, block, w, py, px, acc);
     }
+    values.end_row(i);
   }
+  if (!values.active()) return;
   const PixelView<index_t> out_view = pixel_view<kChannelsLast>(n, pixel, p.channels, hw_out);
   scalar_t* out = output + out_view.base + c0 * out_view.stride;
   EDSC_UNROLL
@@ -188,48 +247,50 @@ EDSC_HOST_DEVICE void deform_sepconv_forward_pixel(const DeformSepconvParams<sca
   }
 }
 
+// The same, reading the per-pixel tensors from global memory.
+template <int kChannelBlock, int kKernelH, int kKernelW, bool kChannelsLast, typename scalar_t, typename acc_t,
+          typename index_t>
+EDSC_HOST_DEVICE void deform_sepconv_forward_pixel(const DeformSepconvParams<scalar_t, index_t>& p,
+                                                   scalar_t* output, index_t n, index_t y, index_t x,
+                                                   index_t c0) {
+  GlobalPixelValues<kChannelsLast, scalar_t, index_t> values(p, n, y * p.width_out + x, kernel_extent<kKernelH>(p.kernel_h),
+                                                             kernel_extent<kKernelW>(p.kernel_w));
+  deform_sepconv_forward_pixel_with<kChannelBlock, kKernelH, kKernelW, kChannelsLast, scalar_t, acc_t>(
+      p, values, output, n, y, x, c0);
+}
+
 // Backward of one output pixel, recomputing each tap's sample once:
-// - when `grads` asks for any, the gradients of this pixel's own per-pixel tensors, summed over all
-//   channels and written with plain stores (this pixel owns them);
+// - when `values` asks for any, the gradients of this pixel's own per-pixel tensors, summed over
+//   all channels and written with plain stores (this pixel owns them);
 // - for channels [scatter_begin, scatter_end), its contributions to the input gradient, through
 //   add_input_grad(c, row, column, value) (plain adds, shared-memory or global atomics).
 // kMaxKernelWidth bounds the horizontal-gradient accumulators when KW is not static. Channels go
 // kChannelBlock at a time, unrolled, so one tap's corner loads for several channels are in flight
-// together.
+// together. `values`: see GlobalPixelValues.
 template <int kChannelBlock, int kKernelH, int kKernelW, int kMaxKernelWidth, bool kChannelsLast, typename scalar_t,
-          typename acc_t, typename index_t, typename AddInputGrad>
-EDSC_HOST_DEVICE void deform_sepconv_backward_pixel(const DeformSepconvParams<scalar_t, index_t>& p,
-                                                    const scalar_t* grad_output,
-                                                    const DeformSepconvParamGrads<scalar_t>& grads,
-                                                    AddInputGrad& add_input_grad, index_t scatter_begin,
-                                                    index_t scatter_end, index_t n, index_t y, index_t x) {
+          typename acc_t, typename index_t, typename PixelValues, typename AddInputGrad>
+EDSC_HOST_DEVICE void deform_sepconv_backward_pixel_with(const DeformSepconvParams<scalar_t, index_t>& p,
+                                                         PixelValues& values, const scalar_t* grad_output,
+                                                         AddInputGrad& add_input_grad, index_t scatter_begin,
+                                                         index_t scatter_end, index_t n, index_t y, index_t x) {
   const index_t KH = kernel_extent<kKernelH>(p.kernel_h);
   const index_t KW = kernel_extent<kKernelW>(p.kernel_w);
   const index_t hw_out = p.height_out * p.width_out;
   const index_t pixel = y * p.width_out + x;
-  const index_t taps = KH * KW;
   const index_t plane = input_channel_stride<kChannelsLast>(p);
-  const index_t tap_stride = channel_stride<kChannelsLast>(hw_out);  // as in the forward
-  const index_t vert_base = pixel_view<kChannelsLast>(n, pixel, KH, hw_out).base;
-  const index_t horz_base = pixel_view<kChannelsLast>(n, pixel, KW, hw_out).base;
-  const index_t offs_base = pixel_view<kChannelsLast>(n, pixel, 2 * taps, hw_out).base;
-  const index_t mask_base = pixel_view<kChannelsLast>(n, pixel, taps, hw_out).base;
-  const scalar_t* vert = p.vertical ? p.vertical + vert_base : nullptr;
-  const scalar_t* horz = p.horizontal ? p.horizontal + horz_base : nullptr;
-  const scalar_t* offs = p.offset ? p.offset + offs_base : nullptr;
-  const scalar_t* mask = p.mask ? p.mask + mask_base : nullptr;
   const PixelView<index_t> go_view = pixel_view<kChannelsLast>(n, pixel, p.channels, hw_out);
   const scalar_t* go = grad_output + go_view.base;
   const scalar_t* in = p.input + n * p.channels * p.height_in * p.width_in;
-  const bool param_grads = grads.any();
+  const bool param_grads = values.any_grad();
   // Parameter gradients need every channel; the input gradient only the scatter range.
   const index_t c_begin = param_grads ? index_t(0) : scatter_begin;
   const index_t c_end = param_grads ? p.channels : scatter_end;
 
-  const HorizontalWeights<kKernelW, scalar_t, acc_t, index_t> horizontal(horz, tap_stride);
+  const HorizontalWeights<kKernelW, scalar_t, acc_t, index_t> horizontal(values.horizontal_values(),
+                                                                          values.horizontal_stride());
   constexpr int kWidthSlots = kKernelW > 0 ? kKernelW : kMaxKernelWidth;
   acc_t grad_h[kWidthSlots];
-  if (grads.horizontal) {
+  if (values.wants_horizontal_grad()) {
     EDSC_UNROLL
     for (index_t j = 0; j < KW; ++j) grad_h[j] = acc_t(0);
   }
@@ -240,20 +301,25 @@ EDSC_HOST_DEVICE void deform_sepconv_backward_pixel(const DeformSepconvParams<sc
   // exhausts the register file.
   EDSC_NO_UNROLL
   for (index_t i = 0; i < KH; ++i) {
-    const acc_t wv = load_param_or(vert, i * tap_stride, acc_t(1));
+    values.begin_row(i);
+    if (!values.active()) {
+      values.end_row(i);
+      continue;
+    }
+    const acc_t wv = values.template vertical<acc_t>(i);
     const acc_t py0 = static_cast<acc_t>(y_base + static_cast<int64_t>(i) * p.dilation_h);
     acc_t grad_v = acc_t(0);
     EDSC_UNROLL
     for (index_t j = 0; j < KW; ++j) {
       const index_t t = i * KW + j;
       const acc_t wh = horizontal(j);
-      const acc_t wm = load_param_or(mask, t * tap_stride, acc_t(1));
+      const acc_t wm = values.template mask_value<acc_t>(j, t);
       const acc_t w = wv * wh * wm;
       acc_t py = py0;
       acc_t px = static_cast<acc_t>(x_base + static_cast<int64_t>(j) * p.dilation_w);
-      if (offs) {
-        py += static_cast<acc_t>(offs[2 * t * tap_stride]);
-        px += static_cast<acc_t>(offs[(2 * t + 1) * tap_stride]);
+      if (values.has_offset()) {
+        py += values.template offset_value<acc_t>(j, t, 0);
+        px += values.template offset_value<acc_t>(j, t, 1);
       }
       const auto s = make_bilinear_sample<acc_t, index_t>(py, px, p.height_in, p.width_in, p.padding_mode,
                                                           input_pixel_stride<kChannelsLast>(p));
@@ -292,22 +358,37 @@ EDSC_HOST_DEVICE void deform_sepconv_backward_pixel(const DeformSepconvParams<sc
         }
       }
       if (!param_grads) continue;
-      if (grads.vertical) grad_v += grad_w * wh * wm;
-      if (grads.horizontal) grad_h[j] += grad_w * wv * wm;
-      if (grads.mask) grads.mask[mask_base + t * tap_stride] = static_cast<scalar_t>(grad_w * wv * wh);
-      if (grads.offset) {
-        grads.offset[offs_base + 2 * t * tap_stride] = static_cast<scalar_t>(grad_ly * w * s.y.dcoord);
-        grads.offset[offs_base + (2 * t + 1) * tap_stride] = static_cast<scalar_t>(grad_lx * w * s.x.dcoord);
+      if (values.wants_vertical_grad()) grad_v += grad_w * wh * wm;
+      if (values.wants_horizontal_grad()) grad_h[j] += grad_w * wv * wm;
+      if (values.wants_mask_grad()) values.store_mask_grad(j, t, static_cast<scalar_t>(grad_w * wv * wh));
+      if (values.wants_offset_grad()) {
+        values.store_offset_grad(j, t, static_cast<scalar_t>(grad_ly * w * s.y.dcoord),
+                                 static_cast<scalar_t>(grad_lx * w * s.x.dcoord));
       }
     }
-    if (grads.vertical) grads.vertical[vert_base + i * tap_stride] = static_cast<scalar_t>(grad_v);
+    if (values.wants_vertical_grad()) values.store_vertical_grad(i, static_cast<scalar_t>(grad_v));
+    values.end_row(i);
   }
-  if (grads.horizontal) {
+  if (values.active() && values.wants_horizontal_grad()) {
     EDSC_UNROLL
-    for (index_t j = 0; j < KW; ++j) {
-      grads.horizontal[horz_base + j * tap_stride] = static_cast<scalar_t>(grad_h[j]);
-    }
+    for (index_t j = 0; j < KW; ++j) values.store_horizontal_grad(j, static_cast<scalar_t>(grad_h[j]));
   }
+}
+
+// The same, reading and writing global memory; `grads` are the per-pixel tensors' gradient
+// outputs (nullptr where not asked for).
+template <int kChannelBlock, int kKernelH, int kKernelW, int kMaxKernelWidth, bool kChannelsLast, typename scalar_t,
+          typename acc_t, typename index_t, typename AddInputGrad>
+EDSC_HOST_DEVICE void deform_sepconv_backward_pixel(const DeformSepconvParams<scalar_t, index_t>& p,
+                                                    const scalar_t* grad_output,
+                                                    const DeformSepconvParamGrads<scalar_t>& grads,
+                                                    AddInputGrad& add_input_grad, index_t scatter_begin,
+                                                    index_t scatter_end, index_t n, index_t y, index_t x) {
+  GlobalPixelValues<kChannelsLast, scalar_t, index_t> values(p, n, y * p.width_out + x, kernel_extent<kKernelH>(p.kernel_h),
+                                                             kernel_extent<kKernelW>(p.kernel_w), grads);
+  deform_sepconv_backward_pixel_with<kChannelBlock, kKernelH, kKernelW, kMaxKernelWidth, kChannelsLast, scalar_t,
+                                     acc_t>(p, values, grad_output, add_input_grad, scatter_begin, scatter_end, n, y,
+                                            x);
 }
 
 // Instantiates `body` with the call's layout as a compile-time kChannelsLast.
