@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import edsc_ext
-from conftest import (ARG_NAMES, GRAD_FACTOR, PADDING_MODES, TOLERANCES, Case, assert_close, assert_grads_close,
-                      default_grad_output, make_inputs, requires_cuda)
+from conftest import (ALL_PRESENT, ARG_NAMES, GRAD_FACTOR, PADDING_MODES, TOLERANCES, Case, assert_close,
+                      assert_grads_close, default_grad_output, make_inputs, requires_cuda)
 from edsc_ext import reference as R
 from edsc_ext.ops import normalize_args
 
@@ -573,6 +573,46 @@ def test_channels_last_paths(gen, request, monkeypatch, config, dtype, mode, dev
         _, again = forward_and_grads(OP, odd, "zeros", grad_output.contiguous(memory_format=torch.channels_last))
         for name, g, g0 in zip(ARG_NAMES, again, grads):
             assert torch.equal(g, g0), f"grad of {name} differs between two deterministic runs"
+
+
+# The CUDA channels_last 5x5 kernels that stage each warp's per-pixel values through shared memory
+# (float32 forward, tiled backward, up to 4 channels; 6 channels take the backward on NCHW copies):
+# 7 x 45 outputs leave the last warp of each tile row 13 pixels and the forward's warps straddle
+# images; every combination of absent tensors; plain and dilated; the deterministic tile too.
+# EDSC_EXT_WARP_STAGING=0 and EDSC_EXT_FORWARD=plain give the unstaged kernels, which must agree.
+@pytest.mark.cuda
+@requires_cuda
+@pytest.mark.parametrize("mode", ["default", "deterministic"])
+@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("channels", [1, 3, 4, 6])
+def test_channels_last_warp_staged(gen, request, monkeypatch, channels, dtype, mode):
+    if mode == "deterministic":
+        request.getfixturevalue("deterministic")
+    as_cl = lambda t: t.contiguous(memory_format=torch.channels_last)  # noqa: E731
+    # Deterministic mode makes the float64 reference slow; two combinations cover its tile there.
+    presents = ALL_PRESENT if mode == "default" else [(True, True, True, True), (True, False, True, False)]
+    for present in presents:
+        for dilation, padding_mode in ((1, "zeros"), (2, "border")):
+            case = make_inputs(3, channels, 7, 45, 5, 5, 2 * dilation, dilation, present=present, dtype=dtype,
+                               device="cuda", generator=gen, offset_scale=3)
+            grad_output = torch.randn((3, channels, 7, 45), generator=gen, dtype=F64)
+            results = []
+            for staged in (True, False):
+                monkeypatch.setenv("EDSC_EXT_WARP_STAGING", "1" if staged else "0")
+                monkeypatch.setenv("EDSC_EXT_FORWARD", "" if staged else "plain")
+                out, grads = forward_and_grads(OP, case.map(as_cl), padding_mode, as_cl(grad_output))
+                assert out.is_contiguous(memory_format=torch.channels_last), out.stride()
+                results.append((out, grads))
+            expected, expected_grads = reference_and_grads(case, padding_mode, grad_output)
+            for out, grads in results:
+                assert_close(out, expected, dtype)
+                assert_grads_close(grads, expected_grads, dtype)
+            if mode == "deterministic":
+                monkeypatch.setenv("EDSC_EXT_WARP_STAGING", "1")
+                monkeypatch.setenv("EDSC_EXT_FORWARD", "")
+                _, again = forward_and_grads(OP, case.map(as_cl), padding_mode, as_cl(grad_output))
+                for name, g, g0 in zip(ARG_NAMES, again, results[0][1]):
+                    assert g is None and g0 is None or torch.equal(g, g0), f"grad of {name} differs between two runs"
 
 
 COPY_OPS = {"aten::copy_", "aten::clone", "aten::contiguous", "aten::_to_copy"}

@@ -47,6 +47,14 @@ def run_every_path() -> None:
                 cl = [t.detach().contiguous(memory_format=torch.channels_last).requires_grad_() for t in ts]
                 out = edsc_ext.deform_sepconv(*cl, padding=pad, dilation=dil, padding_mode=mode)
                 out.sum().backward()
+                # channels_last with 3 channels: the warp-staged forward as well (11 x 13 outputs
+                # leave warps partly filled), with and without the optional tensors.
+                rgb = ts[0].detach()[:, :3].contiguous(memory_format=torch.channels_last).requires_grad_()
+                out = edsc_ext.deform_sepconv(rgb, *cl[1:], padding=pad, dilation=dil, padding_mode=mode)
+                out.backward(torch.randn_like(out))
+                out = edsc_ext.deform_sepconv(rgb, None, cl[2], cl[3], None, kernel_size=(kh, kw), padding=pad,
+                                              dilation=dil, padding_mode=mode)
+                out.sum().backward()
     torch.cuda.synchronize(device)
 
 

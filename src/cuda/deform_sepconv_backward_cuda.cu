@@ -9,8 +9,12 @@
 // integers (see FixedPointTileAdd): shared-memory float atomics are compare-and-swap loops on
 // sm_70..sm_90, integer ones a single native instruction. Every kernel is compiled for both memory
 // layouts (kChannelsLast); the shared-memory tile is the same for both, only its flush order and
-// the global addresses differ.
+// the global addresses differ. In channels_last with 5x5 kernels each warp (a row of the tile)
+// stages its per-pixel values and their gradients through shared memory (warp_staged_values.cuh;
+// EDSC_EXT_WARP_STAGING=0 turns that off), and with more than 4 channels the backward runs on
+// NCHW copies (deform_sepconv_backward_cuda says why).
 #include "deform_sepconv_cuda.cuh"
+#include "warp_staged_values.cuh"
 
 namespace edsc_ext {
 namespace {
@@ -23,6 +27,8 @@ constexpr int kTileThreads = kTileW * kTileH;
 constexpr int kTileMargin = 3;
 // Shared memory for the input-gradient footprint (the default per-block limit, no opt-in).
 constexpr int64_t kTileSharedBytes = 48 * 1024;
+// The kernel size of the warp-staged channels_last tile.
+constexpr int kStagedKernel = 5;
 
 // Where input-gradient element (n, c, y, x) lives, in the call's memory format.
 template <typename index_t>
@@ -263,9 +269,11 @@ __device__ float block_sum(float v, float* scratch) {
 }
 
 // GlobalAdd: GlobalAtomicAdd, or FixedPointAtomicAdd when deterministic (float32 and the half
-// types only, whose tile is fixed point and so order-independent).
-template <int kChannelBlock, int kKernelH, int kKernelW, int kMaxWidth, bool kChannelsLast, typename scalar_t,
-          typename index_t, typename GlobalAdd>
+// types only, whose tile is fixed point and so order-independent). kWarpStaged (channels_last, 5x5,
+// fixed point): each warp, a row of the tile, stages its per-pixel values through shared memory
+// (warp_staged_values.cuh).
+template <int kChannelBlock, int kKernelH, int kKernelW, int kMaxWidth, bool kChannelsLast, bool kWarpStaged,
+          typename scalar_t, typename index_t, typename GlobalAdd>
 __global__ void __launch_bounds__(kTileThreads, 2)
     deform_sepconv_backward_tiled_cuda_kernel(const DeformSepconvParams<scalar_t, index_t> p,
                                               const scalar_t* __restrict__ grad_output,
@@ -276,6 +284,8 @@ __global__ void __launch_bounds__(kTileThreads, 2)
   constexpr bool kFixedPoint = std::is_same_v<acc_t, float>;
   extern __shared__ __align__(16) unsigned char shared_raw[];
   __shared__ float bound_scratch[kTileThreads / 32];
+  using StagedBuffers = WarpStagedBuffers<scalar_t, kStagedKernel>;
+  __shared__ std::conditional_t<kWarpStaged, StagedBuffers[kTileH], char[1]> staged;
 
   const index_t tiles_x = (p.width_out + kTileW - 1) / kTileW;
   const index_t tiles_y = (p.height_out + kTileH - 1) / kTileH;
@@ -286,6 +296,15 @@ __global__ void __launch_bounds__(kTileThreads, 2)
   const index_t x = tile_x * kTileW + static_cast<index_t>(threadIdx.x);
   const bool active = y < p.height_out && x < p.width_out;
   const int tid = threadIdx.y * kTileW + threadIdx.x;
+  static_assert(!kWarpStaged || (kChannelsLast && kKernelH == kStagedKernel && kKernelW == kStagedKernel &&
+                                 kTileW == kWarpSize && std::is_same_v<index_t, int32_t>),
+                "warp staging: channels_last, 5x5, a warp per tile row, 32-bit indices");
+  // kWarpStaged: this warp's pixels, (n, y, x0 .. x0 + count - 1), consecutive in memory.
+  const index_t tile_x0 = tile_x * kTileW;
+  const int warp_pixels = y < p.height_out ? static_cast<int>(min(index_t(kTileW), p.width_out - tile_x0)) : 0;
+  const index_t warp_first = (n * p.height_out + y) * p.width_out + tile_x0;
+  // Inactive lanes run the staged pixel code too (the copies are shared), at a real pixel.
+  const index_t y_in = min(y, p.height_out - 1), x_in = min(x, p.width_out - 1);
 
   using TileAdd = std::conditional_t<kFixedPoint, FixedPointTileAdd<index_t, GlobalAdd>,
                                      FloatTileAdd<acc_t, index_t, GlobalAdd>>;
@@ -303,9 +322,15 @@ __global__ void __launch_bounds__(kTileThreads, 2)
   bool use_tile = true;
   if constexpr (kFixedPoint) {
     add.lo_offset = words_per_plane;
-    const float bound =
-        block_sum(active ? input_grad_bound<kKernelH, kKernelW, kChannelsLast>(p, grad_output, n, y, x) : 0.0f,
-                  bound_scratch);
+    float part = 0.0f;
+    if constexpr (kWarpStaged) {
+      WarpStagedPixelValues<scalar_t, index_t, kStagedKernel> values(staged[threadIdx.y], p, {}, warp_first,
+                                                                     warp_pixels, threadIdx.x);
+      part = values.input_grad_bound(grad_output);
+    } else {
+      part = active ? input_grad_bound<kKernelH, kKernelW, kChannelsLast>(p, grad_output, n, y, x) : 0.0f;
+    }
+    const float bound = block_sum(part, bound_scratch);
     int exponent = 0;
     frexpf(bound, &exponent);  // bound < 2^exponent
     // Finite, and not so small that 2^(kFixedPointBits - exponent) overflows float.
@@ -322,11 +347,17 @@ __global__ void __launch_bounds__(kTileThreads, 2)
       for (index_t e = tid; e < words_per_plane * kWords; e += kTileThreads) tile[e] = word_t(0);
     }
     __syncthreads();
-    if (active) {
-      add.c0 = c0;
-      // The parameter gradients need all channels once: on the first pass only.
-      const DeformSepconvParamGrads<scalar_t> pass_grads =
-          c0 == 0 ? param_grads : DeformSepconvParamGrads<scalar_t>{nullptr, nullptr, nullptr, nullptr};
+    add.c0 = c0;
+    // The parameter gradients need all channels once: on the first pass only.
+    const DeformSepconvParamGrads<scalar_t> pass_grads =
+        c0 == 0 ? param_grads : DeformSepconvParamGrads<scalar_t>{nullptr, nullptr, nullptr, nullptr};
+    if constexpr (kWarpStaged) {
+      WarpStagedPixelValues<scalar_t, index_t, kStagedKernel> values(staged[threadIdx.y], p, pass_grads, warp_first,
+                                                                     warp_pixels, threadIdx.x);
+      deform_sepconv_backward_pixel_with<kChannelBlock, kKernelH, kKernelW, kMaxWidth, kChannelsLast, scalar_t,
+                                         acc_t>(p, values, grad_output, add, c0, c0 + pass_channels, n, y_in, x_in);
+      values.finish();
+    } else if (active) {
       deform_sepconv_backward_pixel<kChannelBlock, kKernelH, kKernelW, kMaxWidth, kChannelsLast, scalar_t, acc_t,
                                     index_t>(p, grad_output, pass_grads, add, c0, c0 + pass_channels, n, y, x);
     }
@@ -355,6 +386,25 @@ __global__ void __launch_bounds__(kTileThreads, 2)
 bool force_global_atomics() {
   const char* value = std::getenv("EDSC_EXT_INPUT_GRAD");
   return value != nullptr && std::string(value) == "global";
+}
+
+// Whether `kernel` (a warp-staged tile) can run with `dynamic` bytes of dynamic shared memory on
+// the current device: its static buffers plus the tile can exceed the 48 KB a block gets without
+// opting in (86 KB in float32), which Hopper and Ampere allow and Turing (64 KB) may not. Opts in
+// where needed; the attribute is per device, so it is set on each call (a cheap host call, allowed
+// during CUDA-graph capture). EDSC_EXT_WARP_STAGING=0 disables staging (benchmarks, tests).
+template <typename Kernel>
+bool warp_staging_fits(Kernel kernel, size_t dynamic) {
+  const char* mode = std::getenv("EDSC_EXT_WARP_STAGING");
+  if (mode != nullptr && std::string(mode) == "0") return false;
+  cudaFuncAttributes attributes{};
+  C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+  const size_t total = attributes.sharedSizeBytes + dynamic;
+  if (total > at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin) return false;
+  if (total > 48 * 1024) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dynamic)));
+  }
+  return true;
 }
 
 // Workspace of the deterministic input gradient (see FixedPointAtomicAdd).
@@ -391,12 +441,33 @@ at::Tensor finish_fixed_point_input_grad(const FixedPointInputGrad& w) {
   return at::where(bad, at::scalar_tensor(std::numeric_limits<double>::quiet_NaN(), value.options()), value);
 }
 
+// channels_last calls with more than this many channels run the backward on NCHW copies.
+constexpr int64_t kChannelsLastMaxChannels = 4;
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_sepconv_backward_cuda(
     const at::Tensor& grad_output, const at::Tensor& input, const std::optional<at::Tensor>& vertical,
     const std::optional<at::Tensor>& horizontal, const std::optional<at::Tensor>& offset,
     const std::optional<at::Tensor>& mask, int64_t kernel_h, int64_t kernel_w, int64_t pad_h, int64_t pad_w,
     int64_t dilation_h, int64_t dilation_w, int64_t padding_mode, std::array<bool, 5> output_mask) {
   const c10::cuda::CUDAGuard device_guard(input.device());
+  if (wants_channels_last(input) && input.dim() == 4 && input.size(1) > kChannelsLastMaxChannels) {
+    // One thread per output pixel loops over the channels, so in channels_last each of its frame
+    // loads (a corner, a channel) lands on another lane's cache line: with 32 channels this
+    // backward took 2.0x the NCHW one on the H200 (feat float32, 6.88 vs 3.38 ms), and copying
+    // every tensor to NCHW and the gradients back costs a few percent of it. With up to 4
+    // channels the per-pixel tensors dominate and the warp-staged kernel reads them in place.
+    const auto nchw = [](const std::optional<at::Tensor>& t) -> std::optional<at::Tensor> {
+      return t.has_value() ? std::optional<at::Tensor>(t->contiguous()) : t;
+    };
+    auto grads = deform_sepconv_backward_cuda(grad_output.contiguous(), input.contiguous(), nchw(vertical),
+                                              nchw(horizontal), nchw(offset), nchw(mask), kernel_h, kernel_w, pad_h,
+                                              pad_w, dilation_h, dilation_w, padding_mode, output_mask);
+    const auto back = [](const at::Tensor& g) {
+      return g.numel() > 0 ? g.contiguous(at::MemoryFormat::ChannelsLast) : g;
+    };
+    return {back(std::get<0>(grads)), back(std::get<1>(grads)), back(std::get<2>(grads)), back(std::get<3>(grads)),
+            back(std::get<4>(grads))};
+  }
   const DeformSepconvConfig cfg{kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode};
   const DeformSepconvTensors t = prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg, &grad_output);
   auto grads = allocate_deform_sepconv_grads(t, output_mask);
@@ -457,12 +528,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
               const size_t shared = footprint.channels_per_pass * footprint.rows * footprint.cols * kTileElementBytes;
               with_global_add([&](auto add) {
                 if constexpr (kFixedPointTile || !std::is_same_v<decltype(add), FixedPointAtomicAdd<acc_t, index_t>>) {
-                  deform_sepconv_backward_tiled_cuda_kernel<kChannelBlock, kKernelH, kKernelW, kMaxWidth,
-                                                            kChannelsLast, scalar_t, index_t><<<static_cast<unsigned int>(tiles),
-                                                                       dim3(kTileW, kTileH), shared, stream>>>(
-                      p, go, param_grads, add, static_cast<index_t>(footprint.rows),
-                      static_cast<index_t>(footprint.cols), static_cast<index_t>(footprint.channels_per_pass));
-                  C10_CUDA_KERNEL_LAUNCH_CHECK();
+                  const auto launch = [&](auto kernel) {
+                    kernel<<<static_cast<unsigned int>(tiles), dim3(kTileW, kTileH), shared, stream>>>(
+                        p, go, param_grads, add, static_cast<index_t>(footprint.rows),
+                        static_cast<index_t>(footprint.cols), static_cast<index_t>(footprint.channels_per_pass));
+                    C10_CUDA_KERNEL_LAUNCH_CHECK();
+                  };
+                  constexpr bool kCanStage =
+                      kChannelsLast && kFixedPointTile && kKernelH == kStagedKernel && kKernelW == kStagedKernel;
+                  if constexpr (kCanStage) {
+                    const auto kernel = deform_sepconv_backward_tiled_cuda_kernel<kChannelBlock, kKernelH, kKernelW,
+                                                                                  kMaxWidth, kChannelsLast, true,
+                                                                                  scalar_t, index_t, decltype(add)>;
+                    if (warp_staging_fits(kernel, shared)) return launch(kernel);
+                  }
+                  launch(deform_sepconv_backward_tiled_cuda_kernel<kChannelBlock, kKernelH, kKernelW, kMaxWidth,
+                                                                   kChannelsLast, false, scalar_t, index_t,
+                                                                   decltype(add)>);
                 }
               });
               return;

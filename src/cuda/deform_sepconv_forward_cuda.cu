@@ -5,10 +5,14 @@
 // Forward: for NCHW 5x5 kernels in float16/bfloat16 with up to 4 channels, blocks of 128 output
 // pixels stage their per-pixel tensors (85 values a pixel, the bulk of the bytes) in shared memory
 // with asynchronous copies and sample row by row as the copies land (deform_sepconv_forward_staged_
-// cuda_kernel); otherwise one thread per (n, block of 4 channels, output pixel), compiled for each
-// memory layout, with consecutive threads on adjacent memory (x fastest in NCHW, the channel block
-// in channels_last). EDSC_EXT_FORWARD=plain forces the latter (benchmarks, tests).
+// cuda_kernel); for channels_last 5x5 kernels in float32 with up to 4 channels, one lane per
+// output pixel, each warp staging its pixels' rows of taps through shared memory
+// (deform_sepconv_forward_warp_staged_cuda_kernel, warp_staged_values.cuh); otherwise one thread
+// per (n, block of 4 channels, output pixel), compiled for each memory layout, with consecutive
+// threads on adjacent memory (x fastest in NCHW, the channel block in channels_last).
+// EDSC_EXT_FORWARD=plain forces the latter (benchmarks, tests).
 #include "deform_sepconv_cuda.cuh"
+#include "warp_staged_values.cuh"
 
 namespace edsc_ext {
 namespace {
@@ -38,6 +42,33 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     }
     deform_sepconv_forward_pixel<kChannelBlock, kKernelH, kKernelW, kChannelsLast, scalar_t, acc_t, index_t>(
         p, output, n, pixel / p.width_out, pixel % p.width_out, c0);
+  }
+}
+
+// channels_last forward with up to 4 channels and 5x5 kernels: one lane per output pixel, each
+// warp's 32 consecutive pixels staging their rows of taps through shared memory
+// (warp_staged_values.cuh) so that the per-pixel loads are coalesced.
+template <int kKernel, typename scalar_t>
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    deform_sepconv_forward_warp_staged_cuda_kernel(const DeformSepconvParams<scalar_t, int32_t> p,
+                                                   scalar_t* __restrict__ output, int64_t pixels) {
+  using acc_t = at::opmath_type<scalar_t>;
+  constexpr int kWarps = kThreadsPerBlock / kWarpSize;
+  using Rows = WarpStagedRows<scalar_t, kKernel>;
+  __shared__ Rows staged[kWarps];
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int32_t hw = p.height_out * p.width_out;
+  // Uniform per warp: every lane takes part in the warp's copies.
+  for (int64_t first = int64_t(blockIdx.x) * blockDim.x + warp * kWarpSize; first < pixels;
+       first += int64_t(blockDim.x) * gridDim.x) {
+    const int count = static_cast<int>(min(int64_t(kWarpSize), pixels - first));
+    const int32_t g = static_cast<int32_t>(first) + min(lane, count - 1);  // inactive lanes: a real pixel
+    const int32_t n = g / hw, pixel = g % hw;
+    WarpStagedPixelValues<scalar_t, int32_t, kKernel, Rows> values(staged[warp], p, {}, static_cast<int32_t>(first),
+                                                                   count, lane);
+    const int32_t y = pixel / p.width_out, x = pixel % p.width_out;
+    deform_sepconv_forward_pixel_with<4, kKernel, kKernel, /*kChannelsLast=*/true, scalar_t, acc_t>(p, values, output,
+                                                                                                 n, y, x, int32_t(0));
   }
 }
 
@@ -184,6 +215,23 @@ __global__ void __launch_bounds__(kStagedPixels)
   }
 }
 
+template <typename scalar_t, typename index_t>
+void launch_warp_staged_forward(const DeformSepconvParams<scalar_t, index_t>& p, scalar_t* out, int64_t pixels,
+                                cudaStream_t stream) {
+  if constexpr (std::is_same_v<index_t, int32_t> && std::is_same_v<scalar_t, float>) {
+    deform_sepconv_forward_warp_staged_cuda_kernel<kStagedKernel, scalar_t>
+        <<<blocks_for(pixels), kThreadsPerBlock, 0, stream>>>(p, out, pixels);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+}
+
+// EDSC_EXT_FORWARD=plain: the one-thread-per-(pixel, channel block) kernel for every call
+// (benchmarks, tests).
+bool plain_forward_forced() {
+  const char* mode = std::getenv("EDSC_EXT_FORWARD");
+  return mode != nullptr && std::string(mode) == "plain";
+}
+
 // The chunk size the staged forward can copy every per-pixel tensor's segments with (16 or 4
 // bytes: cp.async needs aligned addresses, and a segment starts at (n * channels + k) * hw + p0
 // elements), or 0 where it cannot be used.
@@ -195,8 +243,7 @@ int staged_forward_chunk(const DeformSepconvTensors& t, int64_t kernel_h, int64_
   // block leave too few warps per SM (train 0.370 vs 0.320 ms), and for many channels.
   if (t.input.element_size() != 2 || t.input.size(1) > 4) return 0;
   if (at::cuda::getCurrentDeviceProperties()->major < 8) return 0;
-  const char* mode = std::getenv("EDSC_EXT_FORWARD");
-  if (mode != nullptr && std::string(mode) == "plain") return 0;
+  if (plain_forward_forced()) return 0;
   const int64_t row_bytes = t.height_out * t.width_out * t.input.element_size();
   for (const int64_t chunk : {16, 4}) {
     bool aligned = row_bytes % chunk == 0;
@@ -245,6 +292,15 @@ at::Tensor deform_sepconv_forward_cuda(const at::Tensor& input, const std::optio
               }
               C10_CUDA_KERNEL_LAUNCH_CHECK();
             });
+            return;
+          }
+        }
+        if constexpr (kKernelH == kStagedKernel && kKernelW == kStagedKernel) {
+          // float32 only: on the H200 the 2-byte types' rows fit L1 well enough that staging
+          // loses (train bfloat16 0.328 vs 0.293 ms), and float64's would not fit 48 KB.
+          if (t.channels_last && channels <= 4 && t.use_32bit_indexing && input.scalar_type() == at::kFloat &&
+              !plain_forward_forced()) {
+            launch_warp_staged_forward(p, out, input.size(0) * t.height_out * t.width_out, stream);
             return;
           }
         }
