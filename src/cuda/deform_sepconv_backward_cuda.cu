@@ -391,18 +391,30 @@ bool force_global_atomics() {
 // Whether `kernel` (a warp-staged tile) can run with `dynamic` bytes of dynamic shared memory on
 // the current device: its static buffers plus the tile can exceed the 48 KB a block gets without
 // opting in (86 KB in float32), which Hopper and Ampere allow and Turing (64 KB) may not. Opts in
-// where needed; the attribute is per device, so it is set on each call (a cheap host call, allowed
-// during CUDA-graph capture). EDSC_EXT_WARP_STAGING=0 disables staging (benchmarks, tests).
+// where needed, once per device, kernel and size: cudaFuncSetAttribute can hold the host until
+// pending copies finish, and this way a CUDA-graph capture after the usual warm-up makes no such
+// call. EDSC_EXT_WARP_STAGING=0 disables staging (benchmarks, tests).
 template <typename Kernel>
 bool warp_staging_fits(Kernel kernel, size_t dynamic) {
   const char* mode = std::getenv("EDSC_EXT_WARP_STAGING");
   if (mode != nullptr && std::string(mode) == "0") return false;
-  cudaFuncAttributes attributes{};
-  C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
-  const size_t total = attributes.sharedSizeBytes + dynamic;
-  if (total > at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin) return false;
-  if (total > 48 * 1024) {
+  static std::mutex mutex;
+  // Per (device, kernel): its static shared memory, and the dynamic size it is opted in to.
+  static std::map<std::pair<int, const void*>, std::pair<size_t, size_t>> known;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_pair(static_cast<int>(c10::cuda::current_device()), reinterpret_cast<const void*>(kernel));
+  auto found = known.find(key);
+  if (found == known.end()) {
+    cudaFuncAttributes attributes{};
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+    found = known.emplace(key, std::make_pair(attributes.sharedSizeBytes, size_t(48 * 1024) - attributes.sharedSizeBytes))
+                .first;
+  }
+  auto& [static_bytes, opted_in] = found->second;
+  if (static_bytes + dynamic > at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin) return false;
+  if (dynamic > opted_in) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dynamic)));
+    opted_in = dynamic;
   }
   return true;
 }

@@ -15,7 +15,10 @@
 #include <torch/library.h>
 
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <type_traits>
 
 #include "edsc_ext/ops.h"
