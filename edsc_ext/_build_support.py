@@ -18,7 +18,7 @@ import subprocess
 # or edsc_ext/_csrc inside an installed wheel).
 CPU_SOURCE_GLOBS = ("src/*.cpp", "src/cpu/*.cpp")
 CUDA_SOURCE_GLOBS = ("src/cuda/*.cu",)
-HEADER_GLOBS = ("include/edsc_ext/*.h", "src/cuda/*.cuh")
+HEADER_GLOBS = ("include/edsc_ext/*.h", "src/cpu/*.h", "src/cuda/*.cuh")
 
 # Where an installed wheel keeps a copy of src/ and include/ for the JIT build.
 SHIPPED_SOURCES_DIR = "_csrc"

@@ -11,7 +11,7 @@
 #define EDSC_NO_UNROLL _Pragma("unroll 1")
 #else
 // Forced inline on the host too: the CPU backend compiles its loops for several instruction sets
-// (src/cpu/deform_sepconv_cpu.cpp) and this code must be compiled inside each of them.
+// (src/cpu/cpu_loops.h) and this code must be compiled inside each of them.
 #if defined(__GNUC__) || defined(__clang__)
 #define EDSC_HOST_DEVICE inline __attribute__((always_inline))
 #else

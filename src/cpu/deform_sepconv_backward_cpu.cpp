@@ -1,4 +1,4 @@
-// CPU backend of deform_sepconv: at::parallel_for over output pixels, per-pixel work from
+// CPU backward of deform_sepconv: parallel over (image, band of output rows), per-pixel work from
 // include/edsc_ext/deform_sepconv_pixel.h.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -11,92 +11,10 @@
 #include <string>
 
 #include "edsc_ext/ops.h"
+#include "cpu_loops.h"
 
 namespace edsc_ext {
 namespace {
-
-// Instruction sets: the wheels target the x86-64 baseline (SSE2), which leaves the sampling math
-// without FMA or vector rounding. On x86-64 the loops are also compiled for AVX2 + FMA (x86 CPUs
-// since 2013) and run that way where the CPU has them: 1.2-1.4x faster forward on a 2-core EPYC.
-// Only run_avx2 is compiled for AVX2, with the loop bodies and the per-pixel code force-inlined
-// into it, so no out-of-line AVX2 code can be reached on an older CPU. EDSC_EXT_CPU_ISA=baseline
-// forces the baseline build (tests; results then differ in the last bits, FMA rounds once).
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define EDSC_CPU_AVX2 1
-template <typename Body>
-__attribute__((target("avx2,fma"))) void run_avx2(const Body& body) {
-  body();
-}
-#endif
-#if defined(__GNUC__) || defined(__clang__)
-#define EDSC_CPU_INLINE __attribute__((always_inline))
-#else
-#define EDSC_CPU_INLINE
-#endif
-
-bool use_avx2() {
-#ifdef EDSC_CPU_AVX2
-  static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  const char* isa = std::getenv("EDSC_EXT_CPU_ISA");
-  return supported && !(isa != nullptr && std::string(isa) == "baseline");
-#else
-  return false;
-#endif
-}
-
-// Runs body (a lambda marked EDSC_CPU_INLINE) compiled for AVX2 + FMA when `avx2`, else as built.
-template <typename Body>
-void run_for_cpu(bool avx2, const Body& body) {
-#ifdef EDSC_CPU_AVX2
-  if (avx2) return run_avx2(body);
-#endif
-  body();
-}
-
-// Channels handled per pass over the taps: sampling weights are computed once per block.
-constexpr int kCpuChannelBlock = 8;
-// Pixels per parallel task, so tiny images still split and huge ones amortise scheduling.
-constexpr int64_t kPixelGrain = 1024;
-
-at::Tensor deform_sepconv_forward_cpu(const at::Tensor& input, const std::optional<at::Tensor>& vertical,
-                                      const std::optional<at::Tensor>& horizontal,
-                                      const std::optional<at::Tensor>& offset, const std::optional<at::Tensor>& mask,
-                                      int64_t kernel_h, int64_t kernel_w, int64_t pad_h, int64_t pad_w,
-                                      int64_t dilation_h, int64_t dilation_w, int64_t padding_mode) {
-  const DeformSepconvConfig cfg{kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode};
-  const DeformSepconvTensors t = prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg);
-  at::Tensor output = at::empty({input.size(0), input.size(1), t.height_out, t.width_out},
-                                input.options().memory_format(t.memory_format()));
-  if (output.numel() == 0) return output;
-
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "deform_sepconv_forward_cpu", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
-    EDSC_DISPATCH_INDEX_TYPE(t.use_32bit_indexing, [&] {
-      EDSC_DISPATCH_LAYOUT(t.channels_last, [&] {
-      EDSC_DISPATCH_KERNEL_SIZE(kernel_h, kernel_w, [&] {
-        const auto p = make_params<scalar_t, index_t>(t, cfg);
-        scalar_t* out = output.mutable_data_ptr<scalar_t>();
-        const int64_t hw = t.height_out * t.width_out;
-        const bool avx2 = use_avx2();
-        at::parallel_for(0, p.batch * hw, kPixelGrain, [&](int64_t begin, int64_t end) {
-          run_for_cpu(avx2, [&]() EDSC_CPU_INLINE {
-            for (int64_t k = begin; k < end; ++k) {
-              const index_t n = static_cast<index_t>(k / hw);
-              const index_t y = static_cast<index_t>((k % hw) / t.width_out);
-              const index_t x = static_cast<index_t>(k % t.width_out);
-              for (index_t c0 = 0; c0 < p.channels; c0 += kCpuChannelBlock) {
-                deform_sepconv_forward_pixel<kCpuChannelBlock, kKernelH, kKernelW, kChannelsLast, scalar_t, acc_t,
-                                             index_t>(p, out, n, y, x, c0);
-              }
-            }
-          });
-        });
-      });
-      });
-    });
-  });
-  return output;
-}
 
 template <typename acc_t>
 struct NoInputGrad {
@@ -272,9 +190,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(edsc_ext, CPU, m) {
-  m.impl("deform_sepconv_forward", &deform_sepconv_forward_cpu);
-  m.impl("deform_sepconv_backward", &deform_sepconv_backward_cpu);
-}
+TORCH_LIBRARY_IMPL(edsc_ext, CPU, m) { m.impl("deform_sepconv_backward", &deform_sepconv_backward_cpu); }
 
 }  // namespace edsc_ext
