@@ -15,6 +15,10 @@
 // NCHW copies (deform_sepconv_backward_cuda says why).
 #pragma once
 
+#include <map>
+#include <mutex>
+#include <utility>
+
 #include "deform_sepconv_backward_cuda.cuh"
 #include "warp_staged_values.cuh"
 
@@ -29,8 +33,6 @@ constexpr int kTileThreads = kTileW * kTileH;
 constexpr int kTileMargin = 3;
 // Shared memory for the input-gradient footprint (the default per-block limit, no opt-in).
 constexpr int64_t kTileSharedBytes = 48 * 1024;
-// The kernel size of the warp-staged channels_last tile.
-constexpr int kStagedKernel = 5;
 
 // Where input-gradient element (n, c, y, x) lives, in the call's memory format.
 template <typename index_t>
@@ -286,7 +288,7 @@ __global__ void __launch_bounds__(kTileThreads, 2)
   constexpr bool kFixedPoint = std::is_same_v<acc_t, float>;
   extern __shared__ __align__(16) unsigned char shared_raw[];
   __shared__ float bound_scratch[kTileThreads / 32];
-  using StagedBuffers = WarpStagedBuffers<scalar_t, kStagedKernel>;
+  using StagedBuffers = WarpStagedBuffers<scalar_t, kWarpStagedKernel>;
   __shared__ std::conditional_t<kWarpStaged, StagedBuffers[kTileH], char[1]> staged;
 
   const index_t tiles_x = (p.width_out + kTileW - 1) / kTileW;
@@ -298,7 +300,7 @@ __global__ void __launch_bounds__(kTileThreads, 2)
   const index_t x = tile_x * kTileW + static_cast<index_t>(threadIdx.x);
   const bool active = y < p.height_out && x < p.width_out;
   const int tid = threadIdx.y * kTileW + threadIdx.x;
-  static_assert(!kWarpStaged || (kChannelsLast && kKernelH == kStagedKernel && kKernelW == kStagedKernel &&
+  static_assert(!kWarpStaged || (kChannelsLast && kKernelH == kWarpStagedKernel && kKernelW == kWarpStagedKernel &&
                                  kTileW == kWarpSize && std::is_same_v<index_t, int32_t>),
                 "warp staging: channels_last, 5x5, a warp per tile row, 32-bit indices");
   // kWarpStaged: this warp's pixels, (n, y, x0 .. x0 + count - 1), consecutive in memory.
@@ -326,7 +328,7 @@ __global__ void __launch_bounds__(kTileThreads, 2)
     add.lo_offset = words_per_plane;
     float part = 0.0f;
     if constexpr (kWarpStaged) {
-      WarpStagedPixelValues<scalar_t, index_t, kStagedKernel> values(staged[threadIdx.y], p, {}, warp_first,
+      WarpStagedPixelValues<scalar_t, index_t, kWarpStagedKernel> values(staged[threadIdx.y], p, {}, warp_first,
                                                                      warp_pixels, threadIdx.x);
       part = values.input_grad_bound(grad_output);
     } else {
@@ -354,7 +356,7 @@ __global__ void __launch_bounds__(kTileThreads, 2)
     const DeformSepconvParamGrads<scalar_t> pass_grads =
         c0 == 0 ? param_grads : DeformSepconvParamGrads<scalar_t>{nullptr, nullptr, nullptr, nullptr};
     if constexpr (kWarpStaged) {
-      WarpStagedPixelValues<scalar_t, index_t, kStagedKernel> values(staged[threadIdx.y], p, pass_grads, warp_first,
+      WarpStagedPixelValues<scalar_t, index_t, kWarpStagedKernel> values(staged[threadIdx.y], p, pass_grads, warp_first,
                                                                      warp_pixels, threadIdx.x);
       deform_sepconv_backward_pixel_with<kChannelBlock, kKernelH, kKernelW, kMaxWidth, kChannelsLast, scalar_t,
                                          acc_t>(p, values, grad_output, add, c0, c0 + pass_channels, n, y_in, x_in);
@@ -486,7 +488,7 @@ void launch_deform_sepconv_backward(const DeformSepconvTensors& t, const DeformS
                   C10_CUDA_KERNEL_LAUNCH_CHECK();
                 };
                 constexpr bool kCanStage =
-                    kChannelsLast && kFixedPointTile && kKernelH == kStagedKernel && kKernelW == kStagedKernel;
+                    kChannelsLast && kFixedPointTile && kKernelH == kWarpStagedKernel && kKernelW == kWarpStagedKernel;
                 if constexpr (kCanStage) {
                   const auto kernel = deform_sepconv_backward_tiled_cuda_kernel<kChannelBlock, kKernelH, kKernelW,
                                                                                 kMaxWidth, kChannelsLast, true,

@@ -15,10 +15,7 @@
 #include <torch/library.h>
 
 #include <cstdlib>
-#include <map>
-#include <mutex>
 #include <string>
-#include <utility>
 #include <type_traits>
 
 #include "edsc_ext/ops.h"

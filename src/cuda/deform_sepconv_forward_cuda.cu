@@ -219,7 +219,7 @@ template <typename scalar_t, typename index_t>
 void launch_warp_staged_forward(const DeformSepconvParams<scalar_t, index_t>& p, scalar_t* out, int64_t pixels,
                                 cudaStream_t stream) {
   if constexpr (std::is_same_v<index_t, int32_t> && std::is_same_v<scalar_t, float>) {
-    deform_sepconv_forward_warp_staged_cuda_kernel<kStagedKernel, scalar_t>
+    deform_sepconv_forward_warp_staged_cuda_kernel<kWarpStagedKernel, scalar_t>
         <<<blocks_for(pixels), kThreadsPerBlock, 0, stream>>>(p, out, pixels);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
@@ -295,7 +295,7 @@ at::Tensor deform_sepconv_forward_cuda(const at::Tensor& input, const std::optio
             return;
           }
         }
-        if constexpr (kKernelH == kStagedKernel && kKernelW == kStagedKernel) {
+        if constexpr (kKernelH == kWarpStagedKernel && kKernelW == kWarpStagedKernel) {
           // float32 only: on the H200 the 2-byte types' rows fit L1 well enough that staging
           // loses (train bfloat16 0.328 vs 0.293 ms), and float64's would not fit 48 KB.
           if (t.channels_last && channels <= 4 && t.use_32bit_indexing && input.scalar_type() == at::kFloat &&

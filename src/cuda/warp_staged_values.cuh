@@ -18,6 +18,8 @@
 namespace edsc_ext {
 
 constexpr int kWarpSize = 32;
+// The kernel size the warp-staged kernels are compiled for (KH = KW).
+constexpr int kWarpStagedKernel = 5;
 
 // One warp's shared memory for the values (the forward). Rows of a lane are padded to an odd
 // length where they would be even, so that lanes reading the same tap hit different banks.
