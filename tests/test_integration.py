@@ -621,6 +621,35 @@ def test_channels_last_warp_staged(gen, request, monkeypatch, channels, dtype, m
                     assert g is None and g0 is None or torch.equal(g, g0), f"grad of {name} differs between two runs"
 
 
+# The staged kernels read each tap's (dy, dx) as one aligned pair. A channels_last offset tensor
+# that starts one element past a pair boundary (a view into a larger buffer, used in place) cannot
+# be read that way: the host must route it to the unstaged kernels, with the same results.
+@pytest.mark.cuda
+@requires_cuda
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=["f32", "bf16"])
+def test_channels_last_offset_off_pair_boundary(gen, dtype):
+    as_cl = lambda t: t.contiguous(memory_format=torch.channels_last)  # noqa: E731
+    case = make_inputs(2, 3, 7, 45, 5, 5, 2, 1, dtype=dtype, device="cuda", generator=gen, offset_scale=3)
+    leaves = case.map(as_cl).leaves()
+    N, taps2, H, W = case.offset.shape
+    storage = torch.zeros(N * H * W * taps2 + 1, dtype=dtype, device="cuda")
+    shifted = lambda flat: flat[1:].view(N, H, W, taps2).permute(0, 3, 1, 2)  # noqa: E731
+    shifted(storage).copy_(case.offset)
+    storage.requires_grad_()
+    offset = shifted(storage)
+    assert offset.is_contiguous(memory_format=torch.channels_last)
+    assert offset.data_ptr() % (2 * offset.element_size()) != 0
+    out = OP(leaves.input, leaves.vertical, leaves.horizontal, offset, leaves.mask, **case.kwargs,
+             padding_mode="zeros")
+    grad_output = torch.randn(out.shape, generator=gen, dtype=F64)
+    out.backward(as_cl(grad_output).to(device="cuda", dtype=dtype))
+    grads = leaves.grads()[:3] + (shifted(storage.grad), leaves.mask.grad)
+    expected, expected_grads = reference_and_grads(case, "zeros", grad_output)
+    assert out.is_contiguous(memory_format=torch.channels_last), out.stride()
+    assert_close(out.detach(), expected, dtype)
+    assert_grads_close(grads, expected_grads, dtype)
+
+
 COPY_OPS = {"aten::copy_", "aten::clone", "aten::contiguous", "aten::_to_copy"}
 
 

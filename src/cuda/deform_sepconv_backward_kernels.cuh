@@ -323,13 +323,21 @@ __global__ void __launch_bounds__(kTileThreads, 2)
   add.cols = cols;
   add.fallback = input_grad.at_batch(n);
   const index_t words_per_plane = channels_per_pass * rows * cols;
+  // kWarpStaged: the warp's staged values, for the bound and every pass.
+  struct Unstaged {};
+  [[maybe_unused]] auto values = [&] {
+    if constexpr (kWarpStaged) {
+      return WarpStagedPixelValues<scalar_t, index_t, kWarpStagedKernel>(staged[threadIdx.y], p, param_grads,
+                                                                         warp_first, warp_pixels, threadIdx.x);
+    } else {
+      return Unstaged{};
+    }
+  }();
   bool use_tile = true;
   if constexpr (kFixedPoint) {
     add.lo_offset = words_per_plane;
     float part = 0.0f;
     if constexpr (kWarpStaged) {
-      WarpStagedPixelValues<scalar_t, index_t, kWarpStagedKernel> values(staged[threadIdx.y], p, {}, warp_first,
-                                                                     warp_pixels, threadIdx.x);
       part = values.input_grad_bound(grad_output);
     } else {
       part = active ? input_grad_bound<kKernelH, kKernelW, kChannelsLast>(p, grad_output, n, y, x) : 0.0f;
@@ -356,8 +364,7 @@ __global__ void __launch_bounds__(kTileThreads, 2)
     const DeformSepconvParamGrads<scalar_t> pass_grads =
         c0 == 0 ? param_grads : DeformSepconvParamGrads<scalar_t>{nullptr, nullptr, nullptr, nullptr};
     if constexpr (kWarpStaged) {
-      WarpStagedPixelValues<scalar_t, index_t, kWarpStagedKernel> values(staged[threadIdx.y], p, pass_grads, warp_first,
-                                                                     warp_pixels, threadIdx.x);
+      if (c0 > 0) values.restart_without_grads();
       deform_sepconv_backward_pixel_with<kChannelBlock, kKernelH, kKernelW, kMaxWidth, kChannelsLast, scalar_t,
                                          acc_t>(p, values, grad_output, add, c0, c0 + pass_channels, n, y_in, x_in);
       values.finish();
@@ -493,7 +500,8 @@ void launch_deform_sepconv_backward(const DeformSepconvTensors& t, const DeformS
                   const auto kernel = deform_sepconv_backward_tiled_cuda_kernel<kChannelBlock, kKernelH, kKernelW,
                                                                                 kMaxWidth, kChannelsLast, true,
                                                                                 scalar_t, index_t, decltype(add)>;
-                  if (warp_staging_fits(kernel, shared)) return launch(kernel);
+                  const bool pairs = offset_pairs_aligned(t.offset) && offset_pairs_aligned(grads[3]);
+                  if (pairs && warp_staging_fits(kernel, shared)) return launch(kernel);
                 }
                 launch(deform_sepconv_backward_tiled_cuda_kernel<kChannelBlock, kKernelH, kKernelW, kMaxWidth,
                                                                  kChannelsLast, false, scalar_t, index_t,

@@ -39,4 +39,46 @@ void dispatch_channel_block(int64_t channels, const Body& body) {
     return __VA_ARGS__();                                                                \
   })
 
+// Asynchronous global-to-shared copies (cp.async, sm_80+) of kBytes = 4, 8 or 16 bytes, the
+// bytes past src_bytes zero-filled; they land by commit group (copy_async_wait). The staged
+// kernels use them to have the next values in flight while they compute with the current ones.
+template <int kBytes>
+__device__ __forceinline__ void copy_async(void* shared, const void* global, int src_bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned int dst = static_cast<unsigned int>(__cvta_generic_to_shared(shared));
+  if constexpr (kBytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(global), "r"(src_bytes)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(global), "n"(kBytes),
+                 "r"(src_bytes)
+                 : "memory");
+  }
+#else
+  // Before sm_80: a plain (synchronous) copy with cp.async's zero fill.
+  unsigned char* d = static_cast<unsigned char*>(shared);
+  const unsigned char* s = static_cast<const unsigned char*>(global);
+  for (int b = 0; b < kBytes; ++b) d[b] = b < src_bytes ? s[b] : 0;
+#endif
+}
+
+__device__ __forceinline__ void copy_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+// Waits until at most `pending` (a constant after unrolling) commit groups are still in flight.
+__device__ __forceinline__ void copy_async_wait(int pending) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  switch (pending) {
+    case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
+    case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
+    case 2: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
+    case 3: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
+    default: asm volatile("cp.async.wait_group 4;\n" ::: "memory"); break;
+  }
+#endif
+}
+
 }  // namespace edsc_ext

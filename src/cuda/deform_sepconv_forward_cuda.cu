@@ -87,45 +87,6 @@ constexpr int kStagedKernel = 5;
 constexpr int kStagedRowSegments = 1 + 3 * kStagedKernel;
 constexpr int kStagedSegments = kStagedKernel + kStagedKernel * kStagedRowSegments;
 
-template <int kBytes>
-__device__ __forceinline__ void copy_async(void* shared, const void* global, int src_bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned int dst = static_cast<unsigned int>(__cvta_generic_to_shared(shared));
-  if constexpr (kBytes == 16) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(global), "r"(src_bytes)
-                 : "memory");
-  } else {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(global), "n"(kBytes),
-                 "r"(src_bytes)
-                 : "memory");
-  }
-#else
-  // Before sm_80 (the host does not pick this kernel there): a plain copy with cp.async's zero fill.
-  unsigned char* d = static_cast<unsigned char*>(shared);
-  const unsigned char* s = static_cast<const unsigned char*>(global);
-  for (int b = 0; b < kBytes; ++b) d[b] = b < src_bytes ? s[b] : 0;
-#endif
-}
-
-__device__ __forceinline__ void copy_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-
-// Waits until at most `pending` (a constant after unrolling) commit groups are still in flight.
-__device__ __forceinline__ void copy_async_wait(int pending) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  switch (pending) {
-    case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
-    case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
-    case 2: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
-    case 3: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
-    default: asm volatile("cp.async.wait_group 4;\n" ::: "memory"); break;
-  }
-#endif
-}
-
 // Copies `count` consecutive channel planes' segments [p0, p0 + valid) (channel m at
 // first + m * hw) into shared rows dst + m * kStagedPixels, in kChunk-byte pieces spread over the
 // block; the part of a row past `valid` is zero-filled.
@@ -299,7 +260,7 @@ at::Tensor deform_sepconv_forward_cuda(const at::Tensor& input, const std::optio
           // float32 only: on the H200 the 2-byte types' rows fit L1 well enough that staging
           // loses (train bfloat16 0.328 vs 0.293 ms), and float64's would not fit 48 KB.
           if (t.channels_last && channels <= 4 && t.use_32bit_indexing && input.scalar_type() == at::kFloat &&
-              !plain_forward_forced()) {
+              offset_pairs_aligned(t.offset) && !plain_forward_forced()) {
             launch_warp_staged_forward(p, out, input.size(0) * t.height_out * t.width_out, stream);
             return;
           }

@@ -8,7 +8,9 @@
 // them. A warp's 32 consecutive pixels are one contiguous run of every per-pixel tensor, so here
 // the warp copies each row of taps of that run to shared memory with consecutive lanes on
 // consecutive addresses, the pixel code reads its values from there, and the gradients it writes
-// go back the same way. The policy has the interface of GlobalPixelValues
+// go back the same way. The rows are double-buffered and copied asynchronously (cp.async): row
+// i + 1 is in flight while the warp computes row i, so the warp waits on memory once per pixel
+// rather than once per row. The policy has the interface of GlobalPixelValues
 // (include/edsc_ext/deform_sepconv_pixel.h); every lane of the warp must construct it and run the
 // pixel code, active or not, since the copies are shared.
 #pragma once
@@ -21,88 +23,158 @@ constexpr int kWarpSize = 32;
 // The kernel size the warp-staged kernels are compiled for (KH = KW).
 constexpr int kWarpStagedKernel = 5;
 
-// One warp's shared memory for the values (the forward). Rows of a lane are padded to an odd
-// length where they would be even, so that lanes reading the same tap hit different banks.
-template <typename scalar_t, int kKernel>
-struct WarpStagedRows {
-  static constexpr int kOffsetRow = 2 * kKernel + 1;  // the row's 2K offsets, padded
-  scalar_t vertical[kWarpSize * kKernel];
-  scalar_t horizontal[kWarpSize * kKernel];
-  scalar_t offset[kWarpSize * kOffsetRow];  // the current row; its gradients replace it in place
-  scalar_t mask[kWarpSize * kKernel];       // likewise
+// A tap's (dy, dx), aligned so that a lane reads both with one shared-memory load and the copies
+// move both at once. The host checks that the offset tensor starts on a pair boundary
+// (offset_pairs_aligned).
+template <typename scalar_t>
+struct alignas(2 * sizeof(scalar_t)) OffsetPair {
+  scalar_t dy, dx;
 };
 
-// ... and for the values and their gradients (the backward).
+// One warp's shared memory for the values (the forward). Lane l's values of a row start at l * K,
+// an odd stride, so lanes reading the same tap hit different banks (pairs of float32: a stride of
+// K 8-byte words, conflict-free within each half warp, which is how 8-byte loads are served).
+// Rows of taps alternate between two buffers: row i in buffer i % 2, row i + 1 landing in the other.
+template <typename scalar_t, int kKernel>
+struct WarpStagedRows {
+  static_assert(kKernel % 2 == 1, "an odd row stride keeps the lanes on different banks");
+  scalar_t vertical[kWarpSize * kKernel];
+  scalar_t horizontal[kWarpSize * kKernel];
+  OffsetPair<scalar_t> offset[2][kWarpSize * kKernel];  // a row's offsets; its gradients replace them in place
+  scalar_t mask[2][kWarpSize * kKernel];                // likewise
+};
+
+// ... and for the backward, whose gradients replace the values in place (the vertical weight of
+// row i once row i is done; the horizontal kernel, which the pixel code holds in registers at a
+// static kernel width, at the end), which keeps 8 warps' buffers in the 48 KB of static shared
+// memory a kernel may have.
 template <typename scalar_t, int kKernel>
 struct WarpStagedBuffers : WarpStagedRows<scalar_t, kKernel> {
-  scalar_t grad_vertical[kWarpSize * kKernel];
-  scalar_t grad_horizontal[kWarpSize * kKernel];
   float grad_output_max[kWarpSize];
 };
+
+// The staged kernels need the offset tensor (a user's view may start anywhere) on a pair boundary.
+inline bool offset_pairs_aligned(const at::Tensor& offset) {
+  return !offset.defined() || reinterpret_cast<uintptr_t>(offset.const_data_ptr()) % (2 * offset.element_size()) == 0;
+}
+
+// One element from global to shared memory: asynchronously where cp.async can move it (4, 8 or 16
+// bytes), else (a single 2-byte value) with a plain load and store.
+template <typename T>
+__device__ __forceinline__ void stage_element(T* shared, const T* global) {
+  if constexpr (sizeof(T) == 4 || sizeof(T) == 8 || sizeof(T) == 16) {
+    copy_async<static_cast<int>(sizeof(T))>(shared, global, static_cast<int>(sizeof(T)));
+  } else {
+    *shared = *global;
+  }
+}
 
 // The channels_last per-pixel tensors of output pixels [first, first + count) (index
 // n * H_out * W_out + y * W_out + x, consecutive in memory), lane l owning pixel first + l.
 template <typename scalar_t, typename index_t, int kKernel, typename Buffers = WarpStagedBuffers<scalar_t, kKernel>>
 struct WarpStagedPixelValues {
   static constexpr int kTaps = kKernel * kKernel;
+  using Pair = OffsetPair<scalar_t>;
   Buffers& buf;
   const DeformSepconvParams<scalar_t, index_t>& p;
-  DeformSepconvParamGrads<scalar_t> grads;
+  // Set once (passes after the first turn with_grads off), so the compiler can read the pointers
+  // from the kernel's parameters rather than hold them in registers.
+  const DeformSepconvParamGrads<scalar_t> grads;
+  bool with_grads = true;
   index_t first;
   int count, lane;
+  int row = 0;  // the buffer holding the current row of taps
 
-  // Copies values [begin, begin + per_pixel) of each pixel of a (N, channels, H, W) channels_last
-  // tensor into rows of `row` elements (or back, for `to_global`).
-  template <bool kToGlobal, typename Global>
-  __device__ void copy(Global* global, index_t channels, index_t begin, int per_pixel, scalar_t* shared,
-                       int row) const {
-    const int elements = count * per_pixel;
-    for (int e = lane; e < elements; e += kWarpSize) {
-      const int q = e / per_pixel, k = e - q * per_pixel;
-      const index_t g = (first + q) * channels + begin + k;
-      if constexpr (kToGlobal) {
-        global[g] = shared[q * row + k];
-      } else {
-        shared[q * row + k] = global[g];
+  // Element e = q * K + k of a staged row is value k of the row of pixel first + q. In a tensor
+  // with K * K values a pixel (offset pairs, mask) that is element e + (K * K - K) * q past the
+  // row's first; in one with K (vertical, horizontal) the pixels' values are one run.
+  __device__ static int row_element(int e) { return e + (kTaps - kKernel) * (e / kKernel); }
+
+  // Every lane, in step: stages row i's offsets and mask values into buffer b, one commit group.
+  __device__ void stage_row(index_t i, int b) {
+    const Pair* offs = p.offset ? reinterpret_cast<const Pair*>(p.offset) + first * kTaps + i * kKernel : nullptr;
+    const scalar_t* mask = p.mask ? p.mask + first * kTaps + i * kKernel : nullptr;
+    EDSC_UNROLL
+    for (int it = 0; it < kKernel; ++it) {
+      const int e = it * kWarpSize + lane;
+      if (e < count * kKernel) {
+        if (offs) stage_element(&buf.offset[b][e], offs + row_element(e));
+        if (mask) stage_element(&buf.mask[b][e], mask + row_element(e));
       }
     }
+    copy_async_commit();
   }
 
-  // Every lane of the warp, in step: stages the vertical and horizontal kernels.
+  // Every lane of the warp, in step: copies the vertical and horizontal kernels (the pixel code
+  // reads them first), with the first row of taps already on its way behind them.
+  __device__ void stage_pixels() {
+    __syncwarp();  // a previous use of the buffers is over
+    EDSC_UNROLL
+    for (int it = 0; it < kKernel; ++it) {
+      const int e = it * kWarpSize + lane;
+      if (e < count * kKernel) {
+        if (p.vertical) stage_element(&buf.vertical[e], p.vertical + first * kKernel + e);
+        if (p.horizontal) stage_element(&buf.horizontal[e], p.horizontal + first * kKernel + e);
+      }
+    }
+    copy_async_commit();
+    stage_row(0, 0);
+    copy_async_wait(1);  // all but the row: the kernels have landed for this lane ...
+    __syncwarp();        // ... and for every lane
+  }
+
+  // Every lane of the warp, in step.
   __device__ WarpStagedPixelValues(Buffers& buffers, const DeformSepconvParams<scalar_t, index_t>& params,
                                    const DeformSepconvParamGrads<scalar_t>& param_grads, index_t first_pixel,
                                    int pixels, int lane_index)
       : buf(buffers), p(params), grads(param_grads), first(first_pixel), count(pixels), lane(lane_index) {
-    __syncwarp();  // a previous use of the buffers is over
-    if (p.vertical) copy<false>(p.vertical, kKernel, 0, kKernel, buf.vertical, kKernel);
-    if (p.horizontal) copy<false>(p.horizontal, kKernel, 0, kKernel, buf.horizontal, kKernel);
-    __syncwarp();
+    static_assert(kKernel > 0, "a static kernel width: the pixel code then holds the horizontal kernel in registers");
+    stage_pixels();
+  }
+
+  // Every lane, in step, between passes over the rows of taps: a later pass asks for no gradients
+  // and needs the values again, which the first pass's gradients may have replaced.
+  __device__ void restart_without_grads() {
+    with_grads = false;
+    stage_pixels();
   }
 
   __device__ bool active() const { return lane < count; }
 
   __device__ void begin_row(index_t i) {
-    __syncwarp();  // the previous row's values have been read and its gradients written back
-    if (p.offset) copy<false>(p.offset, 2 * kTaps, 2 * kKernel * i, 2 * kKernel, buf.offset, Buffers::kOffsetRow);
-    if (p.mask) copy<false>(p.mask, kTaps, kKernel * i, kKernel, buf.mask, kKernel);
-    __syncwarp();
+    copy_async_wait(0);  // this lane's copies of row i have landed ...
+    __syncwarp();        // ... and every lane's; row i - 1's gradients have been written back
+    row = static_cast<int>(i % 2);
+    if (i + 1 < kKernel) stage_row(i + 1, 1 - row);
   }
 
   __device__ void end_row(index_t i) {
-    if (!grads.offset && !grads.mask) return;
-    __syncwarp();
-    if (grads.offset) {
-      copy<true>(grads.offset, 2 * kTaps, 2 * kKernel * i, 2 * kKernel, buf.offset, Buffers::kOffsetRow);
+    if (!with_grads || (!grads.offset && !grads.mask)) return;
+    __syncwarp();  // every lane's gradients of the row are in the buffer
+    Pair* offs = grads.offset ? reinterpret_cast<Pair*>(grads.offset) + first * kTaps + i * kKernel : nullptr;
+    scalar_t* mask = grads.mask ? grads.mask + first * kTaps + i * kKernel : nullptr;
+    EDSC_UNROLL
+    for (int it = 0; it < kKernel; ++it) {
+      const int e = it * kWarpSize + lane;
+      if (e < count * kKernel) {
+        if (offs) offs[row_element(e)] = buf.offset[row][e];
+        if (mask) mask[row_element(e)] = buf.mask[row][e];
+      }
     }
-    if (grads.mask) copy<true>(grads.mask, kTaps, kKernel * i, kKernel, buf.mask, kKernel);
   }
 
   // Every lane, after the pixel code: writes the vertical and horizontal gradients back.
   __device__ void finish() {
-    if (!grads.vertical && !grads.horizontal) return;
+    if (!with_grads || (!grads.vertical && !grads.horizontal)) return;
     __syncwarp();
-    if (grads.vertical) copy<true>(grads.vertical, kKernel, 0, kKernel, buf.grad_vertical, kKernel);
-    if (grads.horizontal) copy<true>(grads.horizontal, kKernel, 0, kKernel, buf.grad_horizontal, kKernel);
+    EDSC_UNROLL
+    for (int it = 0; it < kKernel; ++it) {
+      const int e = it * kWarpSize + lane;
+      if (e < count * kKernel) {
+        if (grads.vertical) grads.vertical[first * kKernel + e] = buf.vertical[e];
+        if (grads.horizontal) grads.horizontal[first * kKernel + e] = buf.horizontal[e];
+      }
+    }
   }
 
   __device__ const scalar_t* horizontal_values() const { return p.horizontal ? buf.horizontal + lane * kKernel : nullptr; }
@@ -113,30 +185,31 @@ struct WarpStagedPixelValues {
   }
   template <typename acc_t>
   __device__ acc_t mask_value(index_t j, index_t) const {
-    return p.mask ? static_cast<acc_t>(buf.mask[lane * kKernel + j]) : acc_t(1);
+    return p.mask ? static_cast<acc_t>(buf.mask[row][lane * kKernel + j]) : acc_t(1);
   }
   __device__ bool has_offset() const { return p.offset != nullptr; }
   template <typename acc_t>
   __device__ acc_t offset_value(index_t j, index_t, int component) const {
-    return static_cast<acc_t>(buf.offset[lane * Buffers::kOffsetRow + 2 * j + component]);
+    const Pair pair = buf.offset[row][lane * kKernel + j];
+    return static_cast<acc_t>(component == 0 ? pair.dy : pair.dx);
   }
 
-  __device__ bool any_grad() const { return grads.any(); }
-  __device__ bool wants_vertical_grad() const { return grads.vertical != nullptr; }
-  __device__ bool wants_horizontal_grad() const { return grads.horizontal != nullptr; }
-  __device__ bool wants_offset_grad() const { return grads.offset != nullptr; }
-  __device__ bool wants_mask_grad() const { return grads.mask != nullptr; }
-  __device__ void store_vertical_grad(index_t i, scalar_t v) const { buf.grad_vertical[lane * kKernel + i] = v; }
-  __device__ void store_horizontal_grad(index_t j, scalar_t v) const { buf.grad_horizontal[lane * kKernel + j] = v; }
+  __device__ bool any_grad() const { return with_grads && grads.any(); }
+  __device__ bool wants_vertical_grad() const { return with_grads && grads.vertical != nullptr; }
+  __device__ bool wants_horizontal_grad() const { return with_grads && grads.horizontal != nullptr; }
+  __device__ bool wants_offset_grad() const { return with_grads && grads.offset != nullptr; }
+  __device__ bool wants_mask_grad() const { return with_grads && grads.mask != nullptr; }
+  // In place (see WarpStagedBuffers), written back by finish().
+  __device__ void store_vertical_grad(index_t i, scalar_t v) const { buf.vertical[lane * kKernel + i] = v; }
+  __device__ void store_horizontal_grad(index_t j, scalar_t v) const { buf.horizontal[lane * kKernel + j] = v; }
   // In place of the value just read (same lane, same tap), written back by end_row.
-  __device__ void store_mask_grad(index_t j, index_t, scalar_t v) const { buf.mask[lane * kKernel + j] = v; }
+  __device__ void store_mask_grad(index_t j, index_t, scalar_t v) const { buf.mask[row][lane * kKernel + j] = v; }
   __device__ void store_offset_grad(index_t j, index_t, scalar_t dy, scalar_t dx) const {
-    buf.offset[lane * Buffers::kOffsetRow + 2 * j] = dy;
-    buf.offset[lane * Buffers::kOffsetRow + 2 * j + 1] = dx;
+    buf.offset[row][lane * kKernel + j] = Pair{dy, dx};
   }
 
-  // This lane's share of the warp's input_grad_bound (deform_sepconv_backward_cuda.cu): the sum
-  // over the warp's pixels of max_c |dL/dout| * sum_t |V_i H_j M_t|, with the mask read in
+  // This lane's share of the warp's input_grad_bound (deform_sepconv_backward_kernels.cuh): the
+  // sum over the warp's pixels of max_c |dL/dout| * sum_t |V_i H_j M_t|, with the mask read in
   // consecutive runs. `grad_output` is the whole (N, H_out, W_out, C) tensor. Every lane, in step,
   // after construction.
   __device__ float input_grad_bound(const scalar_t* grad_output) {
@@ -157,7 +230,7 @@ struct WarpStagedPixelValues {
       float w = buf.grad_output_max[q];
       if (p.vertical) w *= fabsf(static_cast<float>(buf.vertical[q * kKernel + i]));
       if (p.horizontal) w *= fabsf(static_cast<float>(buf.horizontal[q * kKernel + j]));
-      if (p.mask) w *= fabsf(static_cast<float>(p.mask[(first + q) * kTaps + t]));
+      if (p.mask) w *= fabsf(static_cast<float>(p.mask[first * kTaps + e]));
       sum += w;
     }
     return sum;
