@@ -584,7 +584,9 @@ def test_channels_last_paths(gen, request, monkeypatch, config, dtype, mode, dev
 # The CUDA channels_last 5x5 kernels that stage each warp's per-pixel values through shared memory
 # (float32 forward, tiled backward, up to 4 channels; 6 channels take the backward on NCHW copies):
 # 7 x 45 outputs leave the last warp of each tile row 13 pixels and the forward's warps straddle
-# images; every combination of absent tensors; plain and dilated; the deterministic tile too.
+# images; every combination of absent tensors; plain and dilated; the deterministic tile too. At
+# dilation 4 the backward's tile holds 3 channels a pass, so 4 channels take a second pass, which
+# stages the values again (the first pass's gradients replaced them in shared memory).
 # EDSC_EXT_WARP_STAGING=0 and EDSC_EXT_FORWARD=plain give the unstaged kernels, which must agree.
 @pytest.mark.cuda
 @requires_cuda
@@ -598,7 +600,7 @@ def test_channels_last_warp_staged(gen, request, monkeypatch, channels, dtype, m
     # Deterministic mode makes the float64 reference slow; two combinations cover its tile there.
     presents = ALL_PRESENT if mode == "default" else [(True, True, True, True), (True, False, True, False)]
     for present in presents:
-        for dilation, padding_mode in ((1, "zeros"), (2, "border")):
+        for dilation, padding_mode in ((1, "zeros"), (2, "border"), (4, "zeros")):
             case = make_inputs(3, channels, 7, 45, 5, 5, 2 * dilation, dilation, present=present, dtype=dtype,
                                device="cuda", generator=gen, offset_scale=3)
             grad_output = torch.randn((3, channels, 7, 45), generator=gen, dtype=F64)
