@@ -54,6 +54,8 @@ cd /tmp
 step "python -m edsc_ext"
 python3 -m edsc_ext 2>&1 | tee "$OUT/selfcheck.txt" || status=1
 
+# PYTEST_WORKERS defaults to 12 where pytest-xdist is installed (the H200 machine: 16 cores); "" runs serially.
+if [ -z "${PYTEST_WORKERS+set}" ] && python3 -c "import xdist" 2>/dev/null; then PYTEST_WORKERS=12; fi
 # Single-device tests in parallel (PYTEST_WORKERS, pytest-xdist), then the multi-GPU ones alone:
 # they measure memory and launches on the card the others would be using.
 step "pytest"
