@@ -1,15 +1,32 @@
 // Shared by the CPU backend's translation units (deform_sepconv_forward_cpu.cpp,
-// deform_sepconv_backward_cpu.cpp): the instruction-set switch their parallel loops run under,
-// and the loop constants.
+// deform_sepconv_backward_cpu.cpp): the dispatch of a call to its compiled variant, the
+// instruction-set switch their parallel loops run under, and the loop constants.
 #pragma once
+
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
 
 #include <cstdint>
 #include <cstdlib>
 #include <string>
 
+#include "edsc_ext/ops.h"
+
 namespace edsc_ext {
 namespace {
 
+// Runs `body` (a lambda) instantiated for the call's dtype (scalar_t, accumulating in acc_t), index
+// width (index_t), memory layout (kChannelsLast) and kernel size (kKernelH, kKernelW); `t` is the
+// call's DeformSepconvTensors.
+#define EDSC_DISPATCH_CPU_CALL(name, t, kernel_h, kernel_w, ...)                                   \
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, (t).input.scalar_type(), name, [&] {   \
+    using acc_t = at::opmath_type<scalar_t>;                                                    \
+    EDSC_DISPATCH_INDEX_TYPE((t).use_32bit_indexing, [&] {                                      \
+      EDSC_DISPATCH_LAYOUT((t).channels_last,                                                   \
+                           [&] { EDSC_DISPATCH_KERNEL_SIZE(kernel_h, kernel_w, __VA_ARGS__); }); \
+    });                                                                                         \
+  })
 
 // Instruction sets: the wheels target the x86-64 baseline (SSE2), which leaves the sampling math
 // without FMA or vector rounding. On x86-64 the loops are also compiled for AVX2 + FMA (x86 CPUs
@@ -53,6 +70,20 @@ void run_for_cpu(bool avx2, const Body& body) {
 constexpr int kCpuChannelBlock = 8;
 // Pixels per parallel task, so tiny images still split and huge ones amortise scheduling.
 constexpr int64_t kPixelGrain = 1024;
+
+// Calls pixel(n, y, x) (a lambda marked EDSC_CPU_INLINE) for each of batch x height x width output
+// pixels, in parallel tasks of kPixelGrain pixels run by run_for_cpu.
+template <typename index_t, typename Pixel>
+void for_each_output_pixel(bool avx2, int64_t batch, int64_t height, int64_t width, const Pixel& pixel) {
+  const int64_t hw = height * width;
+  at::parallel_for(0, batch * hw, kPixelGrain, [&](int64_t begin, int64_t end) {
+    run_for_cpu(avx2, [&]() EDSC_CPU_INLINE {
+      for (int64_t k = begin; k < end; ++k) {
+        pixel(static_cast<index_t>(k / hw), static_cast<index_t>((k % hw) / width), static_cast<index_t>(k % width));
+      }
+    });
+  });
+}
 
 }  // namespace
 }  // namespace edsc_ext

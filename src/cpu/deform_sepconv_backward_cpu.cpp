@@ -72,118 +72,105 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
   const int64_t hw = t.height_out * t.width_out;
   if (input.size(0) == 0 || hw == 0) return {grads[0], grads[1], grads[2], grads[3], grads[4]};
 
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "deform_sepconv_backward_cpu", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
-    EDSC_DISPATCH_INDEX_TYPE(t.use_32bit_indexing, [&] {
-      EDSC_DISPATCH_LAYOUT(t.channels_last, [&] {
-      EDSC_DISPATCH_KERNEL_SIZE(kernel_h, kernel_w, [&] {
-        const auto p = make_params<scalar_t, index_t>(t, cfg);
-        const scalar_t* go = t.grad_output.const_data_ptr<scalar_t>();
-        const auto param_grads = make_param_grads<scalar_t>(grads);
-        // Half types accumulate the input gradient in a float plane, rounded once at the end.
-        at::Tensor acc;
-        if (grads[0].numel() > 0) {
-          acc = std::is_same_v<acc_t, scalar_t> ? grads[0] : grads[0].to(c10::CppTypeToScalarType<acc_t>::value);
+  EDSC_DISPATCH_CPU_CALL("deform_sepconv_backward_cpu", t, kernel_h, kernel_w, [&] {
+    const auto p = make_params<scalar_t, index_t>(t, cfg);
+    const scalar_t* go = t.grad_output.const_data_ptr<scalar_t>();
+    const auto param_grads = make_param_grads<scalar_t>(grads);
+    // Half types accumulate the input gradient in a float plane, rounded once at the end.
+    at::Tensor acc;
+    if (grads[0].numel() > 0) {
+      acc = std::is_same_v<acc_t, scalar_t> ? grads[0] : grads[0].to(c10::CppTypeToScalarType<acc_t>::value);
+    }
+    acc_t* gin = acc.defined() ? acc.mutable_data_ptr<acc_t>() : nullptr;
+    const bool avx2 = use_avx2();
+    // The parameter gradients alone: no adds to share, so parallel over pixels.
+    const auto parameter_grad_pass = [&] {
+      NoInputGrad<acc_t> no_input_grad;
+      for_each_output_pixel<index_t>(avx2, p.batch, t.height_out, t.width_out,
+                                     [&](index_t n, index_t y, index_t x) EDSC_CPU_INLINE {
+        deform_sepconv_backward_pixel<kCpuChannelBlock, kKernelH, kKernelW, kMaxKernelWidth, kChannelsLast, scalar_t,
+                                      acc_t, index_t>(p, go, param_grads, no_input_grad, index_t(0), index_t(0), n,
+                                                      y, x);
+      });
+    };
+    if (gin == nullptr) {
+      parameter_grad_pass();
+    } else {
+      const int64_t image = p.channels * p.height_in * p.width_in;  // one grad_input[n], any layout
+      const int64_t bands =
+          cpu_backward_bands(p.batch, p.channels, t.height_out, image * static_cast<int64_t>(sizeof(acc_t)));
+      const auto add_into = [&](acc_t* image_grad) {
+        return PlaneAdd<acc_t, index_t>{image_grad, p.width_in, input_channel_stride<kChannelsLast>(p),
+                                        input_pixel_stride<kChannelsLast>(p)};
+      };
+      if (bands > 0) {
+        at::Tensor scratch;
+        if (bands > 1) scratch = at::zeros({p.batch * (bands - 1) * image}, acc.options());
+        acc_t* extra = scratch.defined() ? scratch.mutable_data_ptr<acc_t>() : nullptr;
+        at::parallel_for(0, p.batch * bands, 1, [&](int64_t begin, int64_t end) {
+          run_for_cpu(avx2, [&]() EDSC_CPU_INLINE {
+            for (int64_t task = begin; task < end; ++task) {
+              const index_t n = static_cast<index_t>(task / bands);
+              const int64_t band = task % bands;
+              const auto add =
+                  add_into(band == 0 ? gin + n * image : extra + (n * (bands - 1) + band - 1) * image);
+              const index_t y_begin = static_cast<index_t>(band * t.height_out / bands);
+              const index_t y_end = static_cast<index_t>((band + 1) * t.height_out / bands);
+              for (index_t y = y_begin; y < y_end; ++y) {
+                for (index_t x = 0; x < p.width_out; ++x) {
+                  deform_sepconv_backward_pixel<kCpuChannelBlock, kKernelH, kKernelW, kMaxKernelWidth,
+                                                kChannelsLast, scalar_t, acc_t, index_t>(
+                      p, go, param_grads, add, index_t(0), p.channels, n, y, x);
+                }
+              }
+            }
+          });
+        });
+        if (extra != nullptr) {
+          // grad_input[n] += band 1 + band 2 + ..., in that order for every element.
+          at::parallel_for(0, p.batch * image, kPixelGrain * 16, [&](int64_t begin, int64_t end) {
+            for (int64_t k = begin; k < end; ++k) {
+              const int64_t n = k / image, e = k % image;
+              acc_t v = gin[k];
+              for (int64_t b = 0; b < bands - 1; ++b) v += extra[(n * (bands - 1) + b) * image + e];
+              gin[k] = v;
+            }
+          });
         }
-        acc_t* gin = acc.defined() ? acc.mutable_data_ptr<acc_t>() : nullptr;
-        const bool avx2 = use_avx2();
-        // The parameter gradients alone: no adds to share, so parallel over pixels.
-        const auto parameter_grad_pass = [&] {
-          NoInputGrad<acc_t> no_input_grad;
-          at::parallel_for(0, p.batch * hw, kPixelGrain, [&](int64_t begin, int64_t end) {
+      } else {
+        if (param_grads.any()) parameter_grad_pass();
+        // A task per (n, block of channels): blocks of kCpuChannelBlock (one sample for the
+        // block) where that still makes a task per thread, single channels otherwise. A
+        // channel's adds are the same either way, so the thread count changes no bit.
+        const auto input_grad_pass = [&](auto channel_block) {
+          constexpr int kBlock = decltype(channel_block)::value;
+          const DeformSepconvParamGrads<scalar_t> none{nullptr, nullptr, nullptr, nullptr};
+          const index_t blocks = (p.channels + kBlock - 1) / kBlock;
+          at::parallel_for(0, p.batch * blocks, 1, [&](int64_t begin, int64_t end) {
             run_for_cpu(avx2, [&]() EDSC_CPU_INLINE {
-              for (int64_t k = begin; k < end; ++k) {
-                const index_t n = static_cast<index_t>(k / hw);
-                const index_t y = static_cast<index_t>((k % hw) / t.width_out);
-                const index_t x = static_cast<index_t>(k % t.width_out);
-                deform_sepconv_backward_pixel<kCpuChannelBlock, kKernelH, kKernelW, kMaxKernelWidth, kChannelsLast,
-                                              scalar_t, acc_t, index_t>(p, go, param_grads, no_input_grad,
-                                                                        index_t(0), index_t(0), n, y, x);
+              for (int64_t task = begin; task < end; ++task) {
+                const index_t n = static_cast<index_t>(task / blocks);
+                const index_t c0 = static_cast<index_t>(task % blocks) * kBlock;
+                const index_t c1 = std::min<index_t>(c0 + kBlock, p.channels);
+                const auto add = add_into(gin + n * image);
+                for (index_t y = 0; y < p.height_out; ++y) {
+                  for (index_t x = 0; x < p.width_out; ++x) {
+                    deform_sepconv_backward_pixel<kBlock, kKernelH, kKernelW, kMaxKernelWidth, kChannelsLast,
+                                                  scalar_t, acc_t, index_t>(p, go, none, add, c0, c1, n, y, x);
+                  }
+                }
               }
             });
           });
         };
-        if (gin == nullptr) {
-          parameter_grad_pass();
+        if (p.batch * ((p.channels + kCpuChannelBlock - 1) / kCpuChannelBlock) >= at::get_num_threads()) {
+          input_grad_pass(std::integral_constant<int, kCpuChannelBlock>{});
         } else {
-          const int64_t image = p.channels * p.height_in * p.width_in;  // one grad_input[n], any layout
-          const int64_t bands =
-              cpu_backward_bands(p.batch, p.channels, t.height_out, image * static_cast<int64_t>(sizeof(acc_t)));
-          const auto add_into = [&](acc_t* image_grad) {
-            return PlaneAdd<acc_t, index_t>{image_grad, p.width_in, input_channel_stride<kChannelsLast>(p),
-                                            input_pixel_stride<kChannelsLast>(p)};
-          };
-          if (bands > 0) {
-            at::Tensor scratch;
-            if (bands > 1) scratch = at::zeros({p.batch * (bands - 1) * image}, acc.options());
-            acc_t* extra = scratch.defined() ? scratch.mutable_data_ptr<acc_t>() : nullptr;
-            at::parallel_for(0, p.batch * bands, 1, [&](int64_t begin, int64_t end) {
-              run_for_cpu(avx2, [&]() EDSC_CPU_INLINE {
-                for (int64_t task = begin; task < end; ++task) {
-                  const index_t n = static_cast<index_t>(task / bands);
-                  const int64_t band = task % bands;
-                  const auto add =
-                      add_into(band == 0 ? gin + n * image : extra + (n * (bands - 1) + band - 1) * image);
-                  const index_t y_begin = static_cast<index_t>(band * t.height_out / bands);
-                  const index_t y_end = static_cast<index_t>((band + 1) * t.height_out / bands);
-                  for (index_t y = y_begin; y < y_end; ++y) {
-                    for (index_t x = 0; x < p.width_out; ++x) {
-                      deform_sepconv_backward_pixel<kCpuChannelBlock, kKernelH, kKernelW, kMaxKernelWidth,
-                                                    kChannelsLast, scalar_t, acc_t, index_t>(
-                          p, go, param_grads, add, index_t(0), p.channels, n, y, x);
-                    }
-                  }
-                }
-              });
-            });
-            if (extra != nullptr) {
-              // grad_input[n] += band 1 + band 2 + ..., in that order for every element.
-              at::parallel_for(0, p.batch * image, kPixelGrain * 16, [&](int64_t begin, int64_t end) {
-                for (int64_t k = begin; k < end; ++k) {
-                  const int64_t n = k / image, e = k % image;
-                  acc_t v = gin[k];
-                  for (int64_t b = 0; b < bands - 1; ++b) v += extra[(n * (bands - 1) + b) * image + e];
-                  gin[k] = v;
-                }
-              });
-            }
-          } else {
-            if (param_grads.any()) parameter_grad_pass();
-            // A task per (n, block of channels): blocks of kCpuChannelBlock (one sample for the
-            // block) where that still makes a task per thread, single channels otherwise. A
-            // channel's adds are the same either way, so the thread count changes no bit.
-            const auto input_grad_pass = [&](auto channel_block) {
-              constexpr int kBlock = decltype(channel_block)::value;
-              const DeformSepconvParamGrads<scalar_t> none{nullptr, nullptr, nullptr, nullptr};
-              const index_t blocks = (p.channels + kBlock - 1) / kBlock;
-              at::parallel_for(0, p.batch * blocks, 1, [&](int64_t begin, int64_t end) {
-                run_for_cpu(avx2, [&]() EDSC_CPU_INLINE {
-                  for (int64_t task = begin; task < end; ++task) {
-                    const index_t n = static_cast<index_t>(task / blocks);
-                    const index_t c0 = static_cast<index_t>(task % blocks) * kBlock;
-                    const index_t c1 = std::min<index_t>(c0 + kBlock, p.channels);
-                    const auto add = add_into(gin + n * image);
-                    for (index_t y = 0; y < p.height_out; ++y) {
-                      for (index_t x = 0; x < p.width_out; ++x) {
-                        deform_sepconv_backward_pixel<kBlock, kKernelH, kKernelW, kMaxKernelWidth, kChannelsLast,
-                                                      scalar_t, acc_t, index_t>(p, go, none, add, c0, c1, n, y, x);
-                      }
-                    }
-                  }
-                });
-              });
-            };
-            if (p.batch * ((p.channels + kCpuChannelBlock - 1) / kCpuChannelBlock) >= at::get_num_threads()) {
-              input_grad_pass(std::integral_constant<int, kCpuChannelBlock>{});
-            } else {
-              input_grad_pass(std::integral_constant<int, 1>{});
-            }
-          }
+          input_grad_pass(std::integral_constant<int, 1>{});
         }
-        if (acc.defined() && !acc.is_same(grads[0])) grads[0].copy_(acc);
-      });
-      });
-    });
+      }
+    }
+    if (acc.defined() && !acc.is_same(grads[0])) grads[0].copy_(acc);
   });
   return {grads[0], grads[1], grads[2], grads[3], grads[4]};
 }

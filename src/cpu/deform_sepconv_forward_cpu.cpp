@@ -4,7 +4,6 @@
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include <cstdlib>
@@ -27,30 +26,15 @@ at::Tensor deform_sepconv_forward_cpu(const at::Tensor& input, const std::option
                                 input.options().memory_format(t.memory_format()));
   if (output.numel() == 0) return output;
 
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "deform_sepconv_forward_cpu", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
-    EDSC_DISPATCH_INDEX_TYPE(t.use_32bit_indexing, [&] {
-      EDSC_DISPATCH_LAYOUT(t.channels_last, [&] {
-      EDSC_DISPATCH_KERNEL_SIZE(kernel_h, kernel_w, [&] {
-        const auto p = make_params<scalar_t, index_t>(t, cfg);
-        scalar_t* out = output.mutable_data_ptr<scalar_t>();
-        const int64_t hw = t.height_out * t.width_out;
-        const bool avx2 = use_avx2();
-        at::parallel_for(0, p.batch * hw, kPixelGrain, [&](int64_t begin, int64_t end) {
-          run_for_cpu(avx2, [&]() EDSC_CPU_INLINE {
-            for (int64_t k = begin; k < end; ++k) {
-              const index_t n = static_cast<index_t>(k / hw);
-              const index_t y = static_cast<index_t>((k % hw) / t.width_out);
-              const index_t x = static_cast<index_t>(k % t.width_out);
-              for (index_t c0 = 0; c0 < p.channels; c0 += kCpuChannelBlock) {
-                deform_sepconv_forward_pixel<kCpuChannelBlock, kKernelH, kKernelW, kChannelsLast, scalar_t, acc_t,
-                                             index_t>(p, out, n, y, x, c0);
-              }
-            }
-          });
-        });
-      });
-      });
+  EDSC_DISPATCH_CPU_CALL("deform_sepconv_forward_cpu", t, kernel_h, kernel_w, [&] {
+    const auto p = make_params<scalar_t, index_t>(t, cfg);
+    scalar_t* out = output.mutable_data_ptr<scalar_t>();
+    for_each_output_pixel<index_t>(use_avx2(), p.batch, t.height_out, t.width_out,
+                                   [&](index_t n, index_t y, index_t x) EDSC_CPU_INLINE {
+      for (index_t c0 = 0; c0 < p.channels; c0 += kCpuChannelBlock) {
+        deform_sepconv_forward_pixel<kCpuChannelBlock, kKernelH, kKernelW, kChannelsLast, scalar_t, acc_t, index_t>(
+            p, out, n, y, x, c0);
+      }
     });
   });
   return output;

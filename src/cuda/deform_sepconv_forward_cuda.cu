@@ -257,8 +257,9 @@ at::Tensor deform_sepconv_forward_cuda(const at::Tensor& input, const std::optio
           }
         }
         if constexpr (kKernelH == kWarpStagedKernel && kKernelW == kWarpStagedKernel) {
-          // float32 only: on the H200 the 2-byte types' rows fit L1 well enough that staging
-          // loses (train bfloat16 0.328 vs 0.293 ms), and float64's would not fit 48 KB.
+          // float32 only: on the H200 the 2-byte types' rows fit L1 well enough that staging lost
+          // (train bfloat16 0.328 vs 0.293 ms, measured with the first, synchronous staging), and
+          // float64's would not fit 48 KB.
           if (t.channels_last && channels <= 4 && t.use_32bit_indexing && input.scalar_type() == at::kFloat &&
               offset_pairs_aligned(t.offset) && !plain_forward_forced()) {
             launch_warp_staged_forward(p, out, input.size(0) * t.height_out * t.width_out, stream);
