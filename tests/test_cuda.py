@@ -102,6 +102,29 @@ def test_forward_paths(gen, monkeypatch, config, padding_mode, dtype, forward):
         assert_close(out, expected, dtype)
 
 
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("config", [STAGED_CONFIGS[i] for i in (0, 1, 2, 4)],
+                         ids=["whole", "partial", "plane143", "c1"])
+def test_prefetch_changes_nothing(gen, monkeypatch, config, dtype):
+    """The NCHW 5x5 kernels first prefetch each warp's per-pixel values into L2 (EDSC_EXT_PREFETCH=0
+    turns that off). A hint must not change a bit of the output or of the per-pixel tensors'
+    gradients, also where a warp's pixels straddle two images (partial, plane143) or tensors are
+    absent. The input gradient's cross-tile float atomics may round in another order."""
+    monkeypatch.setenv("EDSC_EXT_FORWARD", "plain")  # the staged half-type forward does not prefetch
+    for present in [(True, True, True, True), (False, True, False, True)]:
+        case = make_inputs(*config, present=present, dtype=dtype, device="cuda", generator=gen, offset_scale=3)
+        results = {}
+        for flag in ("1", "0"):
+            monkeypatch.setenv("EDSC_EXT_PREFETCH", flag)
+            results[flag] = forward_and_grads(OP, case, "border")
+        (out, grads), (out_off, grads_off) = results["1"], results["0"]
+        assert torch.equal(out, out_off)
+        assert_close(grads[0], grads_off[0], dtype, what="input gradient")
+        for name, g, g_off in zip(ARG_NAMES[1:], grads[1:], grads_off[1:]):
+            assert (g is None) == (g_off is None), name
+            assert g is None or torch.equal(g, g_off), f"gradient of {name} differs with prefetch on"
+
+
 @pytest.mark.parametrize("padding_mode", PADDING_MODES)
 def test_matches_cpu_op(gen, padding_mode):
     case = make_inputs(2, 7, 33, 35, 3, 3, 1, 2, generator=gen)

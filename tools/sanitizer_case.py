@@ -47,6 +47,11 @@ def run_every_path() -> None:
                 cl = [t.detach().contiguous(memory_format=torch.channels_last).requires_grad_() for t in ts]
                 out = edsc_ext.deform_sepconv(*cl, padding=pad, dilation=dil, padding_mode=mode)
                 out.sum().backward()
+                # NCHW with 3 channels: one channel block, where the float32 forward prefetches each
+                # warp's per-pixel values (11 x 13 outputs: warps straddle the two images).
+                rgb = ts[0].detach()[:, :3].contiguous().requires_grad_()
+                out = edsc_ext.deform_sepconv(rgb, *ts[1:], padding=pad, dilation=dil, padding_mode=mode)
+                out.backward(torch.randn_like(out))
                 # channels_last with 3 channels: the warp-staged forward as well (11 x 13 outputs
                 # leave warps partly filled), with and without the optional tensors.
                 rgb = ts[0].detach()[:, :3].contiguous(memory_format=torch.channels_last).requires_grad_()

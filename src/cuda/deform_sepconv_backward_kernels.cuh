@@ -12,7 +12,8 @@
 // the global addresses differ. In channels_last with 5x5 kernels each warp (a row of the tile)
 // stages its per-pixel values and their gradients through shared memory (warp_staged_values.cuh;
 // EDSC_EXT_WARP_STAGING=0 turns that off), and with more than 4 channels the backward runs on
-// NCHW copies (deform_sepconv_backward_cuda says why).
+// NCHW copies (deform_sepconv_backward_cuda says why). In NCHW with 5x5 kernels each warp first
+// prefetches its per-pixel values into L2 (prefetched_pixel_values.cuh).
 #pragma once
 
 #include <map>
@@ -20,6 +21,7 @@
 #include <utility>
 
 #include "deform_sepconv_backward_cuda.cuh"
+#include "prefetched_pixel_values.cuh"
 #include "warp_staged_values.cuh"
 
 namespace edsc_ext {
@@ -283,7 +285,7 @@ __global__ void __launch_bounds__(kTileThreads, 2)
                                               const scalar_t* __restrict__ grad_output,
                                               const DeformSepconvParamGrads<scalar_t> param_grads,
                                               const GlobalAdd input_grad, index_t rows, index_t cols,
-                                              index_t channels_per_pass) {
+                                              index_t channels_per_pass, bool prefetch) {
   using acc_t = at::opmath_type<scalar_t>;
   constexpr bool kFixedPoint = std::is_same_v<acc_t, float>;
   extern __shared__ __align__(16) unsigned char shared_raw[];
@@ -333,6 +335,13 @@ __global__ void __launch_bounds__(kTileThreads, 2)
       return Unstaged{};
     }
   }();
+  // NCHW 5x5: the warp's per-pixel values into L2 first (prefetched_pixel_values.cuh); the bound
+  // pass below reads some of them, the taps the rest.
+  if constexpr (!kChannelsLast && !kWarpStaged && kKernelH == 5 && kKernelW == 5 && std::is_same_v<index_t, int32_t>) {
+    if (prefetch && warp_pixels > 0) {
+      prefetch_warp_planes_l2<kKernelH>(p, warp_first, warp_first + warp_pixels - 1, threadIdx.x);
+    }
+  }
   bool use_tile = true;
   if constexpr (kFixedPoint) {
     add.lo_offset = words_per_plane;
@@ -454,6 +463,7 @@ void launch_deform_sepconv_backward(const DeformSepconvTensors& t, const DeformS
   acc_t* grad_input = grad_input_acc.defined() ? grad_input_acc.mutable_data_ptr<acc_t>() : nullptr;
   const auto param_grads = make_param_grads<scalar_t>(grads);
   const TileFootprint footprint = tile_footprint(cfg, channels);
+  const bool prefetch = prefetch_enabled();
   // The tile needs shared memory for at least one channel, 32-bit indices (below), at most
   // kFixedPointMaxTaps taps for the fixed point, and, when deterministic, a fixed-point tile.
   constexpr bool kFixedPointTile = std::is_same_v<acc_t, float>;
@@ -491,7 +501,8 @@ void launch_deform_sepconv_backward(const DeformSepconvTensors& t, const DeformS
                 const auto launch = [&](auto kernel) {
                   kernel<<<static_cast<unsigned int>(tiles), dim3(kTileW, kTileH), shared, stream>>>(
                       p, go, param_grads, add, static_cast<index_t>(footprint.rows),
-                      static_cast<index_t>(footprint.cols), static_cast<index_t>(footprint.channels_per_pass));
+                      static_cast<index_t>(footprint.cols), static_cast<index_t>(footprint.channels_per_pass),
+                      prefetch);
                   C10_CUDA_KERNEL_LAUNCH_CHECK();
                 };
                 constexpr bool kCanStage =

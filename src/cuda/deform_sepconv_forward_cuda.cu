@@ -9,18 +9,25 @@
 // output pixel, each warp staging its pixels' rows of taps through shared memory
 // (deform_sepconv_forward_warp_staged_cuda_kernel, warp_staged_values.cuh); otherwise one thread
 // per (n, block of 4 channels, output pixel), compiled for each memory layout, with consecutive
-// threads on adjacent memory (x fastest in NCHW, the channel block in channels_last).
-// EDSC_EXT_FORWARD=plain forces the latter (benchmarks, tests).
+// threads on adjacent memory (x fastest in NCHW, the channel block in channels_last), where in NCHW
+// with 5x5 kernels and one channel block each warp first prefetches its per-pixel values into L2
+// (prefetched_pixel_values.cuh). EDSC_EXT_FORWARD=plain forces the latter (benchmarks, tests).
 #include "deform_sepconv_cuda.cuh"
+#include "prefetched_pixel_values.cuh"
 #include "warp_staged_values.cuh"
 
 namespace edsc_ext {
 namespace {
 
-template <int kChannelBlock, int kKernelH, int kKernelW, bool kChannelsLast, typename scalar_t, typename index_t>
+// kPrefetch (NCHW, 5x5, one block of channels, 32-bit indices): each warp first prefetches all its
+// pixels' per-pixel values into L2 (prefetched_pixel_values.cuh).
+template <int kChannelBlock, int kKernelH, int kKernelW, bool kChannelsLast, bool kPrefetch, typename scalar_t,
+          typename index_t>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     deform_sepconv_forward_cuda_kernel(const DeformSepconvParams<scalar_t, index_t> p, scalar_t* __restrict__ output,
                                        int64_t work_items) {
+  static_assert(!kPrefetch || (!kChannelsLast && kKernelH == kKernelW && kKernelH > 0 && std::is_same_v<index_t, int32_t>),
+                "prefetch: NCHW, static square kernels, 32-bit indices");
   using acc_t = at::opmath_type<scalar_t>;
   const index_t hw = p.height_out * p.width_out;
   const index_t channel_blocks = (p.channels + kChannelBlock - 1) / kChannelBlock;
@@ -39,6 +46,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       pixel = item % hw;
       c0 = ((item / hw) % channel_blocks) * kChannelBlock;
       n = item / hw / channel_blocks;
+    }
+    if constexpr (kPrefetch) {
+      // One channel block (the host checks): the warp's items are consecutive global pixels.
+      const int lane = threadIdx.x % kWarpSize;
+      const int64_t warp_first = k - lane;
+      prefetch_warp_planes_l2<kKernelH>(p, static_cast<int32_t>(warp_first),
+                                        static_cast<int32_t>(min(warp_first + kWarpSize, work_items) - 1), lane);
     }
     deform_sepconv_forward_pixel<kChannelBlock, kKernelH, kKernelW, kChannelsLast, scalar_t, acc_t, index_t>(
         p, output, n, pixel / p.width_out, pixel % p.width_out, c0);
@@ -271,9 +285,20 @@ at::Tensor deform_sepconv_forward_cuda(const at::Tensor& input, const std::optio
         const int64_t work_items =
             input.size(0) * ((channels + kPlainBlock - 1) / kPlainBlock) * t.height_out * t.width_out;
         EDSC_DISPATCH_LAYOUT(t.channels_last, [&] {
-          deform_sepconv_forward_cuda_kernel<kPlainBlock, kKernelH, kKernelW, kChannelsLast, scalar_t, index_t>
-              <<<blocks_for(work_items), kThreadsPerBlock, 0, stream>>>(p, out, work_items);
-          C10_CUDA_KERNEL_LAUNCH_CHECK();
+          const auto launch = [&](auto kernel) {
+            kernel<<<blocks_for(work_items), kThreadsPerBlock, 0, stream>>>(p, out, work_items);
+            C10_CUDA_KERNEL_LAUNCH_CHECK();
+          };
+          if constexpr (!kChannelsLast && kKernelH == 5 && kKernelW == 5 && std::is_same_v<index_t, int32_t>) {
+            // With more channel blocks the warps of different blocks would prefetch the same lines:
+            // feat (32 channels) lost 7% with it.
+            if (channels <= kPlainBlock && prefetch_enabled()) {
+              return launch(deform_sepconv_forward_cuda_kernel<kPlainBlock, kKernelH, kKernelW, kChannelsLast, true,
+                                                               scalar_t, index_t>);
+            }
+          }
+          launch(deform_sepconv_forward_cuda_kernel<kPlainBlock, kKernelH, kKernelW, kChannelsLast, false, scalar_t,
+                                                    index_t>);
         });
       });
     });

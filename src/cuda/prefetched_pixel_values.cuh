@@ -1,0 +1,60 @@
+// L2 prefetch of a warp's per-pixel values in NCHW-contiguous calls with 5x5 kernels.
+//
+// The plain NCHW kernels read each tap's offsets and mask from global memory when the tap comes:
+// streaming data, read once, and each tap waits for its offsets before it can address the frame.
+// ncu showed the forward waiting mostly on those loads (long scoreboard) at 16 resident warps per
+// SM. In NCHW a warp's 32 consecutive pixels hold one contiguous run (a 128-byte line in float32)
+// of each of the 2K + 3K^2 = 85 planes, so three prefetch instructions per lane, the lanes
+// splitting the planes, put every line the warp will read in flight at once; the loads that follow
+// wait on L2 rather than DRAM. Measured on the H200 (BENCHMARKS.md), one A/B run: prefetching into
+// L1 instead gave the same times, and prefetching each next row into L1 as a row begins was slower.
+// EDSC_EXT_PREFETCH=0 turns it off (benchmarks, tests).
+#pragma once
+
+#include "warp_staged_values.cuh"
+
+namespace edsc_ext {
+
+inline bool prefetch_enabled() {
+  const char* mode = std::getenv("EDSC_EXT_PREFETCH");
+  return mode == nullptr || std::string(mode) != "0";
+}
+
+__device__ __forceinline__ void prefetch_l2(const void* address) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(address));
+}
+
+// Prefetches into L2 the lines of a warp's run of output pixels, from global pixel `first` to
+// `last` (n * H_out * W_out + pixel, both inclusive, in at most two images), in every plane of the
+// present per-pixel tensors: plane m < 2K + 3K^2 is vertical m, horizontal m - K, offset m - 2K,
+// then mask. Lane `lane` takes planes lane, lane + 32, ...
+template <int K, typename scalar_t>
+__device__ __forceinline__ void prefetch_warp_planes_l2(const DeformSepconvParams<scalar_t, int32_t>& p,
+                                                        int32_t first, int32_t last, int lane) {
+  constexpr int kPlanes = 2 * K + 3 * K * K;
+  const int32_t hw = p.height_out * p.width_out;
+  const int32_t n_first = first / hw, pixel_first = first - n_first * hw;
+  const int32_t n_last = last / hw, pixel_last = last - n_last * hw;
+  EDSC_UNROLL
+  for (int q = lane; q < kPlanes; q += kWarpSize) {
+    const scalar_t* base;
+    int32_t planes, m;
+    if (q < K) {
+      base = p.vertical, planes = K, m = q;
+    } else if (q < 2 * K) {
+      base = p.horizontal, planes = K, m = q - K;
+    } else if (q < 2 * K + 2 * K * K) {
+      base = p.offset, planes = 2 * K * K, m = q - 2 * K;
+    } else {
+      base = p.mask, planes = K * K, m = q - 2 * K - 2 * K * K;
+    }
+    if (base == nullptr) continue;
+    const scalar_t* a = base + (n_first * planes + m) * hw + pixel_first;
+    const scalar_t* b = base + (n_last * planes + m) * hw + pixel_last;
+    prefetch_l2(a);
+    // A run that is not line-aligned (or 2-byte values past one line) spans a second line.
+    if ((reinterpret_cast<uintptr_t>(a) >> 7) != (reinterpret_cast<uintptr_t>(b) >> 7)) prefetch_l2(b);
+  }
+}
+
+}  // namespace edsc_ext
