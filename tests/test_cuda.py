@@ -231,8 +231,11 @@ def test_empty(gen, shape, kernel, padding):
 
 @pytest.mark.parametrize("dtype", [F32, F16], ids=["f32", "f16"])
 @pytest.mark.parametrize("padding_mode", PADDING_MODES)
-def test_non_finite_offset(gen, padding_mode, dtype):
-    case = make_inputs(2, 5, 6, 7, 3, 3, 1, 1, dtype=dtype, device="cuda", generator=gen)
+@pytest.mark.parametrize("config", [(2, 5, 6, 7, 3, 3, 1, 1), (2, 3, 6, 7, 5, 5, 2, 1)], ids=["3x3-c5", "5x5-rgb"])
+def test_non_finite_offset(gen, config, padding_mode, dtype):
+    """A NaN or inf offset makes its pixel's output NaN and nothing else; 5x5 RGB takes the kernels
+    with straight-line taps, which sample (0, 0) there and apply the NaN after the taps."""
+    case = make_inputs(*config, dtype=dtype, device="cuda", generator=gen)
     offset = case.offset.clone()
     offset[1, 9, 3, 2] = float("nan")
     offset[0, 0, 5, 6] = float("inf")

@@ -112,23 +112,39 @@ struct HorizontalWeights {
 };
 
 // Adds one tap, weight w at input position (py, px), to the accumulators of the block's first
-// `block` channels (planes at in + cc * plane, plane = input_channel_stride). A non-finite
-// position makes every channel NaN.
-template <int kChannelBlock, bool kChannelsLast, typename scalar_t, typename acc_t, typename index_t>
-EDSC_HOST_DEVICE void accumulate_tap(const DeformSepconvParams<scalar_t, index_t>& p, const scalar_t* in,
+// `block` channels (planes at in + cc * plane, plane = input_channel_stride), and returns whether
+// the position was finite. A non-finite one makes every channel's output NaN: by a branch around
+// the loads here, or, kBranchFree, at the end (finish_taps) while this samples (0, 0), which keeps
+// the taps straight-line code. Measured on the H200 (BENCHMARKS.md), straight-line taps won
+// where the channel count is a compile-time constant (RGB: train float32 forward 0.297 -> 0.238 ms)
+// and lost where a run-time channel count leaves a branch per channel anyway (0.297 -> 0.345).
+template <int kChannelBlock, bool kChannelsLast, bool kBranchFree, typename scalar_t, typename acc_t,
+          typename index_t>
+EDSC_HOST_DEVICE bool accumulate_tap(const DeformSepconvParams<scalar_t, index_t>& p, const scalar_t* in,
                                      index_t plane, int block, acc_t w, acc_t py, acc_t px,
                                      acc_t (&acc)[kChannelBlock]) {
   const auto s = make_bilinear_sample<acc_t, index_t>(py, px, p.height_in, p.width_in, p.padding_mode,
                                                       input_pixel_stride<kChannelsLast>(p));
-  if (!s.finite) {
-    EDSC_UNROLL
-    for (int cc = 0; cc < kChannelBlock; ++cc) acc[cc] = quiet_nan<acc_t>();
-    return;
+  if constexpr (!kBranchFree) {
+    if (!s.finite) {
+      EDSC_UNROLL
+      for (int cc = 0; cc < kChannelBlock; ++cc) acc[cc] = quiet_nan<acc_t>();
+      return false;
+    }
   }
   EDSC_UNROLL
   for (int cc = 0; cc < kChannelBlock; ++cc) {
     if (cc < block) acc[cc] += w * interpolate(s, load_corners<acc_t>(s, in + cc * plane));
   }
+  return s.finite;
+}
+
+// After the taps: NaN in every channel unless all positions were finite.
+template <int kChannelBlock, typename acc_t>
+EDSC_HOST_DEVICE void finish_taps(bool finite, acc_t (&acc)[kChannelBlock]) {
+  if (finite) return;
+  EDSC_UNROLL
+  for (int cc = 0; cc < kChannelBlock; ++cc) acc[cc] = quiet_nan<acc_t>();
 }
 
 // Where the pixel code reads one output pixel's per-pixel values (vertical, horizontal, offset,
@@ -193,9 +209,10 @@ struct GlobalPixelValues {
 };
 
 // out[n, c0 : c0 + kChannelBlock, y, x]. The sampling positions and weights of each tap are
-// computed once and reused for the block of channels. `values`: see GlobalPixelValues.
+// computed once and reused for the block of channels. `values`: see GlobalPixelValues;
+// kBranchFree: see accumulate_tap.
 template <int kChannelBlock, int kKernelH, int kKernelW, bool kChannelsLast, typename scalar_t, typename acc_t,
-          typename index_t, typename PixelValues>
+          typename index_t, typename PixelValues, bool kBranchFree = false>
 EDSC_HOST_DEVICE void deform_sepconv_forward_pixel_with(const DeformSepconvParams<scalar_t, index_t>& p,
                                                         PixelValues& values, scalar_t* output, index_t n, index_t y,
                                                         index_t x, index_t c0) {
@@ -216,6 +233,7 @@ EDSC_HOST_DEVICE void deform_sepconv_forward_pixel_with(const DeformSepconvParam
 
   const int64_t y_base = static_cast<int64_t>(y) - p.pad_h;
   const int64_t x_base = static_cast<int64_t>(x) - p.pad_w;
+  bool finite = true;
   EDSC_UNROLL
   for (index_t i = 0; i < KH; ++i) {
     values.begin_row(i);
@@ -233,12 +251,13 @@ EDSC_HOST_DEVICE void deform_sepconv_forward_pixel_with(const DeformSepconvParam
           py += values.template offset_value<acc_t>(j, t, 0);
           px += values.template offset_value<acc_t>(j, t, 1);
         }
-        accumulate_tap<kChannelBlock, kChannelsLast>(p, in, plane, block, w, py, px, acc);
+        finite &= accumulate_tap<kChannelBlock, kChannelsLast, kBranchFree>(p, in, plane, block, w, py, px, acc);
       }
     }
     values.end_row(i);
   }
   if (!values.active()) return;
+  finish_taps(finite, acc);
   const PixelView<index_t> out_view = pixel_view<kChannelsLast>(n, pixel, p.channels, hw_out);
   scalar_t* out = output + out_view.base + c0 * out_view.stride;
   EDSC_UNROLL
@@ -249,14 +268,14 @@ EDSC_HOST_DEVICE void deform_sepconv_forward_pixel_with(const DeformSepconvParam
 
 // The same, reading the per-pixel tensors from global memory.
 template <int kChannelBlock, int kKernelH, int kKernelW, bool kChannelsLast, typename scalar_t, typename acc_t,
-          typename index_t>
+          typename index_t, bool kBranchFree = false>
 EDSC_HOST_DEVICE void deform_sepconv_forward_pixel(const DeformSepconvParams<scalar_t, index_t>& p,
                                                    scalar_t* output, index_t n, index_t y, index_t x,
                                                    index_t c0) {
-  GlobalPixelValues<kChannelsLast, scalar_t, index_t> values(p, n, y * p.width_out + x, kernel_extent<kKernelH>(p.kernel_h),
-                                                             kernel_extent<kKernelW>(p.kernel_w));
-  deform_sepconv_forward_pixel_with<kChannelBlock, kKernelH, kKernelW, kChannelsLast, scalar_t, acc_t>(
-      p, values, output, n, y, x, c0);
+  using Values = GlobalPixelValues<kChannelsLast, scalar_t, index_t>;
+  Values values(p, n, y * p.width_out + x, kernel_extent<kKernelH>(p.kernel_h), kernel_extent<kKernelW>(p.kernel_w));
+  deform_sepconv_forward_pixel_with<kChannelBlock, kKernelH, kKernelW, kChannelsLast, scalar_t, acc_t, index_t, Values,
+                                    kBranchFree>(p, values, output, n, y, x, c0);
 }
 
 // Backward of one output pixel, recomputing each tap's sample once:
@@ -326,37 +345,38 @@ EDSC_HOST_DEVICE void deform_sepconv_backward_pixel_with(const DeformSepconvPara
 
       // Sums over channels of dL/dout * S, dL/dout * dS/dly and dL/dout * dS/dlx.
       acc_t grad_w = acc_t(0), grad_ly = acc_t(0), grad_lx = acc_t(0);
-      if (!s.finite) {
-        // A NaN sample poisons every channel's output, so its parameter gradients are NaN too;
-        // it scatters nothing.
-        if (p.channels > 0) grad_w = grad_ly = grad_lx = quiet_nan<acc_t>();
-      } else {
-        for (index_t c0 = c_begin; c0 < c_end; c0 += kChannelBlock) {
-          acc_t g[kChannelBlock];
-          Corners<acc_t> corners[kChannelBlock];
+      // A non-finite position poisons every channel's output, so its parameter gradients are NaN
+      // too (below), and it scatters nothing: it samples (0, 0) and adds zeros. That keeps the tap
+      // free of a branch around the channel loop, as in the forward (accumulate_tap).
+      for (index_t c0 = c_begin; c0 < c_end; c0 += kChannelBlock) {
+        acc_t g[kChannelBlock];
+        Corners<acc_t> corners[kChannelBlock];
+        EDSC_UNROLL
+        for (int cc = 0; cc < kChannelBlock; ++cc) {
+          if (c0 + cc < c_end) g[cc] = static_cast<acc_t>(go[(c0 + cc) * go_view.stride]);
+        }
+        if (param_grads) {
           EDSC_UNROLL
           for (int cc = 0; cc < kChannelBlock; ++cc) {
-            if (c0 + cc < c_end) g[cc] = static_cast<acc_t>(go[(c0 + cc) * go_view.stride]);
+            if (c0 + cc < c_end) corners[cc] = load_corners<acc_t>(s, in + (c0 + cc) * plane);
           }
+        }
+        EDSC_UNROLL
+        for (int cc = 0; cc < kChannelBlock; ++cc) {
+          const index_t c = c0 + cc;
+          if (c >= c_end) continue;
           if (param_grads) {
-            EDSC_UNROLL
-            for (int cc = 0; cc < kChannelBlock; ++cc) {
-              if (c0 + cc < c_end) corners[cc] = load_corners<acc_t>(s, in + (c0 + cc) * plane);
-            }
+            grad_w += g[cc] * interpolate(s, corners[cc]);
+            grad_ly += g[cc] * interpolate_dy(s, corners[cc]);
+            grad_lx += g[cc] * interpolate_dx(s, corners[cc]);
           }
-          EDSC_UNROLL
-          for (int cc = 0; cc < kChannelBlock; ++cc) {
-            const index_t c = c0 + cc;
-            if (c >= c_end) continue;
-            if (param_grads) {
-              grad_w += g[cc] * interpolate(s, corners[cc]);
-              grad_ly += g[cc] * interpolate_dy(s, corners[cc]);
-              grad_lx += g[cc] * interpolate_dx(s, corners[cc]);
-            }
-            if (c >= scatter_begin && c < scatter_end) scatter_corners(s, g[cc] * w, c, add_input_grad);
+          if (c >= scatter_begin && c < scatter_end) {
+            const acc_t value = g[cc] * w;
+            scatter_corners(s, s.finite ? value : acc_t(0), c, add_input_grad);
           }
         }
       }
+      if (!s.finite && p.channels > 0) grad_w = grad_ly = grad_lx = quiet_nan<acc_t>();
       if (!param_grads) continue;
       if (values.wants_vertical_grad()) grad_v += grad_w * wh * wm;
       if (values.wants_horizontal_grad()) grad_h[j] += grad_w * wv * wm;

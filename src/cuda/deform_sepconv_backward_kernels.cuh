@@ -277,15 +277,19 @@ __device__ float block_sum(float v, float* scratch) {
 // GlobalAdd: GlobalAtomicAdd, or FixedPointAtomicAdd when deterministic (float32 and the half
 // types only, whose tile is fixed point and so order-independent). kWarpStaged (channels_last, 5x5,
 // fixed point): each warp, a row of the tile, stages its per-pixel values through shared memory
-// (warp_staged_values.cuh).
+// (warp_staged_values.cuh). kExactBlock: the call has exactly kChannelBlock channels and the tile
+// holds them all (one pass); knowing that at compile time removes the channel loops' branches.
 template <int kChannelBlock, int kKernelH, int kKernelW, int kMaxWidth, bool kChannelsLast, bool kWarpStaged,
-          typename scalar_t, typename index_t, typename GlobalAdd>
+          bool kExactBlock, typename scalar_t, typename index_t, typename GlobalAdd>
 __global__ void __launch_bounds__(kTileThreads, 2)
-    deform_sepconv_backward_tiled_cuda_kernel(const DeformSepconvParams<scalar_t, index_t> p,
+    deform_sepconv_backward_tiled_cuda_kernel(const DeformSepconvParams<scalar_t, index_t> params,
                                               const scalar_t* __restrict__ grad_output,
                                               const DeformSepconvParamGrads<scalar_t> param_grads,
                                               const GlobalAdd input_grad, index_t rows, index_t cols,
-                                              index_t channels_per_pass, bool prefetch) {
+                                              index_t pass_capacity, bool prefetch) {
+  DeformSepconvParams<scalar_t, index_t> p = params;
+  if constexpr (kExactBlock) p.channels = kChannelBlock;
+  const index_t channels_per_pass = kExactBlock ? index_t(kChannelBlock) : pass_capacity;
   using acc_t = at::opmath_type<scalar_t>;
   constexpr bool kFixedPoint = std::is_same_v<acc_t, float>;
   extern __shared__ __align__(16) unsigned char shared_raw[];
@@ -507,15 +511,30 @@ void launch_deform_sepconv_backward(const DeformSepconvTensors& t, const DeformS
                 };
                 constexpr bool kCanStage =
                     kChannelsLast && kFixedPointTile && kKernelH == kWarpStagedKernel && kKernelW == kWarpStagedKernel;
+                // RGB with 5x5 kernels in one pass: the channel count as a constant.
+                [[maybe_unused]] const bool rgb = channels == 3 && footprint.channels_per_pass >= 3;
                 if constexpr (kCanStage) {
-                  const auto kernel = deform_sepconv_backward_tiled_cuda_kernel<kChannelBlock, kKernelH, kKernelW,
-                                                                                kMaxWidth, kChannelsLast, true,
-                                                                                scalar_t, index_t, decltype(add)>;
                   const bool pairs = offset_pairs_aligned(t.offset) && offset_pairs_aligned(grads[3]);
+                  if constexpr (kChannelBlock == 3) {
+                    const auto kernel = deform_sepconv_backward_tiled_cuda_kernel<kChannelBlock, kKernelH, kKernelW,
+                                                                                  kMaxWidth, kChannelsLast, true, true,
+                                                                                  scalar_t, index_t, decltype(add)>;
+                    if (rgb && pairs && warp_staging_fits(kernel, shared)) return launch(kernel);
+                  }
+                  const auto kernel = deform_sepconv_backward_tiled_cuda_kernel<kChannelBlock, kKernelH, kKernelW,
+                                                                                kMaxWidth, kChannelsLast, true, false,
+                                                                                scalar_t, index_t, decltype(add)>;
                   if (pairs && warp_staging_fits(kernel, shared)) return launch(kernel);
                 }
+                if constexpr (!kChannelsLast && kChannelBlock == 3 && kKernelH == 5 && kKernelW == 5) {
+                  if (rgb) {
+                    return launch(deform_sepconv_backward_tiled_cuda_kernel<kChannelBlock, kKernelH, kKernelW,
+                                                                            kMaxWidth, kChannelsLast, false, true,
+                                                                            scalar_t, index_t, decltype(add)>);
+                  }
+                }
                 launch(deform_sepconv_backward_tiled_cuda_kernel<kChannelBlock, kKernelH, kKernelW, kMaxWidth,
-                                                                 kChannelsLast, false, scalar_t, index_t,
+                                                                 kChannelsLast, false, false, scalar_t, index_t,
                                                                  decltype(add)>);
               }
             });

@@ -20,14 +20,17 @@ namespace edsc_ext {
 namespace {
 
 // kPrefetch (NCHW, 5x5, one block of channels, 32-bit indices): each warp first prefetches all its
-// pixels' per-pixel values into L2 (prefetched_pixel_values.cuh).
-template <int kChannelBlock, int kKernelH, int kKernelW, bool kChannelsLast, bool kPrefetch, typename scalar_t,
-          typename index_t>
+// pixels' per-pixel values into L2 (prefetched_pixel_values.cuh). kExactBlock: the call has exactly
+// kChannelBlock channels (RGB); knowing that at compile time removes a branch per channel and tap.
+template <int kChannelBlock, int kKernelH, int kKernelW, bool kChannelsLast, bool kPrefetch, bool kExactBlock,
+          typename scalar_t, typename index_t>
 __global__ void __launch_bounds__(kThreadsPerBlock)
-    deform_sepconv_forward_cuda_kernel(const DeformSepconvParams<scalar_t, index_t> p, scalar_t* __restrict__ output,
-                                       int64_t work_items) {
+    deform_sepconv_forward_cuda_kernel(const DeformSepconvParams<scalar_t, index_t> params,
+                                       scalar_t* __restrict__ output, int64_t work_items) {
   static_assert(!kPrefetch || (!kChannelsLast && kKernelH == kKernelW && kKernelH > 0 && std::is_same_v<index_t, int32_t>),
                 "prefetch: NCHW, static square kernels, 32-bit indices");
+  DeformSepconvParams<scalar_t, index_t> p = params;
+  if constexpr (kExactBlock) p.channels = kChannelBlock;
   using acc_t = at::opmath_type<scalar_t>;
   const index_t hw = p.height_out * p.width_out;
   const index_t channel_blocks = (p.channels + kChannelBlock - 1) / kChannelBlock;
@@ -54,18 +57,24 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       prefetch_warp_planes_l2<kKernelH>(p, static_cast<int32_t>(warp_first),
                                         static_cast<int32_t>(min(warp_first + kWarpSize, work_items) - 1), lane);
     }
-    deform_sepconv_forward_pixel<kChannelBlock, kKernelH, kKernelW, kChannelsLast, scalar_t, acc_t, index_t>(
-        p, output, n, pixel / p.width_out, pixel % p.width_out, c0);
+    // Straight-line taps where the channel count is a constant (accumulate_tap says why).
+    deform_sepconv_forward_pixel<kChannelBlock, kKernelH, kKernelW, kChannelsLast, scalar_t, acc_t, index_t,
+                                 /*kBranchFree=*/kExactBlock>(p, output, n, pixel / p.width_out, pixel % p.width_out,
+                                                              c0);
   }
 }
 
 // channels_last forward with up to 4 channels and 5x5 kernels: one lane per output pixel, each
 // warp's 32 consecutive pixels staging their rows of taps through shared memory
 // (warp_staged_values.cuh) so that the per-pixel loads are coalesced.
-template <int kKernel, typename scalar_t>
+// kRgb: exactly 3 channels, a compile-time constant (see deform_sepconv_forward_cuda_kernel).
+template <int kKernel, bool kRgb, typename scalar_t>
 __global__ void __launch_bounds__(kThreadsPerBlock)
-    deform_sepconv_forward_warp_staged_cuda_kernel(const DeformSepconvParams<scalar_t, int32_t> p,
+    deform_sepconv_forward_warp_staged_cuda_kernel(const DeformSepconvParams<scalar_t, int32_t> params,
                                                    scalar_t* __restrict__ output, int64_t pixels) {
+  DeformSepconvParams<scalar_t, int32_t> p = params;
+  if constexpr (kRgb) p.channels = 3;
+  constexpr int kChannelBlock = kRgb ? 3 : 4;
   using acc_t = at::opmath_type<scalar_t>;
   constexpr int kWarps = kThreadsPerBlock / kWarpSize;
   using Rows = WarpStagedRows<scalar_t, kKernel>;
@@ -81,8 +90,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     WarpStagedPixelValues<scalar_t, int32_t, kKernel, Rows> values(staged[warp], p, {}, static_cast<int32_t>(first),
                                                                    count, lane);
     const int32_t y = pixel / p.width_out, x = pixel % p.width_out;
-    deform_sepconv_forward_pixel_with<4, kKernel, kKernel, /*kChannelsLast=*/true, scalar_t, acc_t>(p, values, output,
-                                                                                                 n, y, x, int32_t(0));
+    deform_sepconv_forward_pixel_with<kChannelBlock, kKernel, kKernel, /*kChannelsLast=*/true, scalar_t, acc_t, int32_t,
+                                      decltype(values), /*kBranchFree=*/kRgb>(p, values, output, n, y, x, int32_t(0));
   }
 }
 
@@ -163,6 +172,7 @@ __global__ void __launch_bounds__(kStagedPixels)
     acc_t acc[kChannelBlock];
     EDSC_UNROLL
     for (int cc = 0; cc < kChannelBlock; ++cc) acc[cc] = acc_t(0);
+    bool finite = true;
     EDSC_UNROLL
     for (int i = 0; i < K; ++i) {
       copy_async_wait(K - 1 - i);
@@ -177,9 +187,11 @@ __global__ void __launch_bounds__(kStagedPixels)
         const acc_t py = py0 + staged_value(p.offset, row + 1 + 2 * j, acc_t(0));
         const acc_t px = static_cast<acc_t>(x_base + static_cast<int64_t>(j) * p.dilation_w) +
                          staged_value(p.offset, row + 2 + 2 * j, acc_t(0));
-        accumulate_tap<kChannelBlock, /*kChannelsLast=*/false>(p, in, plane, block, w, py, px, acc);
+        finite &= accumulate_tap<kChannelBlock, /*kChannelsLast=*/false, /*kBranchFree=*/false>(p, in, plane, block,
+                                                                                               w, py, px, acc);
       }
     }
+    finish_taps(finite, acc);
     if (active) {
       scalar_t* out = output + (n * p.channels + c0) * hw + pixel;
       EDSC_UNROLL
@@ -194,8 +206,13 @@ template <typename scalar_t, typename index_t>
 void launch_warp_staged_forward(const DeformSepconvParams<scalar_t, index_t>& p, scalar_t* out, int64_t pixels,
                                 cudaStream_t stream) {
   if constexpr (std::is_same_v<index_t, int32_t> && std::is_same_v<scalar_t, float>) {
-    deform_sepconv_forward_warp_staged_cuda_kernel<kWarpStagedKernel, scalar_t>
-        <<<blocks_for(pixels), kThreadsPerBlock, 0, stream>>>(p, out, pixels);
+    if (p.channels == 3) {
+      deform_sepconv_forward_warp_staged_cuda_kernel<kWarpStagedKernel, true, scalar_t>
+          <<<blocks_for(pixels), kThreadsPerBlock, 0, stream>>>(p, out, pixels);
+    } else {
+      deform_sepconv_forward_warp_staged_cuda_kernel<kWarpStagedKernel, false, scalar_t>
+          <<<blocks_for(pixels), kThreadsPerBlock, 0, stream>>>(p, out, pixels);
+    }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 }
@@ -292,13 +309,20 @@ at::Tensor deform_sepconv_forward_cuda(const at::Tensor& input, const std::optio
           if constexpr (!kChannelsLast && kKernelH == 5 && kKernelW == 5 && std::is_same_v<index_t, int32_t>) {
             // With more channel blocks the warps of different blocks would prefetch the same lines:
             // feat (32 channels) lost 7% with it.
-            if (channels <= kPlainBlock && prefetch_enabled()) {
+            const bool prefetch = channels <= kPlainBlock && prefetch_enabled();
+            if (channels == 3) {  // RGB: the channel count as a constant
+              return prefetch ? launch(deform_sepconv_forward_cuda_kernel<3, kKernelH, kKernelW, kChannelsLast, true,
+                                                                          true, scalar_t, index_t>)
+                              : launch(deform_sepconv_forward_cuda_kernel<3, kKernelH, kKernelW, kChannelsLast, false,
+                                                                          true, scalar_t, index_t>);
+            }
+            if (prefetch) {
               return launch(deform_sepconv_forward_cuda_kernel<kPlainBlock, kKernelH, kKernelW, kChannelsLast, true,
-                                                               scalar_t, index_t>);
+                                                               false, scalar_t, index_t>);
             }
           }
-          launch(deform_sepconv_forward_cuda_kernel<kPlainBlock, kKernelH, kKernelW, kChannelsLast, false, scalar_t,
-                                                    index_t>);
+          launch(deform_sepconv_forward_cuda_kernel<kPlainBlock, kKernelH, kKernelW, kChannelsLast, false, false,
+                                                    scalar_t, index_t>);
         });
       });
     });
