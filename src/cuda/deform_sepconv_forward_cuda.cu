@@ -12,6 +12,8 @@
 // threads on adjacent memory (x fastest in NCHW, the channel block in channels_last), where in NCHW
 // with 5x5 kernels and one channel block each warp first prefetches its per-pixel values into L2
 // (prefetched_pixel_values.cuh). EDSC_EXT_FORWARD=plain forces the latter (benchmarks, tests).
+// With exactly 3 channels the plain NCHW and the warp-staged kernels take the channel count as a
+// compile-time constant, which leaves no branch in a tap (accumulate_tap).
 #include "deform_sepconv_cuda.cuh"
 #include "prefetched_pixel_values.cuh"
 #include "warp_staged_values.cuh"
