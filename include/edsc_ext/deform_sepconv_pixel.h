@@ -139,7 +139,7 @@ EDSC_HOST_DEVICE bool accumulate_tap(const DeformSepconvParams<scalar_t, index_t
   return s.finite;
 }
 
-// After the taps: NaN in every channel unless all positions were finite.
+// After kBranchFree taps: NaN in every channel unless all positions were finite.
 template <int kChannelBlock, typename acc_t>
 EDSC_HOST_DEVICE void finish_taps(bool finite, acc_t (&acc)[kChannelBlock]) {
   if (finite) return;
@@ -257,7 +257,7 @@ EDSC_HOST_DEVICE void deform_sepconv_forward_pixel_with(const DeformSepconvParam
     values.end_row(i);
   }
   if (!values.active()) return;
-  finish_taps(finite, acc);
+  if constexpr (kBranchFree) finish_taps(finite, acc);
   const PixelView<index_t> out_view = pixel_view<kChannelsLast>(n, pixel, p.channels, hw_out);
   scalar_t* out = output + out_view.base + c0 * out_view.stride;
   EDSC_UNROLL

@@ -287,8 +287,7 @@ __global__ void __launch_bounds__(kTileThreads, 2)
                                               const DeformSepconvParamGrads<scalar_t> param_grads,
                                               const GlobalAdd input_grad, index_t rows, index_t cols,
                                               index_t pass_capacity, bool prefetch) {
-  DeformSepconvParams<scalar_t, index_t> p = params;
-  if constexpr (kExactBlock) p.channels = kChannelBlock;
+  decltype(auto) p = with_exact_block<kExactBlock, kChannelBlock>(params);
   const index_t channels_per_pass = kExactBlock ? index_t(kChannelBlock) : pass_capacity;
   using acc_t = at::opmath_type<scalar_t>;
   constexpr bool kFixedPoint = std::is_same_v<acc_t, float>;

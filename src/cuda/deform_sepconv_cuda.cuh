@@ -39,6 +39,20 @@ void dispatch_channel_block(int64_t channels, const Body& body) {
     return __VA_ARGS__();                                                                \
   })
 
+// The kernels' view of a call's params: with kExactBlock (the call has exactly kChannelBlock
+// channels; the hosts choose it for RGB) a copy whose channel count is a compile-time constant,
+// which removes the per-channel branches from the taps; otherwise the params themselves.
+template <bool kExactBlock, int kChannelBlock, typename Params>
+__device__ __forceinline__ decltype(auto) with_exact_block(const Params& params) {
+  if constexpr (kExactBlock) {
+    Params exact = params;
+    exact.channels = kChannelBlock;
+    return exact;
+  } else {
+    return (params);  // a reference
+  }
+}
+
 // Asynchronous global-to-shared copies (cp.async, sm_80+) of kBytes = 4, 8 or 16 bytes, the
 // bytes past src_bytes zero-filled; they land by commit group (copy_async_wait). The staged
 // kernels use them to have the next values in flight while they compute with the current ones.

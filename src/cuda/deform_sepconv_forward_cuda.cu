@@ -31,8 +31,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
                                        scalar_t* __restrict__ output, int64_t work_items) {
   static_assert(!kPrefetch || (!kChannelsLast && kKernelH == kKernelW && kKernelH > 0 && std::is_same_v<index_t, int32_t>),
                 "prefetch: NCHW, static square kernels, 32-bit indices");
-  DeformSepconvParams<scalar_t, index_t> p = params;
-  if constexpr (kExactBlock) p.channels = kChannelBlock;
+  decltype(auto) p = with_exact_block<kExactBlock, kChannelBlock>(params);
   using acc_t = at::opmath_type<scalar_t>;
   const index_t hw = p.height_out * p.width_out;
   const index_t channel_blocks = (p.channels + kChannelBlock - 1) / kChannelBlock;
@@ -69,14 +68,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 // channels_last forward with up to 4 channels and 5x5 kernels: one lane per output pixel, each
 // warp's 32 consecutive pixels staging their rows of taps through shared memory
 // (warp_staged_values.cuh) so that the per-pixel loads are coalesced.
-// kRgb: exactly 3 channels, a compile-time constant (see deform_sepconv_forward_cuda_kernel).
-template <int kKernel, bool kRgb, typename scalar_t>
+// kExactBlock: exactly 3 channels (with_exact_block).
+template <int kKernel, bool kExactBlock, typename scalar_t>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     deform_sepconv_forward_warp_staged_cuda_kernel(const DeformSepconvParams<scalar_t, int32_t> params,
                                                    scalar_t* __restrict__ output, int64_t pixels) {
-  DeformSepconvParams<scalar_t, int32_t> p = params;
-  if constexpr (kRgb) p.channels = 3;
-  constexpr int kChannelBlock = kRgb ? 3 : 4;
+  constexpr int kChannelBlock = kExactBlock ? 3 : 4;
+  decltype(auto) p = with_exact_block<kExactBlock, kChannelBlock>(params);
   using acc_t = at::opmath_type<scalar_t>;
   constexpr int kWarps = kThreadsPerBlock / kWarpSize;
   using Rows = WarpStagedRows<scalar_t, kKernel>;
@@ -93,7 +91,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
                                                                    count, lane);
     const int32_t y = pixel / p.width_out, x = pixel % p.width_out;
     deform_sepconv_forward_pixel_with<kChannelBlock, kKernel, kKernel, /*kChannelsLast=*/true, scalar_t, acc_t, int32_t,
-                                      decltype(values), /*kBranchFree=*/kRgb>(p, values, output, n, y, x, int32_t(0));
+                                      decltype(values), /*kBranchFree=*/kExactBlock>(p, values, output, n, y, x,
+                                                                                     int32_t(0));
   }
 }
 
@@ -174,7 +173,6 @@ __global__ void __launch_bounds__(kStagedPixels)
     acc_t acc[kChannelBlock];
     EDSC_UNROLL
     for (int cc = 0; cc < kChannelBlock; ++cc) acc[cc] = acc_t(0);
-    bool finite = true;
     EDSC_UNROLL
     for (int i = 0; i < K; ++i) {
       copy_async_wait(K - 1 - i);
@@ -189,11 +187,10 @@ __global__ void __launch_bounds__(kStagedPixels)
         const acc_t py = py0 + staged_value(p.offset, row + 1 + 2 * j, acc_t(0));
         const acc_t px = static_cast<acc_t>(x_base + static_cast<int64_t>(j) * p.dilation_w) +
                          staged_value(p.offset, row + 2 + 2 * j, acc_t(0));
-        finite &= accumulate_tap<kChannelBlock, /*kChannelsLast=*/false, /*kBranchFree=*/false>(p, in, plane, block,
-                                                                                               w, py, px, acc);
+        accumulate_tap<kChannelBlock, /*kChannelsLast=*/false, /*kBranchFree=*/false>(p, in, plane, block, w, py, px,
+                                                                                     acc);
       }
     }
-    finish_taps(finite, acc);
     if (active) {
       scalar_t* out = output + (n * p.channels + c0) * hw + pixel;
       EDSC_UNROLL
