@@ -582,11 +582,12 @@ def test_channels_last_paths(gen, request, monkeypatch, config, dtype, mode, dev
 
 
 # The CUDA channels_last 5x5 kernels that stage each warp's per-pixel values through shared memory
-# (float32 forward, tiled backward, up to 4 channels; 6 channels take the backward on NCHW copies):
-# 7 x 45 outputs leave the last warp of each tile row 13 pixels and the forward's warps straddle
-# images; every combination of absent tensors; plain and dilated; the deterministic tile too. At
-# dilation 4 the backward's tile holds 3 channels a pass, so 4 channels take a second pass, which
-# stages the values again (the first pass's gradients replaced them in shared memory).
+# (the lane-pair forward in float32 and the half types, the tiled backward; up to 4 channels; 6
+# channels take the backward on NCHW copies): 7 x 45 outputs leave the last warp of each tile row
+# 13 pixels, and the forward's warps (16 pixels) straddle rows and images, the last one partial;
+# every combination of absent tensors; plain and dilated; the deterministic tile too. At dilation
+# 4 the backward's tile holds 3 channels a pass, so 4 channels take a second pass, which stages
+# the values again (the first pass's gradients replaced them in shared memory).
 # EDSC_EXT_WARP_STAGING=0 and EDSC_EXT_FORWARD=plain give the unstaged kernels, which must agree.
 @pytest.mark.cuda
 @requires_cuda
@@ -624,24 +625,29 @@ def test_channels_last_warp_staged(gen, request, monkeypatch, channels, dtype, m
                     assert g is None and g0 is None or torch.equal(g, g0), f"grad of {name} differs between two runs"
 
 
-# The staged kernels read each tap's (dy, dx) as one aligned pair. A channels_last offset tensor
-# that starts one element past a pair boundary (a view into a larger buffer, used in place) cannot
-# be read that way: the host must route it to the unstaged kernels, with the same results.
+# The staged kernels read each tap's (dy, dx) as one aligned pair, and the channels_last forward
+# copies each warp's run of values in 16-byte pieces. A channels_last offset tensor that starts one
+# element past a pair boundary (a view into a larger buffer, used in place) cannot be read either
+# way: the host must route it to the unstaged kernels; one that starts two elements in (pairs
+# aligned, the run not on 16 bytes) takes the forward's unstaged lane-pair kernel. Same results.
 @pytest.mark.cuda
 @requires_cuda
+@pytest.mark.parametrize("shift", [1, 2], ids=["off-pair", "off-16-bytes"])
 @pytest.mark.parametrize("dtype", [F32, BF16], ids=["f32", "bf16"])
-def test_channels_last_offset_off_pair_boundary(gen, dtype):
+def test_channels_last_offset_off_pair_boundary(gen, dtype, shift):
     as_cl = lambda t: t.contiguous(memory_format=torch.channels_last)  # noqa: E731
     case = make_inputs(2, 3, 7, 45, 5, 5, 2, 1, dtype=dtype, device="cuda", generator=gen, offset_scale=3)
     leaves = case.map(as_cl).leaves()
     N, taps2, H, W = case.offset.shape
-    storage = torch.zeros(N * H * W * taps2 + 1, dtype=dtype, device="cuda")
-    shifted = lambda flat: flat[1:].view(N, H, W, taps2).permute(0, 3, 1, 2)  # noqa: E731
+    storage = torch.zeros(N * H * W * taps2 + shift, dtype=dtype, device="cuda")
+    shifted = lambda flat: flat[shift:].view(N, H, W, taps2).permute(0, 3, 1, 2)  # noqa: E731
     shifted(storage).copy_(case.offset)
     storage.requires_grad_()
     offset = shifted(storage)
     assert offset.is_contiguous(memory_format=torch.channels_last)
-    assert offset.data_ptr() % (2 * offset.element_size()) != 0
+    pair_bytes = 2 * offset.element_size()
+    assert (offset.data_ptr() % pair_bytes != 0) == (shift == 1)
+    assert offset.data_ptr() % 16 != 0
     out = OP(leaves.input, leaves.vertical, leaves.horizontal, offset, leaves.mask, **case.kwargs,
              padding_mode="zeros")
     grad_output = torch.randn(out.shape, generator=gen, dtype=F64)

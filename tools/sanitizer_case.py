@@ -52,8 +52,8 @@ def run_every_path() -> None:
                 rgb = ts[0].detach()[:, :3].contiguous().requires_grad_()
                 out = edsc_ext.deform_sepconv(rgb, *ts[1:], padding=pad, dilation=dil, padding_mode=mode)
                 out.backward(torch.randn_like(out))
-                # channels_last with 3 channels: the warp-staged forward as well (11 x 13 outputs
-                # leave warps partly filled), with and without the optional tensors.
+                # channels_last with 3 channels: the exact-RGB lane-pair forward as well (11 x 13
+                # outputs leave warps partly filled), with and without the optional tensors.
                 rgb = ts[0].detach()[:, :3].contiguous(memory_format=torch.channels_last).requires_grad_()
                 out = edsc_ext.deform_sepconv(rgb, *cl[1:], padding=pad, dilation=dil, padding_mode=mode)
                 out.backward(torch.randn_like(out))

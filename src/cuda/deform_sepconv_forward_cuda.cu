@@ -2,18 +2,19 @@
 // launches on that device's current stream, so a tensor on cuda:1 works whatever the current
 // device is. Per-pixel work comes from include/edsc_ext/deform_sepconv_pixel.h.
 //
-// Forward: for NCHW 5x5 kernels in float16/bfloat16 with up to 4 channels, blocks of 128 output
-// pixels stage their per-pixel tensors (85 values a pixel, the bulk of the bytes) in shared memory
-// with asynchronous copies and sample row by row as the copies land (deform_sepconv_forward_staged_
-// cuda_kernel); for channels_last 5x5 kernels in float32 with up to 4 channels, one lane per
-// output pixel, each warp staging its pixels' rows of taps through shared memory
-// (deform_sepconv_forward_warp_staged_cuda_kernel, warp_staged_values.cuh); otherwise one thread
-// per (n, block of 4 channels, output pixel), compiled for each memory layout, with consecutive
-// threads on adjacent memory (x fastest in NCHW, the channel block in channels_last), where in NCHW
-// with 5x5 kernels and one channel block each warp first prefetches its per-pixel values into L2
-// (prefetched_pixel_values.cuh). EDSC_EXT_FORWARD=plain forces the latter (benchmarks, tests).
-// With exactly 3 channels the plain NCHW and the warp-staged kernels take the channel count as a
-// compile-time constant, which leaves no branch in a tap (accumulate_tap).
+// Forward, 5x5 kernels with up to 4 channels:
+// - NCHW with exactly 3 channels (RGB), any floating type: one thread per output pixel, the
+//   channel count a compile-time constant, which leaves no branch in a tap (accumulate_tap);
+// - NCHW in float16/bfloat16 with 1, 2 or 4 channels: blocks of 128 output pixels stage their
+//   per-pixel tensors (85 values a pixel, the bulk of the bytes) in shared memory with asynchronous
+//   copies and sample row by row as the copies land (deform_sepconv_forward_staged_cuda_kernel);
+// - channels_last, float32 and the half types: two lanes per output pixel, each warp staging its
+//   pixels' values through shared memory (deform_sepconv_forward_lane_pairs_cuda_kernel).
+// Otherwise one thread per (n, block of 4 channels, output pixel), compiled for each memory
+// layout, with consecutive threads on adjacent memory (x fastest in NCHW, the channel block in
+// channels_last). In NCHW with 5x5 kernels and one channel block each warp of the one-thread
+// kernels first prefetches its per-pixel values into L2 (prefetched_pixel_values.cuh).
+// EDSC_EXT_FORWARD=plain forces the one-thread-per-(pixel, channel block) kernel (benchmarks, tests).
 #include "deform_sepconv_cuda.cuh"
 #include "prefetched_pixel_values.cuh"
 #include "warp_staged_values.cuh"
@@ -21,12 +22,23 @@
 namespace edsc_ext {
 namespace {
 
+// The RGB kernels' register budget in float32 and the half types: 64 registers, for 4 blocks of
+// kThreadsPerBlock a multiprocessor (the compiler chose 80, 3 blocks). Measured on the H200
+// (BENCHMARKS.md): train float32 forward 0.237 -> 0.230 ms, adacof 0.125 -> 0.120; in bfloat16 it
+// also beats the staged kernel (0.268 -> 0.256), so RGB takes this kernel in those types.
+constexpr int kRgbBlocksPerMultiprocessor = 4;
+template <bool kExactBlock, typename scalar_t>
+constexpr int min_blocks_per_multiprocessor() {
+  return kExactBlock && sizeof(scalar_t) <= 4 ? kRgbBlocksPerMultiprocessor : 0;
+}
+
 // kPrefetch (NCHW, 5x5, one block of channels, 32-bit indices): each warp first prefetches all its
 // pixels' per-pixel values into L2 (prefetched_pixel_values.cuh). kExactBlock: the call has exactly
 // kChannelBlock channels (RGB); knowing that at compile time removes a branch per channel and tap.
+// A minimum of 0 blocks leaves the register budget to the compiler.
 template <int kChannelBlock, int kKernelH, int kKernelW, bool kChannelsLast, bool kPrefetch, bool kExactBlock,
           typename scalar_t, typename index_t>
-__global__ void __launch_bounds__(kThreadsPerBlock)
+__global__ void __launch_bounds__(kThreadsPerBlock, (min_blocks_per_multiprocessor<kExactBlock, scalar_t>()))
     deform_sepconv_forward_cuda_kernel(const DeformSepconvParams<scalar_t, index_t> params,
                                        scalar_t* __restrict__ output, int64_t work_items) {
   static_assert(!kPrefetch || (!kChannelsLast && kKernelH == kKernelW && kKernelH > 0 && std::is_same_v<index_t, int32_t>),
@@ -65,34 +77,158 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   }
 }
 
-// channels_last forward with up to 4 channels and 5x5 kernels: one lane per output pixel, each
-// warp's 32 consecutive pixels staging their rows of taps through shared memory
-// (warp_staged_values.cuh) so that the per-pixel loads are coalesced.
-// kExactBlock: exactly 3 channels (with_exact_block).
-template <int kKernel, bool kExactBlock, typename scalar_t>
-__global__ void __launch_bounds__(kThreadsPerBlock)
-    deform_sepconv_forward_warp_staged_cuda_kernel(const DeformSepconvParams<scalar_t, int32_t> params,
-                                                   scalar_t* __restrict__ output, int64_t pixels) {
+// channels_last forward with up to 4 channels and 5x5 kernels: two lanes per output pixel, lane q
+// taking taps q, q + 2, ..., their partial sums added by one shuffle. A channels_last pixel's
+// 2K + 3K^2 = 85 per-pixel values are contiguous, so with one lane per pixel each warp-wide load
+// of a tap touches 32 cache lines, and the kernels were bound by L1 and L2 requests rather than
+// DRAM. Here the two lanes of a pixel read adjacent taps and, kStaged, each warp first copies its
+// 16 pixels' values (a contiguous run of each tensor, 16-byte aligned: the host checks) to shared
+// memory with 16-byte asynchronous copies, one wait a warp, and the taps read them there.
+// Measured on the H200 (BENCHMARKS.md), train float32 forward: 0.304 ms for the kernel this
+// replaced (one lane a pixel, staging a row of taps at a time), 0.297 with two lanes reading global
+// memory, 0.272 staged; 0.302 staged with four lanes a pixel (more shuffles and index work).
+constexpr int kLanePairKernel = 5;
+constexpr int kLanesPerPixel = 2;
+constexpr int kLanePairPixels = kWarpSize / kLanesPerPixel;  // a warp's pixels
+
+template <typename scalar_t>
+struct LanePairStagedValues {
+  static constexpr int kTaps = kLanePairKernel * kLanePairKernel;
+  scalar_t vertical[kLanePairPixels * kLanePairKernel];
+  scalar_t horizontal[kLanePairPixels * kLanePairKernel];
+  OffsetPair<scalar_t> offset[kLanePairPixels * kTaps];
+  scalar_t mask[kLanePairPixels * kTaps];
+};
+
+// Every lane of the warp: copies elements [0, valid) of a run of `total` elements (a multiple of
+// 16 bytes, from a 16-byte aligned `src`) to shared memory, zero-filling the rest.
+template <typename T>
+__device__ __forceinline__ void stage_run_16_bytes(T* dst, const T* src, int total, int valid, int lane) {
+  constexpr int kPerChunk = 16 / static_cast<int>(sizeof(T));
+  for (int c = lane; c < total / kPerChunk; c += kWarpSize) {
+    const int bytes = max(0, min(kPerChunk, valid - c * kPerChunk)) * static_cast<int>(sizeof(T));
+    copy_async<16>(dst + c * kPerChunk, bytes > 0 ? src + c * kPerChunk : src, bytes);
+  }
+}
+
+// kExactBlock: exactly 3 channels (with_exact_block). The register budget: in float32 at least 3
+// blocks a multiprocessor (up to 85 registers; the compiler chose 64), measured on the H200: train
+// float32 0.273 -> 0.249 ms, adacof 0.150 -> 0.132; the 2-byte types lost with it (train bfloat16
+// 0.224 -> 0.239) and keep the compiler's choice.
+template <bool kExactBlock, bool kStaged, typename scalar_t>
+__global__ void __launch_bounds__(kThreadsPerBlock, sizeof(scalar_t) == 4 ? 3 : 0)
+    deform_sepconv_forward_lane_pairs_cuda_kernel(const DeformSepconvParams<scalar_t, int32_t> params,
+                                                  scalar_t* __restrict__ output, int64_t pixels) {
+  constexpr int K = kLanePairKernel, kTaps = K * K;
+  constexpr int kSteps = (kTaps + kLanesPerPixel - 1) / kLanesPerPixel;
   constexpr int kChannelBlock = kExactBlock ? 3 : 4;
   decltype(auto) p = with_exact_block<kExactBlock, kChannelBlock>(params);
   using acc_t = at::opmath_type<scalar_t>;
-  constexpr int kWarps = kThreadsPerBlock / kWarpSize;
-  using Rows = WarpStagedRows<scalar_t, kKernel>;
-  __shared__ Rows staged[kWarps];
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  using Staged = LanePairStagedValues<scalar_t>;
+  __shared__ std::conditional_t<kStaged, Staged[kThreadsPerBlock / kWarpSize], char[1]> staged_all;
+  const int lane = threadIdx.x % kWarpSize, q = lane % kLanesPerPixel, local = lane / kLanesPerPixel;
   const int32_t hw = p.height_out * p.width_out;
-  // Uniform per warp: every lane takes part in the warp's copies.
-  for (int64_t first = int64_t(blockIdx.x) * blockDim.x + warp * kWarpSize; first < pixels;
+  const int32_t channels = p.channels;  // also the input's pixel stride
+  const int block = static_cast<int>(min(int32_t(kChannelBlock), channels));
+  const int64_t items = pixels * kLanesPerPixel;
+  // Uniform per warp: every lane takes part in the copies and the shuffle.
+  for (int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x - lane; first < items;
        first += int64_t(blockDim.x) * gridDim.x) {
-    const int count = static_cast<int>(min(int64_t(kWarpSize), pixels - first));
-    const int32_t g = static_cast<int32_t>(first) + min(lane, count - 1);  // inactive lanes: a real pixel
-    const int32_t n = g / hw, pixel = g % hw;
-    WarpStagedPixelValues<scalar_t, int32_t, kKernel, Rows> values(staged[warp], p, {}, static_cast<int32_t>(first),
-                                                                   count, lane);
-    const int32_t y = pixel / p.width_out, x = pixel % p.width_out;
-    deform_sepconv_forward_pixel_with<kChannelBlock, kKernel, kKernel, /*kChannelsLast=*/true, scalar_t, acc_t, int32_t,
-                                      decltype(values), /*kBranchFree=*/kExactBlock>(p, values, output, n, y, x,
-                                                                                     int32_t(0));
+    const int32_t first_pixel = static_cast<int32_t>(first / kLanesPerPixel);
+    const int count = static_cast<int>(min(int64_t(kLanePairPixels), pixels - first_pixel));
+    const int32_t g = first_pixel + min(local, count - 1);  // inactive lanes: a real pixel
+    const int32_t n = g / hw, pixel = g - n * hw;
+    const int32_t y = pixel / p.width_out, x = pixel - y * p.width_out;
+    // Where this pixel's values start (channels_last: the pixel's K, 2K^2, K^2 values are contiguous).
+    const scalar_t* vertical = p.vertical ? p.vertical + int64_t(g) * K : nullptr;
+    const scalar_t* horizontal = p.horizontal ? p.horizontal + int64_t(g) * K : nullptr;
+    const OffsetPair<scalar_t>* offset =
+        p.offset ? reinterpret_cast<const OffsetPair<scalar_t>*>(p.offset) + int64_t(g) * kTaps : nullptr;
+    const scalar_t* mask = p.mask ? p.mask + int64_t(g) * kTaps : nullptr;
+    if constexpr (kStaged) {
+      Staged& st = staged_all[threadIdx.x / kWarpSize];
+      __syncwarp();  // the warp's previous pixels are done with the buffer
+      const int64_t run = first_pixel;
+      if (p.vertical) stage_run_16_bytes(st.vertical, p.vertical + run * K, kLanePairPixels * K, count * K, lane);
+      if (p.horizontal) {
+        stage_run_16_bytes(st.horizontal, p.horizontal + run * K, kLanePairPixels * K, count * K, lane);
+      }
+      if (p.offset) {
+        stage_run_16_bytes(st.offset, reinterpret_cast<const OffsetPair<scalar_t>*>(p.offset) + run * kTaps,
+                           kLanePairPixels * kTaps, count * kTaps, lane);
+      }
+      if (p.mask) stage_run_16_bytes(st.mask, p.mask + run * kTaps, kLanePairPixels * kTaps, count * kTaps, lane);
+      copy_async_commit();
+      copy_async_wait(0);  // this lane's copies have landed ...
+      __syncwarp();        // ... and every lane's
+      const int slot = min(local, count - 1);
+      vertical = vertical ? st.vertical + slot * K : nullptr;
+      horizontal = horizontal ? st.horizontal + slot * K : nullptr;
+      offset = offset ? st.offset + slot * kTaps : nullptr;
+      mask = mask ? st.mask + slot * kTaps : nullptr;
+    }
+    const scalar_t* in = p.input + n * channels * p.height_in * p.width_in;
+    const int64_t y_base = static_cast<int64_t>(y) - p.pad_h;
+    const int64_t x_base = static_cast<int64_t>(x) - p.pad_w;
+    acc_t acc[kChannelBlock];
+    EDSC_UNROLL
+    for (int cc = 0; cc < kChannelBlock; ++cc) acc[cc] = acc_t(0);
+    bool finite = true;
+    EDSC_UNROLL
+    for (int step = 0; step < kSteps; ++step) {
+      const int t = q + step * kLanesPerPixel;
+      if (t >= kTaps) break;  // the last step: lane 1 has 12 taps, lane 0 13
+      const int i = t / K, j = t - i * K;
+      // The weight as the one-lane kernels form it: (V_i H_j) M_t.
+      const acc_t w = load_param_or(vertical, i, acc_t(1)) * load_param_or(horizontal, j, acc_t(1)) *
+                      load_param_or(mask, t, acc_t(1));
+      acc_t py = static_cast<acc_t>(y_base + static_cast<int64_t>(i) * p.dilation_h);
+      acc_t px = static_cast<acc_t>(x_base + static_cast<int64_t>(j) * p.dilation_w);
+      if (offset) {
+        const OffsetPair<scalar_t> pair = offset[t];
+        py += static_cast<acc_t>(pair.dy);
+        px += static_cast<acc_t>(pair.dx);
+      }
+      finite &= accumulate_tap<kChannelBlock, /*kChannelsLast=*/true, /*kBranchFree=*/kExactBlock>(
+          p, in, int32_t(1), block, w, py, px, acc);
+    }
+    if constexpr (kExactBlock) finish_taps(finite, acc);
+    EDSC_UNROLL
+    for (int cc = 0; cc < kChannelBlock; ++cc) acc[cc] += __shfl_xor_sync(0xffffffffu, acc[cc], 1);
+    if (q == 0 && local < count) {
+      scalar_t* out = output + int64_t(g) * channels;
+      EDSC_UNROLL
+      for (int cc = 0; cc < kChannelBlock; ++cc) {
+        if (cc < block) out[cc] = static_cast<scalar_t>(acc[cc]);
+      }
+    }
+  }
+}
+
+// Whether every present per-pixel tensor starts on a 16-byte boundary, as the staged lane-pair
+// kernel's copies need (each warp's run then starts on one too: 16 pixels' values are a multiple
+// of 16 bytes).
+bool per_pixel_aligned_16(const DeformSepconvTensors& t) {
+  for (const at::Tensor* per_pixel : {&t.vertical, &t.horizontal, &t.offset, &t.mask}) {
+    if (per_pixel->defined() && reinterpret_cast<uintptr_t>(per_pixel->const_data_ptr()) % 16 != 0) return false;
+  }
+  return true;
+}
+
+template <typename scalar_t, typename index_t>
+void launch_lane_pairs_forward(const DeformSepconvParams<scalar_t, index_t>& p, scalar_t* out, int64_t pixels,
+                               bool staged, cudaStream_t stream) {
+  if constexpr (std::is_same_v<index_t, int32_t> && sizeof(scalar_t) <= 4) {
+    const auto launch = [&](auto kernel) {
+      kernel<<<blocks_for(pixels * kLanesPerPixel), kThreadsPerBlock, 0, stream>>>(p, out, pixels);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    };
+    if (p.channels == 3) {
+      return staged ? launch(deform_sepconv_forward_lane_pairs_cuda_kernel<true, true, scalar_t>)
+                    : launch(deform_sepconv_forward_lane_pairs_cuda_kernel<true, false, scalar_t>);
+    }
+    staged ? launch(deform_sepconv_forward_lane_pairs_cuda_kernel<false, true, scalar_t>)
+           : launch(deform_sepconv_forward_lane_pairs_cuda_kernel<false, false, scalar_t>);
   }
 }
 
@@ -201,21 +337,6 @@ __global__ void __launch_bounds__(kStagedPixels)
   }
 }
 
-template <typename scalar_t, typename index_t>
-void launch_warp_staged_forward(const DeformSepconvParams<scalar_t, index_t>& p, scalar_t* out, int64_t pixels,
-                                cudaStream_t stream) {
-  if constexpr (std::is_same_v<index_t, int32_t> && std::is_same_v<scalar_t, float>) {
-    if (p.channels == 3) {
-      deform_sepconv_forward_warp_staged_cuda_kernel<kWarpStagedKernel, true, scalar_t>
-          <<<blocks_for(pixels), kThreadsPerBlock, 0, stream>>>(p, out, pixels);
-    } else {
-      deform_sepconv_forward_warp_staged_cuda_kernel<kWarpStagedKernel, false, scalar_t>
-          <<<blocks_for(pixels), kThreadsPerBlock, 0, stream>>>(p, out, pixels);
-    }
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
-}
-
 // EDSC_EXT_FORWARD=plain: the one-thread-per-(pixel, channel block) kernel for every call
 // (benchmarks, tests).
 bool plain_forward_forced() {
@@ -231,8 +352,9 @@ int staged_forward_chunk(const DeformSepconvTensors& t, int64_t kernel_h, int64_
   if (kernel_h != kStagedKernel || kernel_w != kStagedKernel || !t.use_32bit_indexing || t.channels_last) return 0;
   // Measured on an H200 (BENCHMARKS.md): it wins for the 2-byte types with up to 4 channels
   // (train bfloat16 0.269 vs 0.306 ms) and loses for float32, whose 43.5 KB of staged values a
-  // block leave too few warps per SM (train 0.370 vs 0.320 ms), and for many channels.
-  if (t.input.element_size() != 2 || t.input.size(1) > 4) return 0;
+  // block leave too few warps per SM (train 0.370 vs 0.320 ms), and for many channels. RGB takes
+  // the exact-RGB kernel instead (kRgbBlocksPerMultiprocessor says why).
+  if (t.input.element_size() != 2 || t.input.size(1) > 4 || t.input.size(1) == 3) return 0;
   if (at::cuda::getCurrentDeviceProperties()->major < 8) return 0;
   if (plain_forward_forced()) return 0;
   const int64_t row_bytes = t.height_out * t.width_out * t.input.element_size();
@@ -286,13 +408,12 @@ at::Tensor deform_sepconv_forward_cuda(const at::Tensor& input, const std::optio
             return;
           }
         }
-        if constexpr (kKernelH == kWarpStagedKernel && kKernelW == kWarpStagedKernel) {
-          // float32 only: on the H200 the 2-byte types' rows fit L1 well enough that staging lost
-          // (train bfloat16 0.328 vs 0.293 ms, measured with the first, synchronous staging), and
-          // float64's would not fit 48 KB.
-          if (t.channels_last && channels <= 4 && t.use_32bit_indexing && input.scalar_type() == at::kFloat &&
+        if constexpr (kKernelH == kLanePairKernel && kKernelW == kLanePairKernel) {
+          // Not float64: its staged values would not fit 48 KB, and it was not measured unstaged.
+          if (t.channels_last && channels <= 4 && t.use_32bit_indexing && input.element_size() <= 4 &&
               offset_pairs_aligned(t.offset) && !plain_forward_forced()) {
-            launch_warp_staged_forward(p, out, input.size(0) * t.height_out * t.width_out, stream);
+            launch_lane_pairs_forward(p, out, input.size(0) * t.height_out * t.width_out, per_pixel_aligned_16(t),
+                                      stream);
             return;
           }
         }

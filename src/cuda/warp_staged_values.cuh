@@ -31,7 +31,7 @@ struct alignas(2 * sizeof(scalar_t)) OffsetPair {
   scalar_t dy, dx;
 };
 
-// One warp's shared memory for the values (the forward). Lane l's values of a row start at l * K,
+// One warp's shared memory for the values. Lane l's values of a row start at l * K,
 // an odd stride, so lanes reading the same tap hit different banks (pairs of float32: a stride of
 // K 8-byte words, conflict-free within each half warp, which is how 8-byte loads are served).
 // Rows of taps alternate between two buffers: row i in buffer i % 2, row i + 1 landing in the other.
@@ -44,7 +44,7 @@ struct WarpStagedRows {
   scalar_t mask[2][kWarpSize * kKernel];                // likewise
 };
 
-// ... and for the backward, whose gradients replace the values in place (the vertical weight of
+// The backward's buffers: its gradients replace the values in place (the vertical weight of
 // row i once row i is done; the horizontal kernel, which the pixel code holds in registers at a
 // static kernel width, at the end), which keeps 8 warps' buffers in the 48 KB of static shared
 // memory a kernel may have.
