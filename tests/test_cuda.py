@@ -91,11 +91,13 @@ STAGED_CONFIGS = [
 @pytest.mark.parametrize("padding_mode", PADDING_MODES)
 @pytest.mark.parametrize("config", STAGED_CONFIGS, ids=["whole", "partial", "plane143", "c32-dil", "c1"])
 def test_forward_paths(gen, monkeypatch, config, padding_mode, dtype, forward):
-    """The staged 5x5 forward and the plain one (EDSC_EXT_FORWARD=plain) against the reference,
-    including absent per-pixel tensors for the staged one."""
+    """The default 5x5 forward and the plain one (EDSC_EXT_FORWARD=plain) against the reference,
+    with every combination of absent per-pixel tensors at 3 channels (the exact-RGB kernel, in
+    every dtype) and 4 (the staged one in the half types)."""
     if forward == "plain":
         monkeypatch.setenv("EDSC_EXT_FORWARD", "plain")
-    for present in ALL_PRESENT if config is STAGED_CONFIGS[0] else [(True, True, True, True)]:
+    every = config is STAGED_CONFIGS[0] or config is STAGED_CONFIGS[1]
+    for present in ALL_PRESENT if every else [(True, True, True, True)]:
         case = make_inputs(*config, present=present, dtype=dtype, device="cuda", generator=gen, offset_scale=3)
         out, _ = forward_and_grads(OP, case, padding_mode)
         expected, _ = reference_and_grads(case, padding_mode)
