@@ -91,8 +91,9 @@ constexpr int kLanePairKernel = 5;
 constexpr int kLanesPerPixel = 2;
 constexpr int kLanePairPixels = kWarpSize / kLanesPerPixel;  // a warp's pixels
 
+// 16-byte aligned: the cp.async copies write 16 bytes at a time (every member's size is a multiple of 16).
 template <typename scalar_t>
-struct LanePairStagedValues {
+struct alignas(16) LanePairStagedValues {
   static constexpr int kTaps = kLanePairKernel * kLanePairKernel;
   scalar_t vertical[kLanePairPixels * kLanePairKernel];
   scalar_t horizontal[kLanePairPixels * kLanePairKernel];
