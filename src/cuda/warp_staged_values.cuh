@@ -31,25 +31,21 @@ struct alignas(2 * sizeof(scalar_t)) OffsetPair {
   scalar_t dy, dx;
 };
 
-// One warp's shared memory for the values. Lane l's values of a row start at l * K,
-// an odd stride, so lanes reading the same tap hit different banks (pairs of float32: a stride of
-// K 8-byte words, conflict-free within each half warp, which is how 8-byte loads are served).
-// Rows of taps alternate between two buffers: row i in buffer i % 2, row i + 1 landing in the other.
+// One warp's shared memory for the values and, in place, their gradients. Lane l's values of a
+// row start at l * K, an odd stride, so lanes reading the same tap hit different banks (pairs of
+// float32: a stride of K 8-byte words, conflict-free within each half warp, which is how 8-byte
+// loads are served). Rows of taps alternate between two buffers: row i in buffer i % 2, row i + 1
+// landing in the other. The gradients replace the values in place (a row's offsets and mask
+// values; the vertical weight of row i once row i is done; the horizontal kernel, which the pixel
+// code holds in registers at a static kernel width, at the end), which keeps 8 warps' buffers in
+// the 48 KB of static shared memory a kernel may have.
 template <typename scalar_t, int kKernel>
-struct WarpStagedRows {
+struct WarpStagedBuffers {
   static_assert(kKernel % 2 == 1, "an odd row stride keeps the lanes on different banks");
   scalar_t vertical[kWarpSize * kKernel];
   scalar_t horizontal[kWarpSize * kKernel];
-  OffsetPair<scalar_t> offset[2][kWarpSize * kKernel];  // a row's offsets; its gradients replace them in place
-  scalar_t mask[2][kWarpSize * kKernel];                // likewise
-};
-
-// The backward's buffers: its gradients replace the values in place (the vertical weight of
-// row i once row i is done; the horizontal kernel, which the pixel code holds in registers at a
-// static kernel width, at the end), which keeps 8 warps' buffers in the 48 KB of static shared
-// memory a kernel may have.
-template <typename scalar_t, int kKernel>
-struct WarpStagedBuffers : WarpStagedRows<scalar_t, kKernel> {
+  OffsetPair<scalar_t> offset[2][kWarpSize * kKernel];
+  scalar_t mask[2][kWarpSize * kKernel];
   float grad_output_max[kWarpSize];
 };
 
@@ -71,10 +67,11 @@ __device__ __forceinline__ void stage_element(T* shared, const T* global) {
 
 // The channels_last per-pixel tensors of output pixels [first, first + count) (index
 // n * H_out * W_out + y * W_out + x, consecutive in memory), lane l owning pixel first + l.
-template <typename scalar_t, typename index_t, int kKernel, typename Buffers = WarpStagedBuffers<scalar_t, kKernel>>
+template <typename scalar_t, typename index_t, int kKernel>
 struct WarpStagedPixelValues {
   static constexpr int kTaps = kKernel * kKernel;
   using Pair = OffsetPair<scalar_t>;
+  using Buffers = WarpStagedBuffers<scalar_t, kKernel>;
   Buffers& buf;
   const DeformSepconvParams<scalar_t, index_t>& p;
   // Set once (passes after the first turn with_grads off), so the compiler can read the pointers
