@@ -127,6 +127,39 @@ def test_prefetch_changes_nothing(gen, monkeypatch, config, dtype):
             assert g is None or torch.equal(g, g_off), f"gradient of {name} differs with prefetch on"
 
 
+# Calls without offsets and dilation (sepconv) take the grid-tap forward: each 8 x 32 tile of output
+# pixels stages the input window its taps read in shared memory, 4, 3, 2 or 1 channels a pass, and
+# holds 8 x 8 taps' weights at a time. The shapes give partial tiles, several passes, whole and
+# partial tap chunks, output planes smaller and larger than the input, and sepconv's 51 x 51, whose
+# 3-channel float32 window (57 KB) needs more than the default 48 KB of shared memory.
+GRID_TAP_CONFIGS = [
+    # N, C, H_in, W_in, KH, KW, padding
+    (2, 3, 21, 45, 5, 5, 2),
+    (1, 5, 12, 70, 3, 9, (0, 4)),
+    (2, 8, 9, 33, 8, 10, (3, 6)),
+    (1, 6, 17, 40, 13, 11, (6, 5)),
+    (1, 3, 40, 48, 51, 51, 25),
+]
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("config", GRID_TAP_CONFIGS, ids=["rgb-5x5", "c5-3x9", "c8-8x10", "c6-13x11", "sepconv-51"])
+def test_forward_without_offset(gen, config, dtype, layout):
+    """The grid-tap forward against the reference, both padding modes, with and without each of
+    vertical, horizontal and mask."""
+    big = config[4] > 16  # the reference's 2601 taps: one combination of tensors there
+    for present in [(True, True, False, False)] if big else [p for p in ALL_PRESENT if not p[2]]:
+        case = make_inputs(*config, present=present, dtype=dtype, device="cuda", generator=gen)
+        if layout == "channels_last":
+            case = case.map(lambda t: t.contiguous(memory_format=torch.channels_last))
+        for padding_mode in PADDING_MODES:
+            out = case.call(OP, padding_mode=padding_mode)
+            expected = case.to(F64, "cpu").call(R.deform_sepconv, padding_mode=padding_mode)
+            assert out.is_contiguous(memory_format=torch.channels_last) == (layout == "channels_last")
+            assert_close(out, expected, dtype, what=f"{present_id(present)}, {padding_mode}")
+
+
 @pytest.mark.parametrize("padding_mode", PADDING_MODES)
 def test_matches_cpu_op(gen, padding_mode):
     case = make_inputs(2, 7, 33, 35, 3, 3, 1, 2, generator=gen)

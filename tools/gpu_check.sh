@@ -80,7 +80,7 @@ if [ -n "${PROFILE:-}" ]; then
   step "ncu (tools/profile_case.py ${PROFILE_ARGS:-float32 --case train})"
   ncu --clock-control none --launch-skip 2 --launch-count 2 -k regex:deform_sepconv \
     --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
-    --section MemoryWorkloadAnalysis --section InstructionStats --section SchedulerStats \
+    --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section InstructionStats --section SchedulerStats \
     --metrics smsp__average_warp_latency_issue_stalled_long_scoreboard,smsp__average_warp_latency_issue_stalled_mio_throttle,smsp__average_warp_latency_issue_stalled_lg_throttle,smsp__average_warp_latency_issue_stalled_short_scoreboard,smsp__average_warp_latency_issue_stalled_barrier,smsp__average_warp_latency_issue_stalled_wait,smsp__average_warp_latency_issue_stalled_math_pipe_throttle \
     python3 "$REPO/tools/profile_case.py" ${PROFILE_ARGS:-} > "$OUT/ncu.txt" 2>&1 || status=1
   grep -E "deform_sepconv|Duration|Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Executed Instructions  |Issue Slots Busy|stalled|No Eligible" \

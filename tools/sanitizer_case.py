@@ -60,6 +60,15 @@ def run_every_path() -> None:
                 out = edsc_ext.deform_sepconv(rgb, None, cl[2], cl[3], None, kernel_size=(kh, kw), padding=pad,
                                               dilation=dil, padding_mode=mode)
                 out.sum().backward()
+                # No offsets (sepconv; undilated: the grid-tap forward, whose windows overhang the
+                # 11 x 13 image), with and without the mask, 5 channels (a pass each) and 3, NCHW and NHWC.
+                for frame, rest in ((ts[0], ts), (rgb, cl)):
+                    out = edsc_ext.deform_sepconv(frame, rest[1], rest[2], None, rest[4], padding=pad, dilation=dil,
+                                                  padding_mode=mode)
+                    out.sum().backward()
+                    out = edsc_ext.deform_sepconv(frame, rest[1], rest[2], padding=pad, dilation=dil,
+                                                  padding_mode=mode)
+                    out.sum().backward()
     torch.cuda.synchronize(device)
 
 

@@ -81,6 +81,19 @@ EDSC_HOST_DEVICE AxisSample<acc_t, index_t> sample_axis(acc_t coord, index_t siz
   return s;
 }
 
+// A tap without offset sits on the pixel grid: its coordinate along an axis of length `size` is
+// an integer, and its sample is that one pixel (fraction 0: the upper corner's weight is 0). Returns
+// whether the pixel is read, with `coord` the pixel's index: false outside the image in zeros mode
+// (the sample is 0); border mode clamps into the image, as sample_axis does.
+template <typename index_t>
+EDSC_HOST_DEVICE bool grid_tap_pixel(index_t& coord, index_t size, int64_t padding_mode) {
+  if (padding_mode == kPaddingBorder) {
+    coord = coord < 0 ? index_t(0) : (coord > size - 1 ? size - 1 : coord);
+    return true;
+  }
+  return coord >= 0 && coord < size;
+}
+
 // A bilinear sample of one input plane at (py, px): the four corners' flat offsets within the
 // plane, validity, and the fractional weights. Pixels of a plane are `pixel_stride` elements apart:
 // 1 in NCHW-contiguous memory, C in channels_last.

@@ -2,6 +2,8 @@
 // launches on that device's current stream, so a tensor on cuda:1 works whatever the current
 // device is. Per-pixel work comes from include/edsc_ext/deform_sepconv_pixel.h.
 //
+// Forward without offsets or dilation (sepconv), float32 and the half types: the input window of a
+// tile of output pixels in shared memory (deform_sepconv_forward_grid_taps_cuda_kernel).
 // Forward, 5x5 kernels with up to 4 channels:
 // - NCHW with exactly 3 channels (RGB), any floating type: one thread per output pixel, the
 //   channel count a compile-time constant, which leaves no branch in a tap (accumulate_tap);
@@ -140,12 +142,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock, sizeof(scalar_t) == 4 ? 3 : 
     const int32_t g = first_pixel + min(local, count - 1);  // inactive lanes: a real pixel
     const int32_t n = g / hw, pixel = g - n * hw;
     const int32_t y = pixel / p.width_out, x = pixel - y * p.width_out;
-    // Where this pixel's values start (channels_last: the pixel's K, 2K^2, K^2 values are contiguous).
-    const scalar_t* vertical = p.vertical ? p.vertical + int64_t(g) * K : nullptr;
-    const scalar_t* horizontal = p.horizontal ? p.horizontal + int64_t(g) * K : nullptr;
-    const OffsetPair<scalar_t>* offset =
-        p.offset ? reinterpret_cast<const OffsetPair<scalar_t>*>(p.offset) + int64_t(g) * kTaps : nullptr;
-    const scalar_t* mask = p.mask ? p.mask + int64_t(g) * kTaps : nullptr;
+    // Where this pixel's values start, nullptr for an absent tensor: in shared memory (kStaged) or
+    // in the tensors (channels_last: a pixel's K, 2K^2 and K^2 values are contiguous).
+    const scalar_t *vertical, *horizontal, *mask;
+    const OffsetPair<scalar_t>* offset;
+    const auto* offset_pairs = reinterpret_cast<const OffsetPair<scalar_t>*>(p.offset);
     if constexpr (kStaged) {
       Staged& st = staged_all[threadIdx.x / kWarpSize];
       __syncwarp();  // the warp's previous pixels are done with the buffer
@@ -155,18 +156,22 @@ __global__ void __launch_bounds__(kThreadsPerBlock, sizeof(scalar_t) == 4 ? 3 : 
         stage_run_16_bytes(st.horizontal, p.horizontal + run * K, kLanePairPixels * K, count * K, lane);
       }
       if (p.offset) {
-        stage_run_16_bytes(st.offset, reinterpret_cast<const OffsetPair<scalar_t>*>(p.offset) + run * kTaps,
-                           kLanePairPixels * kTaps, count * kTaps, lane);
+        stage_run_16_bytes(st.offset, offset_pairs + run * kTaps, kLanePairPixels * kTaps, count * kTaps, lane);
       }
       if (p.mask) stage_run_16_bytes(st.mask, p.mask + run * kTaps, kLanePairPixels * kTaps, count * kTaps, lane);
       copy_async_commit();
       copy_async_wait(0);  // this lane's copies have landed ...
       __syncwarp();        // ... and every lane's
-      const int slot = min(local, count - 1);
-      vertical = vertical ? st.vertical + slot * K : nullptr;
-      horizontal = horizontal ? st.horizontal + slot * K : nullptr;
-      offset = offset ? st.offset + slot * kTaps : nullptr;
-      mask = mask ? st.mask + slot * kTaps : nullptr;
+      const int slot = min(local, count - 1);  // the pixel g
+      vertical = p.vertical ? st.vertical + slot * K : nullptr;
+      horizontal = p.horizontal ? st.horizontal + slot * K : nullptr;
+      offset = p.offset ? st.offset + slot * kTaps : nullptr;
+      mask = p.mask ? st.mask + slot * kTaps : nullptr;
+    } else {
+      vertical = p.vertical ? p.vertical + int64_t(g) * K : nullptr;
+      horizontal = p.horizontal ? p.horizontal + int64_t(g) * K : nullptr;
+      offset = p.offset ? offset_pairs + int64_t(g) * kTaps : nullptr;
+      mask = p.mask ? p.mask + int64_t(g) * kTaps : nullptr;
     }
     const scalar_t* in = p.input + n * channels * p.height_in * p.width_in;
     const int64_t y_base = static_cast<int64_t>(y) - p.pad_h;
@@ -345,6 +350,197 @@ bool plain_forward_forced() {
   return mode != nullptr && std::string(mode) == "plain";
 }
 
+// Forward without offsets and without dilation (sepconv, and any call whose taps sit on the pixel
+// grid): a tap's sample is one input pixel (grid_tap_pixel), and neighbouring output pixels read
+// neighbouring pixels for the same tap. A block of kGridTileHeight x kGridTileWidth output pixels
+// first copies the input window its taps cover (KH - 1 more rows, KW - 1 more columns, as acc_t)
+// to shared memory, kPassChannels channels at a time, and the taps then read it there: one
+// shared-memory load and one multiply-add per tap and channel. The bilinear kernels make four
+// gathers from global memory per tap and channel, which at sepconv's 51x51 taps took 44.8 ms
+// (1 x 3 x 1088 x 1920, float32, H200, BENCHMARKS.md). Each thread owns one output pixel and holds
+// kGridTapChunk of its vertical and horizontal weights at a time in registers.
+constexpr int kGridTileWidth = kWarpSize;  // a warp a row of output pixels: conflict-free loads
+constexpr int kGridTileHeight = 8;
+constexpr int kGridTileThreads = kGridTileWidth * kGridTileHeight;
+constexpr int kGridTapChunk = 8;
+// At most this much shared memory a block (two blocks a multiprocessor on sm_80/sm_90).
+constexpr int64_t kGridWindowBudgetBytes = 100 * 1024;
+
+struct GridWindow {
+  int rows, cols;  // the input window of one channel: kGridTileHeight + KH - 1, kGridTileWidth + KW - 1
+  __host__ __device__ int size() const { return rows * cols; }
+};
+
+// kGridTapChunk x kGridTapChunk taps (rows < `rows`, columns < `cols` unless kWhole) of one output
+// pixel, whose tap (i0, j0) is window value `first` of each staged channel: acc[c] += wv[ii] *
+// sum_jj wh[jj] * mask * window. The mask's values of row ii start at first_mask + ii * mask_row.
+template <bool kWhole, int kPassChannels, bool kMask, typename scalar_t, typename acc_t>
+__device__ __forceinline__ void accumulate_grid_chunk(const acc_t* first, const GridWindow& window,
+                                                      const scalar_t* first_mask, int64_t mask_row,
+                                                      int64_t mask_column, const acc_t (&wv)[kGridTapChunk],
+                                                      const acc_t (&wh)[kGridTapChunk], int64_t rows, int64_t cols,
+                                                      acc_t (&acc)[kPassChannels]) {
+  const int window_size = window.size();
+  EDSC_UNROLL
+  for (int ii = 0; ii < kGridTapChunk; ++ii) {
+    if (!kWhole && ii >= rows) break;
+    const acc_t* row = first + ii * window.cols;
+    acc_t sum[kPassChannels];
+    EDSC_UNROLL
+    for (int cc = 0; cc < kPassChannels; ++cc) sum[cc] = acc_t(0);
+    EDSC_UNROLL
+    for (int jj = 0; jj < kGridTapChunk; ++jj) {
+      if (!kWhole && jj >= cols) break;
+      acc_t w = wh[jj];
+      if constexpr (kMask) w *= static_cast<acc_t>(first_mask[ii * mask_row + jj * mask_column]);
+      EDSC_UNROLL
+      for (int cc = 0; cc < kPassChannels; ++cc) sum[cc] += w * row[cc * window_size + jj];
+    }
+    EDSC_UNROLL
+    for (int cc = 0; cc < kPassChannels; ++cc) acc[cc] += wv[ii] * sum[cc];
+  }
+}
+
+template <int kPassChannels, bool kChannelsLast, bool kMask, typename scalar_t>
+__global__ void __launch_bounds__(kGridTileThreads)
+    deform_sepconv_forward_grid_taps_cuda_kernel(const DeformSepconvParams<scalar_t, int64_t> p,
+                                                 scalar_t* __restrict__ output, const GridWindow window) {
+  using acc_t = at::opmath_type<scalar_t>;
+  extern __shared__ __align__(16) unsigned char window_raw[];
+  acc_t* staged = reinterpret_cast<acc_t*>(window_raw);  // [kPassChannels][window.rows][window.cols]
+  const int window_size = window.size();
+
+  const int64_t n = blockIdx.z;
+  const int ty = threadIdx.x / kGridTileWidth, tx = threadIdx.x % kGridTileWidth;
+  const int64_t y0 = int64_t(blockIdx.y) * kGridTileHeight, x0 = int64_t(blockIdx.x) * kGridTileWidth;
+  const int64_t y = y0 + ty, x = x0 + tx;
+  const bool active = y < p.height_out && x < p.width_out;
+  const int KH = static_cast<int>(p.kernel_h), KW = static_cast<int>(p.kernel_w);  // small: the window fits
+  const int64_t hw_out = p.height_out * p.width_out;
+  const int64_t pixel = active ? y * p.width_out + x : 0;
+  const PixelView<int64_t> vertical_view = pixel_view<kChannelsLast>(n, pixel, int64_t(KH), hw_out);
+  const PixelView<int64_t> horizontal_view = pixel_view<kChannelsLast>(n, pixel, int64_t(KW), hw_out);
+  const PixelView<int64_t> mask_view = pixel_view<kChannelsLast>(n, pixel, int64_t(KH) * KW, hw_out);
+  const PixelView<int64_t> out_view = pixel_view<kChannelsLast>(n, pixel, p.channels, hw_out);
+  const int64_t plane = input_channel_stride<kChannelsLast>(p);
+  const int64_t pixel_stride = input_pixel_stride<kChannelsLast>(p);
+  const scalar_t* in = p.input + n * p.channels * p.height_in * p.width_in;
+
+  for (int64_t c0 = 0; c0 < p.channels; c0 += kPassChannels) {
+    __syncthreads();  // the previous pass is done reading the window
+    // Window row r, column q is input pixel (y0 - pad_h + r, x0 - pad_w + q): tap (i, j) of output
+    // pixel (y0 + ty, x0 + tx) reads row ty + i, column tx + j.
+    for (int e = threadIdx.x; e < kPassChannels * window_size; e += kGridTileThreads) {
+      int cc, rest;
+      if constexpr (kChannelsLast) {  // channels fastest: adjacent threads read adjacent memory
+        cc = e % kPassChannels;
+        rest = e / kPassChannels;
+      } else {
+        cc = e / window_size;
+        rest = e % window_size;
+      }
+      int64_t iy = y0 - p.pad_h + rest / window.cols, ix = x0 - p.pad_w + rest % window.cols;
+      const bool inside = grid_tap_pixel(iy, p.height_in, p.padding_mode) &
+                          grid_tap_pixel(ix, p.width_in, p.padding_mode);
+      staged[cc * window_size + rest] =
+          inside ? static_cast<acc_t>(in[(c0 + cc) * plane + (iy * p.width_in + ix) * pixel_stride]) : acc_t(0);
+    }
+    __syncthreads();
+    if (!active) continue;
+
+    acc_t acc[kPassChannels];
+    EDSC_UNROLL
+    for (int cc = 0; cc < kPassChannels; ++cc) acc[cc] = acc_t(0);
+    const acc_t* own = staged + ty * window.cols + tx;  // tap (0, 0) of this thread's pixel
+    const scalar_t* own_mask = kMask ? p.mask + mask_view.base : nullptr;
+    for (int i0 = 0; i0 < KH; i0 += kGridTapChunk) {
+      acc_t wv[kGridTapChunk];
+      EDSC_UNROLL
+      for (int ii = 0; ii < kGridTapChunk; ++ii) {
+        wv[ii] = i0 + ii < KH ? load_param_or(p.vertical, vertical_view.base + (i0 + ii) * vertical_view.stride,
+                                              acc_t(1))
+                              : acc_t(0);
+      }
+      for (int j0 = 0; j0 < KW; j0 += kGridTapChunk) {
+        acc_t wh[kGridTapChunk];
+        EDSC_UNROLL
+        for (int jj = 0; jj < kGridTapChunk; ++jj) {
+          wh[jj] = j0 + jj < KW
+                       ? load_param_or(p.horizontal, horizontal_view.base + (j0 + jj) * horizontal_view.stride, acc_t(1))
+                       : acc_t(0);
+        }
+        const acc_t* first = own + i0 * window.cols + j0;
+        const scalar_t* first_mask = kMask ? own_mask + (int64_t(i0) * KW + j0) * mask_view.stride : nullptr;
+        // Whole chunks, the common case, with no bounds tests; the last row and column chunks with.
+        if (i0 + kGridTapChunk <= KH && j0 + kGridTapChunk <= KW) {
+          accumulate_grid_chunk<true, kPassChannels, kMask>(first, window, first_mask, KW * mask_view.stride,
+                                                            mask_view.stride, wv, wh, kGridTapChunk, kGridTapChunk,
+                                                            acc);
+        } else {
+          accumulate_grid_chunk<false, kPassChannels, kMask>(first, window, first_mask, KW * mask_view.stride,
+                                                             mask_view.stride, wv, wh, KH - i0, KW - j0, acc);
+        }
+      }
+    }
+    scalar_t* out = output + out_view.base + c0 * out_view.stride;
+    EDSC_UNROLL
+    for (int cc = 0; cc < kPassChannels; ++cc) out[cc * out_view.stride] = static_cast<scalar_t>(acc[cc]);
+  }
+}
+
+// The channels the grid-tap forward stages together: the most of 4, 3, 2, 1 that divides the
+// channel count and whose windows fit the budget; 0 where it does not apply (offsets, dilation,
+// float64, a grid too large, EDSC_EXT_FORWARD=plain) or not even one channel's window fits.
+int grid_taps_pass_channels(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg, GridWindow& window) {
+  if (t.offset.defined() || cfg.dilation_h != 1 || cfg.dilation_w != 1 || t.input.element_size() > 4) return 0;
+  if (plain_forward_forced()) return 0;
+  if (t.input.size(0) > 65535 || (t.height_out + kGridTileHeight - 1) / kGridTileHeight > 65535) return 0;
+  const int64_t rows = kGridTileHeight + cfg.kernel_h - 1, cols = kGridTileWidth + cfg.kernel_w - 1;
+  const int64_t channel_bytes = rows * cols * static_cast<int64_t>(sizeof(float));  // acc_t of the <= 4-byte types
+  const int64_t budget =
+      std::min<int64_t>(kGridWindowBudgetBytes, at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin);
+  for (const int pass : {4, 3, 2, 1}) {
+    if (t.input.size(1) % pass == 0 && pass * channel_bytes <= budget) {
+      window = {static_cast<int>(rows), static_cast<int>(cols)};  // small: they fit the budget
+      return pass;
+    }
+  }
+  return 0;
+}
+
+template <typename scalar_t>
+void launch_grid_taps_forward(const DeformSepconvParams<scalar_t, int64_t>& p, scalar_t* out, int pass_channels,
+                              const GridWindow& window, bool channels_last, cudaStream_t stream) {
+  if constexpr (sizeof(scalar_t) <= 4) {
+    const dim3 grid(static_cast<unsigned int>((p.width_out + kGridTileWidth - 1) / kGridTileWidth),
+                    static_cast<unsigned int>((p.height_out + kGridTileHeight - 1) / kGridTileHeight),
+                    static_cast<unsigned int>(p.batch));
+    const size_t shared = static_cast<size_t>(pass_channels) * window.size() * sizeof(at::opmath_type<scalar_t>);
+    const auto launch = [&](auto kernel) {
+      if (shared > 48 * 1024) {  // beyond the default limit a kernel must opt in
+        C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(shared)));
+      }
+      kernel<<<grid, kGridTileThreads, shared, stream>>>(p, out, window);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    };
+    // A mask is a load a tap; sepconv has none, and then the taps are loads from shared memory only.
+    const auto dispatch_mask = [&](auto pass) {
+      constexpr int kPass = decltype(pass)::value;
+      EDSC_DISPATCH_LAYOUT(channels_last, [&] {
+        p.mask ? launch(deform_sepconv_forward_grid_taps_cuda_kernel<kPass, kChannelsLast, true, scalar_t>)
+               : launch(deform_sepconv_forward_grid_taps_cuda_kernel<kPass, kChannelsLast, false, scalar_t>);
+      });
+    };
+    switch (pass_channels) {
+      case 4: return dispatch_mask(std::integral_constant<int, 4>{});
+      case 3: return dispatch_mask(std::integral_constant<int, 3>{});
+      case 2: return dispatch_mask(std::integral_constant<int, 2>{});
+      default: return dispatch_mask(std::integral_constant<int, 1>{});
+    }
+  }
+}
+
 // The chunk size the staged forward can copy every per-pixel tensor's segments with (16 or 4
 // bytes: cp.async needs aligned addresses, and a segment starts at (n * channels + k) * hw + p0
 // elements), or 0 where it cannot be used.
@@ -384,8 +580,14 @@ at::Tensor deform_sepconv_forward_cuda(const at::Tensor& input, const std::optio
   const int64_t channels = input.size(1);
 
   const int staged_chunk = staged_forward_chunk(t, kernel_h, kernel_w);
+  GridWindow window{};
+  const int grid_pass_channels = grid_taps_pass_channels(t, cfg, window);
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "deform_sepconv_forward_cuda", [&] {
+    if (grid_pass_channels != 0) {
+      return launch_grid_taps_forward(make_params<scalar_t, int64_t>(t, cfg), output.mutable_data_ptr<scalar_t>(),
+                                      grid_pass_channels, window, t.channels_last, stream);
+    }
     EDSC_DISPATCH_INDEX_TYPE(t.use_32bit_indexing, [&] {
       EDSC_DISPATCH_KERNEL_SIZE(kernel_h, kernel_w, [&] {
         const auto p = make_params<scalar_t, index_t>(t, cfg);
