@@ -3,7 +3,7 @@
 // device is. Per-pixel work comes from include/edsc_ext/deform_sepconv_pixel.h.
 //
 // Forward without offsets or dilation (sepconv), float32 and the half types: the input window of a
-// tile of output pixels in shared memory (deform_sepconv_forward_grid_taps_cuda_kernel).
+// tile of output pixels in shared memory (grid_tap_window.cuh, deform_sepconv_forward_grid_taps_cuda_kernel).
 // Forward, 5x5 kernels with up to 4 channels:
 // - NCHW with exactly 3 channels (RGB), any floating type: one thread per output pixel, the
 //   channel count a compile-time constant, which leaves no branch in a tap (accumulate_tap);
@@ -19,6 +19,7 @@
 // EDSC_EXT_FORWARD=plain forces the one-thread-per-(pixel, channel block) kernel (benchmarks, tests).
 #include "deform_sepconv_cuda.cuh"
 #include "prefetched_pixel_values.cuh"
+#include "grid_tap_window.cuh"
 #include "warp_staged_values.cuh"
 
 namespace edsc_ext {
@@ -350,26 +351,11 @@ bool plain_forward_forced() {
   return mode != nullptr && std::string(mode) == "plain";
 }
 
-// Forward without offsets and without dilation (sepconv, and any call whose taps sit on the pixel
-// grid): a tap's sample is one input pixel (grid_tap_pixel), and neighbouring output pixels read
-// neighbouring pixels for the same tap. A block of kGridTileHeight x kGridTileWidth output pixels
-// first copies the input window its taps cover (KH - 1 more rows, KW - 1 more columns, as acc_t)
-// to shared memory, kPassChannels channels at a time, and the taps then read it there: one
-// shared-memory load and one multiply-add per tap and channel. The bilinear kernels make four
-// gathers from global memory per tap and channel, which at sepconv's 51x51 taps took 44.8 ms
-// (1 x 3 x 1088 x 1920, float32, H200, BENCHMARKS.md). Each thread owns one output pixel and holds
-// kGridTapChunk of its vertical and horizontal weights at a time in registers.
-constexpr int kGridTileWidth = kWarpSize;  // a warp a row of output pixels: conflict-free loads
-constexpr int kGridTileHeight = 8;
-constexpr int kGridTileThreads = kGridTileWidth * kGridTileHeight;
-constexpr int kGridTapChunk = 8;
+// Forward of the grid-tap calls (grid_tap_window.cuh): one shared-memory load and one multiply-add
+// per tap and channel. Each thread owns one output pixel and holds kGridTapChunk of its vertical
+// and horizontal weights at a time in registers; kPassChannels channels share a window.
 // At most this much shared memory a block (two blocks a multiprocessor on sm_80/sm_90).
 constexpr int64_t kGridWindowBudgetBytes = 100 * 1024;
-
-struct GridWindow {
-  int rows, cols;  // the input window of one channel: kGridTileHeight + KH - 1, kGridTileWidth + KW - 1
-  __host__ __device__ int size() const { return rows * cols; }
-};
 
 // kGridTapChunk x kGridTapChunk taps (rows < `rows`, columns < `cols` unless kWhole) of one output
 // pixel, whose tap (i0, j0) is window value `first` of each staged channel: acc[c] += wv[ii] *
@@ -422,29 +408,10 @@ __global__ void __launch_bounds__(kGridTileThreads)
   const PixelView<int64_t> horizontal_view = pixel_view<kChannelsLast>(n, pixel, int64_t(KW), hw_out);
   const PixelView<int64_t> mask_view = pixel_view<kChannelsLast>(n, pixel, int64_t(KH) * KW, hw_out);
   const PixelView<int64_t> out_view = pixel_view<kChannelsLast>(n, pixel, p.channels, hw_out);
-  const int64_t plane = input_channel_stride<kChannelsLast>(p);
-  const int64_t pixel_stride = input_pixel_stride<kChannelsLast>(p);
-  const scalar_t* in = p.input + n * p.channels * p.height_in * p.width_in;
 
   for (int64_t c0 = 0; c0 < p.channels; c0 += kPassChannels) {
     __syncthreads();  // the previous pass is done reading the window
-    // Window row r, column q is input pixel (y0 - pad_h + r, x0 - pad_w + q): tap (i, j) of output
-    // pixel (y0 + ty, x0 + tx) reads row ty + i, column tx + j.
-    for (int e = threadIdx.x; e < kPassChannels * window_size; e += kGridTileThreads) {
-      int cc, rest;
-      if constexpr (kChannelsLast) {  // channels fastest: adjacent threads read adjacent memory
-        cc = e % kPassChannels;
-        rest = e / kPassChannels;
-      } else {
-        cc = e / window_size;
-        rest = e % window_size;
-      }
-      int64_t iy = y0 - p.pad_h + rest / window.cols, ix = x0 - p.pad_w + rest % window.cols;
-      const bool inside = grid_tap_pixel(iy, p.height_in, p.padding_mode) &
-                          grid_tap_pixel(ix, p.width_in, p.padding_mode);
-      staged[cc * window_size + rest] =
-          inside ? static_cast<acc_t>(in[(c0 + cc) * plane + (iy * p.width_in + ix) * pixel_stride]) : acc_t(0);
-    }
+    stage_grid_window<kPassChannels, kChannelsLast>(staged, window, p, n, c0, y0, x0);
     __syncthreads();
     if (!active) continue;
 
@@ -455,20 +422,11 @@ __global__ void __launch_bounds__(kGridTileThreads)
     const scalar_t* own_mask = kMask ? p.mask + mask_view.base : nullptr;
     for (int i0 = 0; i0 < KH; i0 += kGridTapChunk) {
       acc_t wv[kGridTapChunk];
-      EDSC_UNROLL
-      for (int ii = 0; ii < kGridTapChunk; ++ii) {
-        wv[ii] = i0 + ii < KH ? load_param_or(p.vertical, vertical_view.base + (i0 + ii) * vertical_view.stride,
-                                              acc_t(1))
-                              : acc_t(0);
-      }
+      load_grid_weights(wv, p.vertical, vertical_view.base + i0 * vertical_view.stride, vertical_view.stride, KH - i0);
       for (int j0 = 0; j0 < KW; j0 += kGridTapChunk) {
         acc_t wh[kGridTapChunk];
-        EDSC_UNROLL
-        for (int jj = 0; jj < kGridTapChunk; ++jj) {
-          wh[jj] = j0 + jj < KW
-                       ? load_param_or(p.horizontal, horizontal_view.base + (j0 + jj) * horizontal_view.stride, acc_t(1))
-                       : acc_t(0);
-        }
+        load_grid_weights(wh, p.horizontal, horizontal_view.base + j0 * horizontal_view.stride, horizontal_view.stride,
+                          KW - j0);
         const acc_t* first = own + i0 * window.cols + j0;
         const scalar_t* first_mask = kMask ? own_mask + (int64_t(i0) * KW + j0) * mask_view.stride : nullptr;
         // Whole chunks, the common case, with no bounds tests; the last row and column chunks with.
@@ -489,38 +447,23 @@ __global__ void __launch_bounds__(kGridTileThreads)
 }
 
 // The channels the grid-tap forward stages together: the most of 4, 3, 2, 1 that divides the
-// channel count and whose windows fit the budget; 0 where it does not apply (offsets, dilation,
-// float64, a grid too large, EDSC_EXT_FORWARD=plain) or not even one channel's window fits.
+// channel count and whose windows fit the budget; 0 where it does not apply.
 int grid_taps_pass_channels(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg, GridWindow& window) {
-  if (t.offset.defined() || cfg.dilation_h != 1 || cfg.dilation_w != 1 || t.input.element_size() > 4) return 0;
-  if (plain_forward_forced()) return 0;
-  if (t.input.size(0) > 65535 || (t.height_out + kGridTileHeight - 1) / kGridTileHeight > 65535) return 0;
-  const int64_t rows = kGridTileHeight + cfg.kernel_h - 1, cols = kGridTileWidth + cfg.kernel_w - 1;
-  const int64_t channel_bytes = rows * cols * static_cast<int64_t>(sizeof(float));  // acc_t of the <= 4-byte types
-  const int64_t budget =
-      std::min<int64_t>(kGridWindowBudgetBytes, at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin);
+  int64_t channel_bytes = 0;
+  if (plain_forward_forced() || !grid_taps_apply(t, cfg, window, channel_bytes)) return 0;
   for (const int pass : {4, 3, 2, 1}) {
-    if (t.input.size(1) % pass == 0 && pass * channel_bytes <= budget) {
-      window = {static_cast<int>(rows), static_cast<int>(cols)};  // small: they fit the budget
-      return pass;
-    }
+    if (t.input.size(1) % pass == 0 && pass * channel_bytes <= kGridWindowBudgetBytes) return pass;
   }
   return 0;
 }
 
 template <typename scalar_t>
 void launch_grid_taps_forward(const DeformSepconvParams<scalar_t, int64_t>& p, scalar_t* out, int pass_channels,
-                              const GridWindow& window, bool channels_last, cudaStream_t stream) {
+                              const GridWindow& window, const dim3 grid, bool channels_last, cudaStream_t stream) {
   if constexpr (sizeof(scalar_t) <= 4) {
-    const dim3 grid(static_cast<unsigned int>((p.width_out + kGridTileWidth - 1) / kGridTileWidth),
-                    static_cast<unsigned int>((p.height_out + kGridTileHeight - 1) / kGridTileHeight),
-                    static_cast<unsigned int>(p.batch));
     const size_t shared = static_cast<size_t>(pass_channels) * window.size() * sizeof(at::opmath_type<scalar_t>);
     const auto launch = [&](auto kernel) {
-      if (shared > 48 * 1024) {  // beyond the default limit a kernel must opt in
-        C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(shared)));
-      }
+      allow_grid_taps_shared(kernel, shared);
       kernel<<<grid, kGridTileThreads, shared, stream>>>(p, out, window);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     };
@@ -586,7 +529,7 @@ at::Tensor deform_sepconv_forward_cuda(const at::Tensor& input, const std::optio
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "deform_sepconv_forward_cuda", [&] {
     if (grid_pass_channels != 0) {
       return launch_grid_taps_forward(make_params<scalar_t, int64_t>(t, cfg), output.mutable_data_ptr<scalar_t>(),
-                                      grid_pass_channels, window, t.channels_last, stream);
+                                      grid_pass_channels, window, grid_taps_grid(t), t.channels_last, stream);
     }
     EDSC_DISPATCH_INDEX_TYPE(t.use_32bit_indexing, [&] {
       EDSC_DISPATCH_KERNEL_SIZE(kernel_h, kernel_w, [&] {

@@ -7,6 +7,7 @@
 namespace edsc_ext {
 
 constexpr int kThreadsPerBlock = 256;
+constexpr int kWarpSize = 32;
 // Grid-stride loops cover the rest; this many blocks already fill any current GPU many times.
 constexpr int64_t kMaxBlocks = int64_t(1) << 20;
 

@@ -19,7 +19,6 @@
 
 namespace edsc_ext {
 
-constexpr int kWarpSize = 32;
 // The kernel size the warp-staged kernels are compiled for (KH = KW).
 constexpr int kWarpStagedKernel = 5;
 
