@@ -130,7 +130,8 @@ def test_prefetch_changes_nothing(gen, monkeypatch, config, dtype):
 # Calls without offsets and dilation (sepconv) take the grid-tap kernels: each 8 x 32 tile of
 # output pixels stages the input window its taps read in shared memory (the forward 4, 3, 2 or 1
 # channels a pass; the parameter gradients all channels at once, up to 4, else the bilinear
-# backward) and holds 8 x 8 taps' weights at a time. The shapes give partial tiles, several passes,
+# backward) and holds 8 x 8 taps' weights at a time; without a mask the input gradient is
+# gathered, each 8 x 32 tile of input pixels walking the rows of output pixels that reach it. The shapes give partial tiles, several passes,
 # whole and partial tap chunks, output planes smaller and larger than the input, and sepconv's
 # 51 x 51, whose 3-channel float32 window (57 KB, 109 KB with the backward's sums) needs more than
 # the default 48 KB of shared memory.
@@ -149,15 +150,18 @@ GRID_TAP_CONFIGS = [
 @pytest.mark.parametrize("config", GRID_TAP_CONFIGS, ids=["rgb-5x5", "c5-3x9", "c4-8x10", "c6-13x11", "sepconv-51"])
 def test_without_offset(gen, config, dtype, layout):
     """The grid-tap kernels against the reference, with and without each of vertical, horizontal
-    and mask: forward and every gradient in zeros mode; in border mode the per-pixel tensors'
-    gradients only (a frame that needs none, as in sepconv training: the grid-tap kernel alone)."""
+    and mask, forward and every gradient (the input's gathered where there is no mask and at most
+    4 channels); once also the per-pixel tensors' gradients alone (a frame that needs none, as in
+    sepconv training)."""
     big = config[4] > 16  # the reference's 2601 taps: one combination of tensors there
     for present in [(True, True, False, False)] if big else [p for p in ALL_PRESENT if not p[2]]:
         case = make_inputs(*config, present=present, dtype=dtype, device="cuda", generator=gen)
         if layout == "channels_last":
             case = case.map(lambda t: t.contiguous(memory_format=torch.channels_last))
-        for padding_mode in PADDING_MODES:
-            which = ARG_NAMES if padding_mode == "zeros" or not any(present) else ARG_NAMES[1:]
+        runs = [(mode, ARG_NAMES) for mode in PADDING_MODES]
+        if present == (True, True, False, False):
+            runs.append(("border", ARG_NAMES[1:]))
+        for padding_mode, which in runs:
             out, grads = forward_and_grads(OP, case, padding_mode, which=which)
             expected, expected_grads = reference_and_grads(case, padding_mode, which=which)
             assert out.is_contiguous(memory_format=torch.channels_last) == (layout == "channels_last")

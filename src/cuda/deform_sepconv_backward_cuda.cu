@@ -66,11 +66,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
   const int64_t channels = input.size(1);
   if (pixels == 0 || channels == 0) return {grads[0], grads[1], grads[2], grads[3], grads[4]};
 
-  const bool deterministic = grads[0].numel() > 0 && at::globalContext().deterministicAlgorithms();
+  // Without offsets (sepconv) the input gradient is gathered, deterministic as it is; the kernels
+  // below then compute the other gradients only.
+  std::array<at::Tensor, 5> rest = grads;
+  if (deform_sepconv_grid_taps_input_grad_cuda(t, cfg, grads[0])) rest[0] = at::empty({0}, grads[0].options());
+  const bool deterministic = rest[0].numel() > 0 && at::globalContext().deterministicAlgorithms();
   FixedPointInputGrad fixed_point;
   if (deterministic) fixed_point = prepare_fixed_point_input_grad(t, cfg);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "deform_sepconv_backward_cuda", [&] {
-    launch_deform_sepconv_backward<scalar_t>(t, cfg, grads, deterministic, fixed_point);
+    launch_deform_sepconv_backward<scalar_t>(t, cfg, rest, deterministic, fixed_point);
   });
   if (deterministic) grads[0].copy_(finish_fixed_point_input_grad(fixed_point));
   return {grads[0], grads[1], grads[2], grads[3], grads[4]};

@@ -25,4 +25,10 @@ void launch_deform_sepconv_backward(const DeformSepconvTensors& t, const DeformS
                                     std::array<at::Tensor, 5>& grads, bool deterministic,
                                     const FixedPointInputGrad& fixed_point);
 
+// Calls without offsets, dilation or mask and up to 4 channels (sepconv): computes the input
+// gradient into grad_input by gathering (deform_sepconv_grid_taps_input_grad_cuda.cu) and returns
+// true; false where it does not apply.
+bool deform_sepconv_grid_taps_input_grad_cuda(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
+                                              at::Tensor& grad_input);
+
 }  // namespace edsc_ext

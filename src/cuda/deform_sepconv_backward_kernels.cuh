@@ -629,10 +629,8 @@ void launch_deform_sepconv_backward(const DeformSepconvTensors& t, const DeformS
   auto param_grads = make_param_grads<scalar_t>(grads);
   // Without offsets (sepconv) the grid-tap kernel computes the per-pixel tensors' gradients; the
   // kernels below then only scatter the input gradient, if it is asked for.
-  if (launch_grid_taps_param_grads(t, cfg, param_grads, stream)) {
-    param_grads = {};
-    if (grads[0].numel() == 0) return;
-  }
+  if (launch_grid_taps_param_grads(t, cfg, param_grads, stream)) param_grads = {};
+  if (grads[0].numel() == 0 && !param_grads.any()) return;  // nothing left (or asked for)
   const TileFootprint footprint = tile_footprint(cfg, channels);
   const bool prefetch = prefetch_enabled();
   // The tile needs shared memory for at least one channel, 32-bit indices (below), at most
