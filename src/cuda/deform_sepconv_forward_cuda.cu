@@ -354,7 +354,8 @@ bool plain_forward_forced() {
 // Forward of the grid-tap calls (grid_tap_window.cuh): one shared-memory load and one multiply-add
 // per tap and channel. Each thread owns one output pixel and holds kGridTapChunk of its vertical
 // and horizontal weights at a time in registers; kPassChannels channels share a window.
-// At most this much shared memory a block (two blocks a multiprocessor on sm_80/sm_90).
+
+// The most shared memory a forward block's windows take (two blocks a multiprocessor on sm_80/sm_90).
 constexpr int64_t kGridWindowBudgetBytes = 100 * 1024;
 
 // kGridTapChunk x kGridTapChunk taps (rows < `rows`, columns < `cols` unless kWhole) of one output

@@ -4,7 +4,9 @@
 // kGridTileHeight x kGridTileWidth output pixels copies the input window its taps cover (KH - 1
 // more rows, KW - 1 more columns, as acc_t) to shared memory once, and the taps read it there:
 // the bilinear kernels made four gathers from global memory per tap and channel, and sepconv's
-// 51x51 forward took 45.2 ms (1 x 3 x 1088 x 1920, float32, H200; BENCHMARKS.md).
+// 51x51 forward took 45.2 ms (1 x 3 x 1088 x 1920, float32, H200; BENCHMARKS.md). One difference
+// from the bilinear formula: a non-finite input pixel no longer leaks into the samples of its
+// neighbours (as 0 * inf, with weight 0); README.md says so.
 #pragma once
 
 #include "deform_sepconv_cuda.cuh"
