@@ -402,6 +402,48 @@ def test_sepconv_style(gen):
     assert_grads_close(grads, expected_grads)
 
 
+# Calls without offsets or dilation take the row-wise kernels (every tap reads one input pixel):
+# output narrower and wider than the input, a kernel wider than the image, many channels, sepconv's
+# 51 x 51 on a small frame.
+GRID_TAP_CONFIGS = [
+    # N, C, H_in, W_in, KH, KW, padding
+    (2, 3, 7, 9, 3, 5, (1, 2)),
+    (1, 5, 6, 8, 4, 6, (0, 4)),
+    (1, 2, 5, 4, 3, 9, (1, 4)),
+    (1, 3, 12, 14, 51, 51, 25),
+]
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("dtype", [F64, F32, torch.bfloat16], ids=["f64", "f32", "bf16"])
+@pytest.mark.parametrize("config", GRID_TAP_CONFIGS, ids=["3x5", "4x6", "wider-than-image", "sepconv-51"])
+def test_without_offset(gen, config, dtype, layout):
+    """The row-wise forward and backward against the reference in both padding modes, with and
+    without each of vertical, horizontal and mask, every gradient and (once) the per-pixel
+    tensors' alone; EDSC_EXT_GRID_TAPS=0 (the per-pixel bilinear code) agrees."""
+    big = config[4] > 16  # the reference's 2601 taps: one combination of tensors there
+    for present in [(True, True, False, False)] if big else [p for p in ALL_PRESENT if not p[2]]:
+        case = make_inputs(*config, present=present, dtype=dtype, generator=gen)
+        if layout == "channels_last":
+            case = case.map(lambda t: t.contiguous(memory_format=torch.channels_last))
+        runs = [(mode, ARG_NAMES) for mode in PADDING_MODES]
+        if present == (True, True, False, False):
+            runs.append(("border", ARG_NAMES[1:]))
+        for padding_mode, which in runs:
+            what = f"{present_id(present)}, {padding_mode}"
+            out, grads = forward_and_grads(OP, case, padding_mode, which=which)
+            assert out.is_contiguous(memory_format=torch.channels_last) == (layout == "channels_last")
+            expected, expected_grads = forward_and_grads(R.deform_sepconv, case.to(F64), padding_mode, which=which)
+            assert_close(out, expected, dtype, what=what)
+            assert_grads_close(grads, expected_grads, dtype)
+            if not big:
+                with pytest.MonkeyPatch.context() as mp:
+                    mp.setenv("EDSC_EXT_GRID_TAPS", "0")
+                    bilinear, bilinear_grads = forward_and_grads(OP, case, padding_mode, which=which)
+                assert_close(out, bilinear.to(F64), dtype, what=what)
+                assert_grads_close(grads, [None if g is None else g.to(F64) for g in bilinear_grads], dtype)
+
+
 @pytest.mark.parametrize("K", [3, 5])
 def test_edsc_style(gen, K):
     """EDSC: separable kernels, offsets and mask, same-size output, replicate padding."""

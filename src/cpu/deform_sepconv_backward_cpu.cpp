@@ -8,7 +8,9 @@
 #include <torch/library.h>
 
 #include <cstdlib>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "edsc_ext/ops.h"
 #include "cpu_loops.h"
@@ -31,6 +33,130 @@ struct PlaneAdd {
     grad[c * channel_stride + (y * width + x) * pixel_stride] += v;
   }
 };
+
+// Scratch of the row-wise backward (acc_t), sized for one call: the weight rows, dL/dout of the
+// row (C x W), the input rows of a tap row (C x W_in) and their gradient (C x W_in), the channel
+// sums s and the vertical-gradient row (W each), the horizontal-gradient rows (KW x W).
+template <typename acc_t>
+struct GridTapRowScratch {
+  std::vector<acc_t> data;
+  acc_t *v_rows, *h_rows, *g, *in_rows, *din, *s, *gv, *gh;
+  GridTapRowScratch(int64_t KH, int64_t KW, int64_t C, int64_t W, int64_t W_in)
+      : data(static_cast<size_t>((KH + KW + C + 2 + KW) * W + 2 * C * W_in)) {
+    v_rows = data.data();
+    h_rows = v_rows + KH * W;
+    g = h_rows + KW * W;
+    s = g + C * W;
+    gv = s + W;
+    gh = gv + W;
+    in_rows = gh + KW * W;
+    din = in_rows + C * W_in;
+  }
+};
+
+// Backward of output row (n, y) of a call without offsets or dilation (takes_grid_taps), the
+// input gradient's adds going to `image_grad` (grad_input[n] or a band's scratch copy; nullptr:
+// not wanted). Per tap (i, j) and pixel x, with T_c the input value the tap read:
+// s = sum_c dL/dout_c * T_c; dV_i += H_j M s; dH_j += V_i M s; dM = V_i H_j s; and
+// dL/dout_c * V_i * H_j * M goes to the input pixel. All loops run along x over whole rows.
+template <bool kChannelsLast, typename scalar_t, typename acc_t, typename index_t>
+EDSC_CPU_INLINE inline void deform_sepconv_backward_grid_taps_row(const DeformSepconvParams<scalar_t, index_t>& p,
+                                                                  const scalar_t* grad_output,
+                                                                  const DeformSepconvParamGrads<scalar_t>& grads,
+                                                                  acc_t* image_grad, index_t n, index_t y,
+                                                                  GridTapRowScratch<acc_t>& b) {
+  const index_t KH = p.kernel_h, KW = p.kernel_w, C = p.channels, width = p.width_out, width_in = p.width_in;
+  const index_t hw_out = p.height_out * width;
+  const PixelView<index_t> v_view = pixel_view<kChannelsLast>(n, y * width, KH, hw_out);
+  const PixelView<index_t> h_view = pixel_view<kChannelsLast>(n, y * width, KW, hw_out);
+  const PixelView<index_t> m_view = pixel_view<kChannelsLast>(n, y * width, KH * KW, hw_out);
+  const PixelView<index_t> go_view = pixel_view<kChannelsLast>(n, y * width, C, hw_out);
+  const index_t m_step = pixel_step<kChannelsLast>(KH * KW);
+  load_grid_weight_rows<kChannelsLast>(p, n, y, b.v_rows, b.h_rows);
+  for (index_t c = 0; c < C; ++c) {
+    for (index_t x = 0; x < width; ++x) {
+      b.g[c * width + x] =
+          static_cast<acc_t>(grad_output[go_view.base + c * go_view.stride + x * pixel_step<kChannelsLast>(C)]);
+    }
+  }
+  if (grads.horizontal) std::fill(b.gh, b.gh + KW * width, acc_t(0));
+  const index_t plane = input_channel_stride<kChannelsLast>(p), pixel_stride = input_pixel_stride<kChannelsLast>(p);
+  const scalar_t* image = p.input + n * C * p.height_in * width_in;
+  const bool border = p.padding_mode == kPaddingBorder;
+  const index_t last = width_in - 1;
+  for (index_t i = 0; i < KH; ++i) {
+    const acc_t* v = b.v_rows + i * width;
+    index_t iy = y - p.pad_h + i;
+    const bool row_inside = grid_tap_pixel(iy, p.height_in, p.padding_mode);  // else zeros mode: T = 0
+    if (row_inside) {
+      for (index_t c = 0; c < C; ++c) {
+        const scalar_t* src = image + c * plane + iy * width_in * pixel_stride;
+        for (index_t q = 0; q < width_in; ++q) b.in_rows[c * width_in + q] = static_cast<acc_t>(src[q * pixel_stride]);
+      }
+      if (image_grad) std::fill(b.din, b.din + C * width_in, acc_t(0));
+    }
+    std::fill(b.gv, b.gv + width, acc_t(0));
+    for (index_t j = 0; j < KW; ++j) {
+      const acc_t* h = b.h_rows + j * width;
+      const scalar_t* m = p.mask ? p.mask + m_view.base + (i * KW + j) * m_view.stride : nullptr;
+      std::fill(b.s, b.s + width, acc_t(0));
+      const GridTapColumns<index_t> cols(j, p.pad_w, width, width_in);
+      if (row_inside) {
+        for (index_t c = 0; c < C; ++c) {
+          const acc_t* g = b.g + c * width;
+          const acc_t* in = b.in_rows + c * width_in;
+          multiply_add_row(b.s + cols.begin, g + cols.begin, in + cols.begin + cols.shift, cols.end - cols.begin);
+          if (border) {
+            multiply_add_row(b.s, g, in[0], cols.begin);
+            multiply_add_row(b.s + cols.end, g + cols.end, in[last], width - cols.end);
+          }
+        }
+      }
+      if (grads.mask) {
+        scalar_t* gm = grads.mask + m_view.base + (i * KW + j) * m_view.stride;
+        for (index_t x = 0; x < width; ++x) gm[x * m_step] = static_cast<scalar_t>(v[x] * h[x] * b.s[x]);
+      }
+      if (m) {
+        for (index_t x = 0; x < width; ++x) b.s[x] *= static_cast<acc_t>(m[x * m_step]);
+      }
+      multiply_add_row(b.gv, h, b.s, width);
+      if (grads.horizontal) multiply_add_row(b.gh + j * width, v, b.s, width);
+      if (image_grad && row_inside) {
+        // The tap's weight V_i H_j M per pixel (in s, no longer needed), then each channel's adds.
+        for (index_t x = 0; x < width; ++x) b.s[x] = v[x] * h[x] * (m ? static_cast<acc_t>(m[x * m_step]) : acc_t(1));
+        for (index_t c = 0; c < C; ++c) {
+          const acc_t* g = b.g + c * width;
+          acc_t* din = b.din + c * width_in;
+          multiply_add_row(din + cols.begin + cols.shift, g + cols.begin, b.s + cols.begin, cols.end - cols.begin);
+          if (border) {
+            for (index_t x = 0; x < cols.begin; ++x) din[0] += g[x] * b.s[x];
+            for (index_t x = cols.end; x < width; ++x) din[last] += g[x] * b.s[x];
+          }
+        }
+      }
+    }
+    if (grads.vertical) {
+      for (index_t x = 0; x < width; ++x) {
+        grads.vertical[v_view.base + i * v_view.stride + x * pixel_step<kChannelsLast>(KH)] =
+            static_cast<scalar_t>(b.gv[x]);
+      }
+    }
+    if (image_grad && row_inside) {
+      for (index_t c = 0; c < C; ++c) {
+        acc_t* dst = image_grad + c * plane + iy * width_in * pixel_stride;
+        for (index_t q = 0; q < width_in; ++q) dst[q * pixel_stride] += b.din[c * width_in + q];
+      }
+    }
+  }
+  if (grads.horizontal) {
+    for (index_t j = 0; j < KW; ++j) {
+      for (index_t x = 0; x < width; ++x) {
+        grads.horizontal[h_view.base + j * h_view.stride + x * pixel_step<kChannelsLast>(KW)] =
+            static_cast<scalar_t>(b.gh[j * width + x]);
+      }
+    }
+  }
+}
 
 // The CPU backward is deterministic, free of atomics, and its result does not depend on the number
 // of threads, to the last bit: every plane it adds into is owned by one task and filled in pixel
@@ -83,8 +209,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
     }
     acc_t* gin = acc.defined() ? acc.mutable_data_ptr<acc_t>() : nullptr;
     const bool avx2 = use_avx2();
-    // The parameter gradients alone: no adds to share, so parallel over pixels.
+    // Calls without offsets: the row-wise backward (deform_sepconv_backward_grid_taps_row), with
+    // one scratch a task.
+    const bool grid_taps = takes_grid_taps(t, cfg);
+    // The parameter gradients alone: no adds to share, so parallel over pixels (rows for grid taps).
     const auto parameter_grad_pass = [&] {
+      if (grid_taps) {
+        at::parallel_for(0, p.batch * t.height_out, std::max<int64_t>(1, kPixelGrain / p.width_out),
+                         [&](int64_t begin, int64_t end) {
+          GridTapRowScratch<acc_t> scratch(kernel_h, kernel_w, p.channels, p.width_out, p.width_in);
+          run_for_cpu(avx2, [&]() EDSC_CPU_INLINE {
+            for (int64_t row = begin; row < end; ++row) {
+              deform_sepconv_backward_grid_taps_row<kChannelsLast>(p, go, param_grads, static_cast<acc_t*>(nullptr),
+                                                                   static_cast<index_t>(row / t.height_out),
+                                                                   static_cast<index_t>(row % t.height_out), scratch);
+            }
+          });
+        });
+        return;
+      }
       NoInputGrad<acc_t> no_input_grad;
       for_each_output_pixel<index_t>(avx2, p.batch, t.height_out, t.width_out,
                                      [&](index_t n, index_t y, index_t x) EDSC_CPU_INLINE {
@@ -97,8 +240,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
       parameter_grad_pass();
     } else {
       const int64_t image = p.channels * p.height_in * p.width_in;  // one grad_input[n], any layout
-      const int64_t bands =
-          cpu_backward_bands(p.batch, p.channels, t.height_out, image * static_cast<int64_t>(sizeof(acc_t)));
+      // Grid taps have no per-channel pass: beyond the scratch budget, one task per image.
+      const int64_t bands = std::max<int64_t>(
+          grid_taps ? 1 : 0,
+          cpu_backward_bands(p.batch, p.channels, t.height_out, image * static_cast<int64_t>(sizeof(acc_t))));
       const auto add_into = [&](acc_t* image_grad) {
         return PlaneAdd<acc_t, index_t>{image_grad, p.width_in, input_channel_stride<kChannelsLast>(p),
                                         input_pixel_stride<kChannelsLast>(p)};
@@ -108,6 +253,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
         if (bands > 1) scratch = at::zeros({p.batch * (bands - 1) * image}, acc.options());
         acc_t* extra = scratch.defined() ? scratch.mutable_data_ptr<acc_t>() : nullptr;
         at::parallel_for(0, p.batch * bands, 1, [&](int64_t begin, int64_t end) {
+          std::optional<GridTapRowScratch<acc_t>> scratch;
+          if (grid_taps) scratch.emplace(kernel_h, kernel_w, p.channels, p.width_out, p.width_in);
           run_for_cpu(avx2, [&]() EDSC_CPU_INLINE {
             for (int64_t task = begin; task < end; ++task) {
               const index_t n = static_cast<index_t>(task / bands);
@@ -116,6 +263,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
                   add_into(band == 0 ? gin + n * image : extra + (n * (bands - 1) + band - 1) * image);
               const index_t y_begin = static_cast<index_t>(band * t.height_out / bands);
               const index_t y_end = static_cast<index_t>((band + 1) * t.height_out / bands);
+              if (grid_taps) {
+                for (index_t y = y_begin; y < y_end; ++y) {
+                  deform_sepconv_backward_grid_taps_row<kChannelsLast>(p, go, param_grads, add.grad, n, y, *scratch);
+                }
+                continue;
+              }
               for (index_t y = y_begin; y < y_end; ++y) {
                 for (index_t x = 0; x < p.width_out; ++x) {
                   deform_sepconv_backward_pixel<kCpuChannelBlock, kKernelH, kKernelW, kMaxKernelWidth,

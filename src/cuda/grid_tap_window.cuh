@@ -25,19 +25,12 @@ struct GridWindow {
   __host__ __device__ int size() const { return rows * cols; }
 };
 
-// EDSC_EXT_GRID_TAPS=0 sends calls without offsets to the bilinear kernels (benchmarks, tests).
-inline bool grid_taps_enabled() {
-  const char* mode = std::getenv("EDSC_EXT_GRID_TAPS");
-  return mode == nullptr || std::string(mode) != "0";
-}
-
-// Whether a call can take the grid-tap kernels, and the window (bytes of one channel's window
-// in `channel_bytes`); the kernels' grids need N and the tile rows to fit a grid dimension.
+// Whether a call can take the grid-tap kernels (takes_grid_taps, float32 or a half type, N and the
+// tile rows within a grid dimension), and the window (bytes of one channel's in `channel_bytes`).
 inline bool grid_taps_apply(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg, GridWindow& window,
                             int64_t& channel_bytes) {
-  if (t.offset.defined() || cfg.dilation_h != 1 || cfg.dilation_w != 1 || t.input.element_size() > 4) return false;
+  if (!takes_grid_taps(t, cfg) || t.input.element_size() > 4) return false;
   if (t.input.size(0) > 65535 || (t.height_out + kGridTileHeight - 1) / kGridTileHeight > 65535) return false;
-  if (!grid_taps_enabled()) return false;
   const int64_t rows = kGridTileHeight + cfg.kernel_h - 1, cols = kGridTileWidth + cfg.kernel_w - 1;
   channel_bytes = rows * cols * static_cast<int64_t>(sizeof(float));  // acc_t of the <= 4-byte types
   if (channel_bytes > at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin) return false;
