@@ -444,6 +444,19 @@ def test_without_offset(gen, config, dtype, layout):
                 assert_grads_close(grads, [None if g is None else g.to(F64) for g in bilinear_grads], dtype)
 
 
+@pytest.mark.parametrize("padding_mode", PADDING_MODES)
+@pytest.mark.parametrize("shape", [(1, 3, 0, 5), (1, 2, 4, 0)], ids=["H_in=0", "W_in=0"])
+def test_without_offset_empty_image(gen, shape, padding_mode):
+    """A frame with no rows or columns but padding: a real output of zeros, which the grid-tap
+    kernels leave to the bilinear code (border mode has no edge pixel to clamp to)."""
+    n, c, h, w = shape
+    case = make_inputs(n, c, h, w, 5, 5, 3, present=(True, True, False, False), generator=gen)
+    out, grads = forward_and_grads(OP, case, padding_mode)
+    assert out.shape == (n, c, h + 2, w + 2) and torch.equal(out, torch.zeros_like(out))
+    expected, expected_grads = forward_and_grads(R.deform_sepconv, case, padding_mode)
+    assert_grads_close(grads, expected_grads)
+
+
 @pytest.mark.parametrize("K", [3, 5])
 def test_edsc_style(gen, K):
     """EDSC: separable kernels, offsets and mask, same-size output, replicate padding."""
