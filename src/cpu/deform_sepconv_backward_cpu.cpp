@@ -52,6 +52,8 @@ struct GridTapRowScratch {
     in_rows = gh + KW * W;
     din = in_rows + C * W_in;
   }
+  GridTapRowScratch(const GridTapRowScratch&) = delete;  // the pointers point into `data`
+  GridTapRowScratch& operator=(const GridTapRowScratch&) = delete;
 };
 
 // Backward of output row (n, y) of a call without offsets or dilation (takes_grid_taps), the
