@@ -7,11 +7,15 @@ module, as one binary, against the torch installed in the build environment.
 Environment:
   EDSC_EXT_FORCE_CUDA=1     fail instead of falling back to a CPU-only build when CUDA is missing
   EDSC_EXT_CPU_ONLY=1       build the CPU kernels only
-  TORCH_CUDA_ARCH_LIST      architectures to compile for (default: _build_support.default_arch_list)
+  TORCH_CUDA_ARCH_LIST      architectures to compile for (default: the visible GPUs', else sm_80 + PTX;
+                            the wheels set _build_support.wheel_arch_list)
   CUDA_HOME                 toolkit root; detected when unset (see _build_support.find_cuda_home)
-  MAX_JOBS                  parallel compile jobs (ninja)
+  MAX_JOBS                  parallel compile jobs (default: one per core, _build_support.default_jobs)
   EDSC_EXT_LOCAL_VERSION    the wheel's local version label (default: e.g. cu130torch2.14; 'none': no label)
   EDSC_EXT_WHEEL_INDEX      the wheel index this build is published to (shown in import errors)
+
+pip shows a build's output only with -v, so what the build does, why, and about how long it takes are
+also written to the terminal (/dev/tty) when there is one.
 
 The build records what it was built with twice: in the binary (_C.build_info()) and in a generated
 edsc_ext/_build_meta.py beside it, which the package reads before loading the binary, so that a
@@ -23,6 +27,7 @@ import os
 import platform
 import shutil
 import sys
+import time
 
 from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py as _build_py
@@ -48,6 +53,10 @@ WHEEL_INDEX = os.environ.get("EDSC_EXT_WHEEL_INDEX") or _version.WHEEL_INDEX
 SDIST_ONLY = any(cmd in sys.argv[1:] for cmd in ("sdist", "egg_info")) and not any(
     cmd in sys.argv[1:] for cmd in ("bdist_wheel", "build", "build_ext", "install", "develop", "editable_wheel"))
 
+# A run that compiles (pip's build_wheel / build_editable hooks run bdist_wheel / editable_wheel).
+COMPILES = not SDIST_ONLY and any(cmd in sys.argv[1:] for cmd in (
+    "bdist_wheel", "build", "build_ext", "install", "develop", "editable_wheel"))
+
 FORCE_CUDA = bs.flag("EDSC_EXT_FORCE_CUDA")
 CPU_ONLY = bs.flag("EDSC_EXT_CPU_ONLY")
 if FORCE_CUDA and CPU_ONLY:
@@ -57,6 +66,23 @@ _cuda_home = None if (CPU_ONLY or SDIST_ONLY) else bs.find_cuda_home()
 if _cuda_home:
     # Must be set before torch.utils.cpp_extension is imported: it reads CUDA_HOME once.
     os.environ["CUDA_HOME"] = _cuda_home
+
+
+def announce(message):
+    """Prints a line of the build's own; also to the terminal when pip captures the output of a
+    compiling run (not of the metadata step before it, which says the same)."""
+    print(f"edsc_ext: {message}", flush=True)
+    if not COMPILES or sys.stdout.isatty():
+        return
+    try:
+        with open("/dev/tty", "w") as tty:
+            tty.write(f"\nedsc_ext: {message}\n")
+    except OSError:  # no terminal (CI, a log file): the captured output is all there is
+        pass
+
+
+def _minutes(seconds):
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
 def _import_torch():
@@ -112,7 +138,9 @@ def make_build_ext(facts):
                 self.build_temp = os.path.join(ROOT, regular.build_temp)
 
         def run(self):
+            start = time.monotonic()
             super().run()
+            announce(f"compiled in {_minutes(time.monotonic() - start)}")
             text = bs.build_meta_source(facts)
             folders = {os.path.dirname(os.path.join(self.build_lib, *"edsc_ext._C".split(".")))}
             if self.inplace or getattr(self, "editable_mode", False):
@@ -130,10 +158,14 @@ def make_build_ext(facts):
     return BuildExt.with_options(use_ninja=shutil.which("ninja") is not None)
 
 
+# numpy: torch warns at import ("Failed to initialize NumPy") in an environment without it.
+RUNTIME_REQUIREMENTS = ["numpy"]
+
+
 def configure():
     """(version, install_requires, ext_modules, cmdclass) for this build."""
     if SDIST_ONLY:
-        return BASE_VERSION, ["torch>=2.4"], [], {"build_py": BuildPy}
+        return BASE_VERSION, RUNTIME_REQUIREMENTS + ["torch>=2.4"], [], {"build_py": BuildPy}
 
     torch = _import_torch()
     from torch.utils.cpp_extension import CppExtension, CUDAExtension
@@ -141,8 +173,7 @@ def configure():
     with_cuda, why = bs.decide_cuda(torch.version.cuda, _cuda_home, CPU_ONLY)
     if FORCE_CUDA and not with_cuda:
         sys.exit(f"EDSC_EXT_FORCE_CUDA=1 but CUDA kernels cannot be built: {why}")
-    print(f"edsc_ext: building {'CPU + CUDA' if with_cuda else 'CPU-only'} kernels against torch "
-          f"{torch.__version__} ({why})", flush=True)
+    announce(f"building {'CPU + CUDA' if with_cuda else 'CPU-only'} kernels against torch {torch.__version__} ({why})")
 
     label = _local_label(torch, with_cuda)
     version = BASE_VERSION + (f"+{label}" if label else "")
@@ -152,22 +183,39 @@ def configure():
     include_dirs = [os.path.join(ROOT, "include")]
     arch_list = None
     macros = []
+    n_archs = 0
     if with_cuda:
-        if not os.environ.get("TORCH_CUDA_ARCH_LIST"):
-            os.environ["TORCH_CUDA_ARCH_LIST"] = bs.default_arch_list(torch.version.cuda)
-        arch_list = os.environ["TORCH_CUDA_ARCH_LIST"]
+        arch_list = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
+        arch_why = "from TORCH_CUDA_ARCH_LIST"
+        if not arch_list:
+            capabilities = [torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())] \
+                if torch.cuda.is_available() else []
+            arch_list, arch_why = bs.source_arch_list(capabilities)
+            os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list  # torch.utils.cpp_extension reads it from here
         try:
             macros = bs.arch_macros(arch_list)
         except ValueError as exc:
             sys.exit(str(exc))
-        print(f"edsc_ext: TORCH_CUDA_ARCH_LIST={arch_list}", flush=True)
+        n_archs = len(set(bs.encode_arch_list(arch_list)[0]))
+        announce(f"GPU architectures {arch_list} ({arch_why}; TORCH_CUDA_ARCH_LIST=\"8.6;9.0\" picks others)")
         include_dirs += bs.pip_cuda_include_dirs()
+    if not os.environ.get("MAX_JOBS", "").strip():
+        os.environ["MAX_JOBS"] = str(bs.default_jobs())  # torch.utils.cpp_extension passes it to ninja
+    jobs = os.environ["MAX_JOBS"].strip()
+    if not jobs.isdigit() or int(jobs) == 0:
+        sys.exit(f"MAX_JOBS={jobs!r} is not a positive number of parallel compile jobs")
+    jobs = int(jobs)
+    if COMPILES:
+        announce(f"compiling with {jobs} parallel jobs (MAX_JOBS); expect about "
+                 f"{_minutes(bs.estimated_build_seconds(n_archs, jobs))} (on 2-core CI machines; faster cores take "
+                 f"less), less when ninja finds objects of an earlier build")
     toolkit = None
     if with_cuda:
         nvcc = bs.nvcc_version(_cuda_home)
         toolkit = f"{nvcc[0]}.{nvcc[1]}" if nvcc else torch.version.cuda
     facts = bs.build_facts(version, "setuptools", with_cuda, toolkit, arch_list,
-                           python="%d.%d" % sys.version_info[:2], wheel_index=WHEEL_INDEX)
+                           python="%d.%d" % sys.version_info[:2], wheel_index=WHEEL_INDEX,
+                           sources_digest=bs.sources_digest(ROOT))
 
     openmp = bs.openmp_flags()  # at::parallel_for is serial without it (see _build_support)
     if with_cuda:
@@ -180,7 +228,7 @@ def configure():
         ext = CppExtension("edsc_ext._C", sources, include_dirs=include_dirs,
                            extra_compile_args={"cxx": list(bs.CXX_FLAGS) + openmp})
     cmdclass = {"build_py": BuildPy, "build_ext": make_build_ext(facts)}
-    return version, [bs.torch_requirement(torch.__version__)], [ext], cmdclass
+    return version, RUNTIME_REQUIREMENTS + [bs.torch_requirement(torch.__version__)], [ext], cmdclass
 
 
 VERSION, INSTALL_REQUIRES, EXT_MODULES, CMDCLASS = configure()

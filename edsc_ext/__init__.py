@@ -32,7 +32,7 @@ def build_info() -> dict:
     Keys: ``version``, ``build`` ('setuptools' or 'jit'), ``torch_version`` and ``torch_cuda_version``
     (the torch it was compiled against), ``with_cuda``, ``cuda_version`` (the toolkit), and
     ``cuda_sass_archs`` / ``cuda_ptx_archs`` (e.g. ['80', '90'], the GPU architectures it has
-    machine code / PTX for). The binary's own record (``_C.build_info()``) wins where both have a key.
+    machine code / PTX for), ``binary`` (the file loaded). The binary's own record (``_C.build_info()``) wins where both have a key.
     """
     info = dict(_BUILD_META)
     info.pop("python", None)
@@ -43,6 +43,7 @@ def build_info() -> dict:
         info["torch_version"] = full
     info["version"] = __version__
     info["build"] = _BUILD_KIND
+    info["binary"] = getattr(_C, "__file__", None)
     info.setdefault("torch_cuda_version", None)
     for key in ("cuda_sass_archs", "cuda_ptx_archs"):
         value = info.get(key) or ""

@@ -1,6 +1,6 @@
 """Build configuration shared by the three build paths: setup.py (wheels and source installs),
 :mod:`edsc_ext.jit` (``torch.utils.cpp_extension.load``) and, for its arch table, the wheel
-workflow (``tools/wheels/cibw.sh`` is checked against :func:`default_arch_list` by the tests).
+workflow (``tools/wheels/cibw.sh`` is checked against :func:`wheel_arch_list` by the tests).
 
 This module imports nothing outside the standard library at module level: setup.py loads it by
 file path before torch is imported (``CUDA_HOME`` must be settled first), and the JIT loads it
@@ -144,8 +144,8 @@ def pip_cuda_include_dirs():
 
 # --------------------------------------------------------------------------- architectures
 
-def default_arch_list(cuda_version):
-    """TORCH_CUDA_ARCH_LIST used when none is given: real machine code (SASS) for every
+def wheel_arch_list(cuda_version):
+    """The TORCH_CUDA_ARCH_LIST of the published wheels: real machine code (SASS) for every
     architecture this project supports with that CUDA (Turing 7.5 and newer), plus PTX for the
     newest, so that later GPUs still run (the driver compiles the PTX)."""
     major, minor = (int(x) for x in str(cuda_version).split(".")[:2])
@@ -154,6 +154,58 @@ def default_arch_list(cuda_version):
     if (major, minor) >= (12, 8):
         return "7.5;8.0;8.6;8.9;9.0;10.0;12.0+PTX"
     return "7.5;8.0;8.6;8.9;9.0+PTX"
+
+
+# A source build for a machine with no visible GPU (a container build, a CI runner, a login node):
+# one architecture's machine code plus its PTX, instead of the wheels' seven. sm_80 code runs on every
+# Ampere and Ada GPU (8.x), and the driver compiles the PTX for the later ones (Hopper, Blackwell) on
+# first use; Turing (7.5) is left out, and `python -m edsc_ext` says so on such a GPU.
+NO_GPU_ARCH_LIST = "8.0+PTX"
+
+
+def source_arch_list(capabilities):
+    """(TORCH_CUDA_ARCH_LIST, why) for a source build when none is given: the architectures of the
+    visible GPUs, compute capabilities [(major, minor), ...], with PTX on the newest; with none
+    visible, NO_GPU_ARCH_LIST."""
+    capabilities = sorted(set(capabilities))
+    if capabilities:
+        names = ", ".join(f"{major}.{minor}" for major, minor in capabilities)
+        return arch_list_for_devices(capabilities), f"the visible GPUs' architectures ({names})"
+    return NO_GPU_ARCH_LIST, ("no GPU is visible: sm_80 machine code (Ampere, Ada) plus PTX that the driver "
+                              "compiles for newer GPUs")
+
+
+def default_jobs():
+    """Parallel compile jobs when MAX_JOBS is unset: one per usable core, but no more than one per
+    2 GiB of available memory (an nvcc job of the CUDA units takes about that)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    try:
+        with open("/proc/meminfo") as f:
+            available_kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+        cores = min(cores, max(1, available_kib // (2 * 1024 * 1024)))
+    except (OSError, StopIteration, ValueError):
+        pass
+    return max(1, cores)
+
+
+# Compile seconds of the units, one core each, on a 2-core x86-64 machine (the CI kind): all C++ units
+# together; the host side of all CUDA units; their device code per architecture (SASS and PTX of one
+# architecture share one front end). Only for the estimate a build prints.
+COMPILE_SECONDS_CPU = 180
+COMPILE_SECONDS_CUDA_HOST = 120
+COMPILE_SECONDS_CUDA_PER_ARCH = 270
+
+
+def estimated_build_seconds(n_cuda_archs, jobs):
+    """A rough wall time for a build with CUDA kernels for n_cuda_archs architectures (0: CPU-only)
+    and `jobs` parallel jobs."""
+    work = COMPILE_SECONDS_CPU
+    if n_cuda_archs:
+        work += COMPILE_SECONDS_CUDA_HOST + COMPILE_SECONDS_CUDA_PER_ARCH * n_cuda_archs
+    return work / max(1, jobs) + 20  # + linking
 
 
 def encode_arch_list(arch_list):
@@ -238,6 +290,20 @@ def tracked_files(root):
     for pattern in HEADER_GLOBS:
         files.update(os.path.relpath(p, root) for p in glob.glob(os.path.join(root, pattern)))
     return sorted(files)
+
+
+def sources_digest(root):
+    """A short hash of every source and header the build reads (their paths and contents): which
+    sources a binary was built from, so that a checkout can tell whether an installed build is its own."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for rel in tracked_files(root):
+        digest.update(rel.replace(os.sep, "/").encode() + b"\0")
+        with open(os.path.join(root, rel), "rb") as f:
+            digest.update(f.read())
+        digest.update(b"\0")
+    return digest.hexdigest()[:16]
 
 
 def major_minor(version):

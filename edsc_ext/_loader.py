@@ -6,11 +6,18 @@ facts are read first from the generated ``_build_meta.py`` (plain Python, readab
 is installed) and checked against the running torch before the binary is touched. Only then is the
 binary loaded; if loading still fails, the error says the same things and keeps the original one.
 
+A source checkout that was not built itself (``pip install .`` puts the build into site-packages, but
+Python run from the checkout's root imports the checkout) uses the build installed from the same
+sources: a digest of the C++/CUDA sources recorded at build time tells which one that is.
+
 ``EDSC_EXT_JIT=1`` compiles the shipped sources for the running torch instead (:mod:`edsc_ext.jit`);
 ``EDSC_EXT_JIT=auto`` does that only when no prebuilt binary fits.
 """
 
+import ast
 import importlib
+import importlib.machinery
+import importlib.util
 import os
 import platform
 import sys
@@ -71,19 +78,20 @@ def explain(problem, meta=None, binary_info=None, cause=None):
     lines += [
         "A compiled PyTorch extension only runs with the torch major.minor (and CUDA major) it was built against.",
         "Fix it with one of:",
-        f"  * install the edsc-ext wheel built for your torch ({wanted}), where one is published ({index}/ lists them):",
-        f'      pip install --force-reinstall --no-deps "{PYPI_NAME}=={BASE_VERSION}" -f {index}/{wanted}.html',
+        "  * rebuild it from source against the installed torch (C++ compiler; nvcc matching torch's CUDA "
+        "for the GPU kernels), in the checkout it came from:",
+        "      pip install --no-build-isolation --force-reinstall --no-deps .",
     ]
+    if index:  # a wheel of a published release knows where its siblings are
+        lines += [f"  * or install the edsc-ext wheel built for your torch ({wanted}), where one is published "
+                  f"({index}/ lists them):",
+                  f'      pip install --force-reinstall --no-deps "{PYPI_NAME}=={BASE_VERSION}" -f {index}/{wanted}.html']
     if built_torch:
         mm = "{}.{}".format(*bs.major_minor(built_torch))
         tag = bs.cuda_tag(built_cuda if with_cuda else None)
         lines += ["  * or install the torch this build is for:",
                   f'      pip install "torch=={mm}.*" --index-url https://download.pytorch.org/whl/{tag}']
     lines += [
-        "  * or build it from source against the installed torch (C++ compiler; nvcc matching torch's CUDA "
-        "for the GPU kernels):",
-        f"      pip install --no-build-isolation --no-binary {PYPI_NAME} --force-reinstall --no-deps {PYPI_NAME}"
-        "    (in a checkout: pip install --no-build-isolation .)",
         "  * or compile it on import: EDSC_EXT_JIT=1 python ...   (cached after the first time)",
         "See the README, sections 'Install' and 'Troubleshooting'.",
     ]
@@ -101,17 +109,109 @@ def _jit_mode():
     return None
 
 
-def _load_prebuilt():
-    """(module, meta) of the prebuilt binary; ImportError with an explanation when it does not fit."""
-    meta = read_build_meta()
+def _check_facts(meta):
+    """ImportError with the explanation when build facts say the binary is for another torch."""
     if meta is not None and meta.get("torch_version"):
         problem = mismatch(meta["torch_version"], meta.get("torch_cuda_version"), meta.get("with_cuda"))
         if problem:
             raise ImportError(explain(f"it was built for another torch ({problem})", meta))
+
+
+def checkout_root():
+    """The source checkout this package is imported from (its root folder), or None when the
+    package is an installed one."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    markers = ("setup.py", "pyproject.toml", os.path.join("src", "deform_sepconv.cpp"))
+    return root if all(os.path.isfile(os.path.join(root, m)) for m in markers) else None
+
+
+def _read_meta_file(path):
+    """The build facts of a _build_meta.py given by path (lower-case keys), or None."""
+    try:
+        with open(path) as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return None
+    facts = {}
+    for node in tree.body:  # NAME = literal, as bs.build_meta_source writes them
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            name = node.targets[0].id
+            if name.isupper():
+                try:
+                    facts[name.lower()] = ast.literal_eval(node.value)
+                except ValueError:
+                    pass
+    return facts
+
+
+def installed_builds_elsewhere():
+    """(binary path, build facts) of each edsc_ext package with a compiled extension on sys.path,
+    other than this one (e.g. what `pip install .` put into site-packages), in sys.path order."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    found, seen = [], {here}
+    for entry in sys.path:
+        folder = os.path.abspath(os.path.join(entry or os.getcwd(), __package__))
+        if folder in seen or not os.path.isdir(folder):
+            continue
+        seen.add(folder)
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            binary = os.path.join(folder, "_C" + suffix)
+            if os.path.isfile(binary):
+                found.append((binary, _read_meta_file(os.path.join(folder, "_build_meta.py")) or {}))
+                break
+    return found
+
+
+def _load_binary(path):
+    """Loads the extension module at `path` as <package>._C."""
+    name = f"{__package__}._C"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def _load_for_checkout(root):
+    """(module, meta) for an unbuilt source checkout: the build installed from these very sources
+    (same sources digest) elsewhere on sys.path. ImportError with the one command to run otherwise."""
+    builds = installed_builds_elsewhere()
+    digest = bs.sources_digest(root)
+    for binary, meta in builds:
+        if meta.get("sources_digest") == digest:
+            _check_facts(meta)
+            try:
+                return _load_binary(binary), meta
+            except ImportError as exc:
+                raise ImportError(explain(f"the binary {binary} does not load", meta, cause=exc)) from exc
+    if builds:
+        why = (f"the edsc-ext installed in {os.path.dirname(builds[0][0])} was built from other sources "
+               "than this checkout's")
+    else:
+        why = "no build of it is installed"
+    raise ImportError(f"edsc_ext is imported from the source checkout {root}, which is not built, and {why}: "
+                      f"run `pip install --no-build-isolation -e .` in {root} (or run Python from another folder)")
+
+
+def _load_prebuilt():
+    """(module, meta) of the prebuilt binary; ImportError with an explanation when it does not fit."""
+    meta = read_build_meta()
+    _check_facts(meta)
     try:
         module = importlib.import_module(f"{__package__}._C")
     except ImportError as exc:
-        if isinstance(exc, ModuleNotFoundError) and exc.name == f"{__package__}._C":
+        missing = isinstance(exc, ModuleNotFoundError) and exc.name == f"{__package__}._C"
+        root = checkout_root() if missing and meta is None else None
+        if root is not None:
+            try:
+                return _load_for_checkout(root)
+            except ImportError as checkout_error:
+                raise checkout_error from None  # the missing module is the expected state of a checkout
+        if missing:
             problem = ("no compiled extension is installed (a source checkout that was not built? run "
                        "`pip install --no-build-isolation -e .`)")
         else:

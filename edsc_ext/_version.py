@@ -2,7 +2,8 @@
 
 __version__ = "0.1.0"
 
-# Where the workflow publishes the prebuilt wheels: one find-links page per build flavour,
-# WHEEL_INDEX + "/" + "<cuda tag>torch<major.minor>" + ".html". A wheel records the index it was
-# published to (EDSC_EXT_WHEEL_INDEX at build time); this is the fallback for other builds.
-WHEEL_INDEX = "https://edsc-ext.github.io/edsc_ext/whl"
+# Where prebuilt wheels are published: one find-links page per build flavour,
+# WHEEL_INDEX + "/" + "<cuda tag>torch<major.minor>" + ".html". The release workflow passes its index
+# (EDSC_EXT_WHEEL_INDEX) to the wheels it builds, which record it; no release has been published yet,
+# so other builds know of none and their import errors suggest no wheel page.
+WHEEL_INDEX = None

@@ -11,7 +11,8 @@ recompiles only what changed and is instant when nothing did.
 
 CUDA kernels are built when torch has CUDA and a toolkit whose major version matches is found
 (``CUDA_HOME``, ``/usr/local/cuda``, or ``nvcc`` on ``PATH``), for ``TORCH_CUDA_ARCH_LIST`` or else
-the visible GPUs' architectures; otherwise the build is CPU-only and says why. ``EDSC_EXT_CPU_ONLY=1``
+the visible GPUs' architectures (none visible: ``_build_support.NO_GPU_ARCH_LIST``); otherwise the
+build is CPU-only and says why. ``EDSC_EXT_CPU_ONLY=1``
 and ``EDSC_EXT_FORCE_CUDA=1`` work as for setup.py.
 """
 
@@ -50,6 +51,13 @@ def _cache_root():
     return os.path.abspath(root)
 
 
+def visible_gpu_capabilities():
+    """Compute capabilities [(major, minor), ...] of the GPUs this process sees."""
+    if not torch.cuda.is_available():
+        return []
+    return [torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())]
+
+
 def _plan():
     """What to build: with_cuda, why, cuda_home, arch_list, toolkit version."""
     cpu_only = bs.flag("EDSC_EXT_CPU_ONLY")
@@ -61,11 +69,7 @@ def _plan():
         raise RuntimeError(f"EDSC_EXT_FORCE_CUDA=1 but CUDA kernels cannot be built: {why}")
     arch_list, toolkit = None, None
     if with_cuda:
-        arch_list = os.environ.get("TORCH_CUDA_ARCH_LIST")
-        if not arch_list and torch.cuda.is_available():
-            arch_list = bs.arch_list_for_devices(
-                torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count()))
-        arch_list = arch_list or bs.default_arch_list(torch.version.cuda)
+        arch_list = os.environ.get("TORCH_CUDA_ARCH_LIST") or bs.source_arch_list(visible_gpu_capabilities())[0]
         nvcc = bs.nvcc_version(cuda_home)
         toolkit = f"{nvcc[0]}.{nvcc[1]}" if nvcc else torch.version.cuda
     return with_cuda, why, cuda_home, arch_list, toolkit

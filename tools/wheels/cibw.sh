@@ -13,7 +13,7 @@ cuda_tag="cu${cuda//./}"
 
 arch_list() {
   # Real SASS for every architecture from Turing that this CUDA supports, PTX for the newest.
-  # Keep in step with edsc_ext/_build_support.py:default_arch_list (tests/test_build.py checks).
+  # Keep in step with edsc_ext/_build_support.py:wheel_arch_list (tests/test_build.py checks).
   case "$cuda" in
     12.[0-7]) echo "7.5;8.0;8.6;8.9;9.0+PTX" ;;
     12.*) echo "7.5;8.0;8.6;8.9;9.0;10.0;12.0+PTX" ;;
