@@ -11,6 +11,7 @@ import sys
 import zlib
 from dataclasses import dataclass, field
 from itertools import product
+from pathlib import Path
 from typing import Optional, Sequence
 
 import pytest
@@ -22,6 +23,35 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # (the float64 references), N times oversubscribing the machine; give each its share instead.
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
+# The project's shared test data (middlebury/, edsc/, video/; see its README): ../shared/data beside the
+# checkout by default, else where EDSC_EXT_TEST_DATA or `pytest --test-data PATH` points.
+DEFAULT_TEST_DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--test-data", default=None, metavar="PATH",
+                     help="folder of the shared test data (middlebury/, edsc/, video/); default: $EDSC_EXT_TEST_DATA, "
+                          "else ../shared/data beside the checkout")
+
+
+def pytest_configure(config):
+    value = config.getoption("--test-data", default=None)
+    if value:  # before the test modules are imported, which read it through shared_data_path()
+        os.environ["EDSC_EXT_TEST_DATA"] = os.path.abspath(value)
+
+
+def shared_data_path(*parts: str) -> Path:
+    """A path inside the shared test data folder."""
+    return Path(os.environ.get("EDSC_EXT_TEST_DATA") or DEFAULT_TEST_DATA).joinpath(*parts)
+
+
+def needs_shared_data(*parts: str):
+    """Skips a test when shared_data_path(*parts) is absent, saying how to point the tests at the data."""
+    path = shared_data_path(*parts)
+    return pytest.mark.skipif(not path.exists(), reason=(
+        f"{path} is absent: point EDSC_EXT_TEST_DATA or `pytest --test-data PATH` at the shared test data folder"))
+
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 requires_two_gpus = pytest.mark.skipif(

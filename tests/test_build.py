@@ -21,7 +21,7 @@ import torch
 
 import edsc_ext
 from edsc_ext import _build_support as bs
-from edsc_ext import _loader
+from edsc_ext import _loader, jit
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.dirname(os.path.abspath(edsc_ext.__file__))
@@ -79,12 +79,12 @@ def test_version_label():
 
 @pytest.mark.parametrize("cuda", ["12.6", "12.8", "13.0", "13.2"])
 def test_wheel_arch_table_matches_setup(cuda):
-    """tools/wheels/cibw.sh (the wheels) and default_arch_list (source builds) agree."""
+    """tools/wheels/cibw.sh (the wheels) and wheel_arch_list agree."""
     if not shutil.which("bash") or not os.path.exists(CIBW_SH):
         pytest.skip("needs bash and the checkout's tools/wheels/cibw.sh")
     out = subprocess.run(["bash", CIBW_SH, "arch-list"], env={**os.environ, "EDSC_EXT_CUDA_VERSION": cuda},
                          capture_output=True, text=True, check=True).stdout.strip()
-    assert out == bs.default_arch_list(cuda)
+    assert out == bs.wheel_arch_list(cuda)
     sass, ptx = bs.encode_arch_list(out)
     assert "90" in sass and len(ptx) == 1 and ptx[0] == sass[-1], "SASS for Hopper, PTX for the newest only"
     assert sass == sorted(sass, key=int)
@@ -180,6 +180,63 @@ def test_import_explains_a_missing_binary(tmp_path):
     assert result.returncode != 0
     assert "no compiled extension is installed" in result.stderr
     assert "pip install --no-build-isolation -e ." in result.stderr
+
+
+def _checkout_and_site(tmp_path, digest=None):
+    """A source checkout whose package has no binary (tmp/checkout) and a site folder (tmp/site) holding a
+    build of edsc_ext: the running binary, with build facts whose sources digest is `digest` (default:
+    that of the checkout's sources)."""
+    meta = _loader.read_build_meta()
+    if edsc_ext.build_info()["build"] != "setuptools" or meta is None:
+        pytest.skip("needs a setuptools build with _build_meta.py")
+    checkout = tmp_path / "checkout"
+    shutil.copytree(PACKAGE, checkout / "edsc_ext",
+                    ignore=shutil.ignore_patterns("*.so", "_build_meta.py", "__pycache__", "_csrc"))
+    sources = jit.source_root()
+    for rel in bs.tracked_files(sources):
+        (checkout / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(os.path.join(sources, rel), checkout / rel)
+    for name in ("setup.py", "pyproject.toml"):
+        (checkout / name).write_text("# a checkout's marker\n")
+    site = tmp_path / "site" / "edsc_ext"
+    shutil.copytree(PACKAGE, site, ignore=shutil.ignore_patterns("__pycache__", "_csrc"))
+    shutil.copyfile(edsc_ext._C.__file__, site / os.path.basename(edsc_ext._C.__file__))
+    (site / "_build_meta.py").write_text(bs.build_meta_source(
+        {**meta, "sources_digest": digest or bs.sources_digest(str(checkout))}))
+    return checkout, site.parent
+
+
+def _python_in(folder, code, pythonpath):
+    # As if run from that folder: sys.path[0] is it. An editable install's finder would answer for the
+    # copies: drop it, as an installed (non-editable) build has none.
+    code = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path if '__editable__' not in "
+            "getattr(f, '__module__', '')]; " + code)
+    environ = {**os.environ, "PYTHONPATH": str(pythonpath)}
+    environ.pop("EDSC_EXT_JIT", None)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environ, cwd=folder)
+
+
+def test_unbuilt_checkout_uses_the_installed_build_of_its_sources(tmp_path):
+    """Python run in the root of a checkout after `pip install .` imports the checkout; its kernels come
+    from the build installed from the same sources."""
+    checkout, site = _checkout_and_site(tmp_path)
+    result = _python_in(checkout, "import edsc_ext, torch; i = edsc_ext.build_info(); print(edsc_ext.__file__); "
+                                  "print(i['binary']); print(edsc_ext.vector_add(torch.ones(3), torch.ones(3)))",
+                        site)
+    assert result.returncode == 0, result.stderr[-3000:]
+    package_file, binary, total = result.stdout.splitlines()[-3:]
+    assert package_file.startswith(str(checkout))
+    assert binary.startswith(str(site))
+    assert "2., 2., 2." in total
+
+
+def test_unbuilt_checkout_refuses_a_build_of_other_sources(tmp_path):
+    checkout, site = _checkout_and_site(tmp_path, digest="0123456789abcdef")
+    result = _python_in(checkout, "import edsc_ext", site)
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"ImportError: edsc_ext is imported from the source checkout {checkout}, which is not built")
+    assert "built from other sources" in last and f"run `pip install --no-build-isolation -e .` in {checkout}" in last
 
 
 # --------------------------------------------------------------------------- sdist and wheel config
@@ -310,3 +367,107 @@ def test_arch_macros_survive_nvcc():
     assert macros["EDSC_EXT_CUDA_PTX"] == "120"
     for flag in bs.macro_flags(bs.arch_macros("8.0;9.0+PTX")):
         assert "," not in flag and " " not in flag, flag
+
+
+# --------------------------------------------------------------------------- python -m edsc_ext
+
+def test_main_help_prints_usage_and_checks_nothing(capsys):
+    from edsc_ext import __main__ as main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main.main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m edsc_ext") and "--json" in out and "--device" in out
+    assert "self-check" not in out
+
+
+def test_main_json_report_of_the_cpu(capsys):
+    import json
+
+    from edsc_ext import __main__ as main
+
+    assert main.main(["--json", "--device", "cpu", "--dtype", "float64", "float32"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["passed"] is True and report["torch"] == torch.__version__
+    assert report["build_info"]["version"] == edsc_ext.__version__
+    assert [(c["device"], c["dtype"]) for c in report["checks"]] == [("cpu", "float64"), ("cpu", "float32")]
+    for check in report["checks"]:
+        assert check["ok"] and 0 <= check["max_relative_error"] <= check["tolerance"]
+
+
+def test_main_report_only(capsys):
+    from edsc_ext import __main__ as main
+
+    assert main.main(["--no-check"]) == 0
+    out = capsys.readouterr().out
+    assert f"edsc_ext {edsc_ext.__version__}" in out and "built with: torch" in out
+    assert "self-check" not in out and " ok " not in out
+
+
+@pytest.mark.parametrize("device, message", [
+    ("gpu", "--device gpu: not a device (expected cpu, cuda or cuda:N)"),
+    ("meta", "--device meta: edsc_ext has kernels for cpu and cuda only"),
+    ("cuda:99", "--device cuda:99: "),
+])
+def test_main_bad_device_is_one_line_and_exit_code_2(capsys, device, message):
+    from edsc_ext import __main__ as main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main.main(["--device", device])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err.strip().splitlines()[-1]
+    assert "Traceback" not in err
+
+
+def test_main_notes_gpus_that_run_only_ptx(monkeypatch):
+    from edsc_ext import __main__ as main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    caps = {0: (8, 6), 1: (9, 0)}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: caps[i])
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: f"GPU{i}")
+    info = {"with_cuda": True, "cuda_sass_archs": ["80"], "cuda_ptx_archs": ["80"]}  # the no-GPU default build
+    notes = main.arch_notes(info)
+    assert len(notes) == 1 and "cuda:1 (GPU1, compute capability 9.0) runs this build's PTX" in notes[0]
+    assert 'TORCH_CUDA_ARCH_LIST="9.0"' in notes[0]
+    assert main.arch_warnings(info) == []
+
+
+# --------------------------------------------------------------------------- source build defaults
+
+def test_source_build_targets_the_visible_gpus_else_one_architecture_and_ptx():
+    assert bs.source_arch_list([(9, 0)])[0] == "9.0+PTX"
+    assert bs.source_arch_list([(8, 6), (9, 0), (8, 6)])[0] == "8.6;9.0+PTX"
+    arch_list, why = bs.source_arch_list([])
+    assert arch_list == bs.NO_GPU_ARCH_LIST and "no GPU is visible" in why
+    sass, ptx = bs.encode_arch_list(arch_list)
+    assert len(sass) == 1 and ptx == sass, "one architecture's machine code plus its PTX"
+    # That one build runs on every GPU from Ampere on: its machine code on 8.x, its PTX on the later ones.
+    for capability in ((8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)):
+        assert bs.arch_runs_on(sass, ptx, capability), capability
+    assert not bs.arch_runs_on(sass, ptx, (7, 5))
+
+
+def test_default_jobs_uses_the_cores():
+    jobs = bs.default_jobs()
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count()
+    assert 1 <= jobs <= cores
+    assert bs.estimated_build_seconds(1, 2) > bs.estimated_build_seconds(0, 2) > 0
+    assert bs.estimated_build_seconds(2, 2) > bs.estimated_build_seconds(1, 2) > bs.estimated_build_seconds(1, 4)
+
+
+def test_sources_digest_follows_the_sources(tmp_path):
+    root = tmp_path / "tree"
+    for rel in ("src/deform_sepconv.cpp", "src/cpu/a.cpp", "include/edsc_ext/a.h"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(rel)
+    digest = bs.sources_digest(str(root))
+    assert digest == bs.sources_digest(str(root)) and len(digest) == 16
+    (root / "src/cpu/a.cpp").write_text("changed")
+    assert bs.sources_digest(str(root)) != digest

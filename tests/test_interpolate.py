@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import needs_shared_data, shared_data_path
 from edsc_ext import _image, evaluate, interpolate
 from edsc_ext.models import EDSC_m, EDSC_s, save_checkpoint
 
-MIDDLEBURY = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "middlebury"
-needs_middlebury = pytest.mark.skipif(not MIDDLEBURY.is_dir(), reason=f"{MIDDLEBURY} is absent")
+MIDDLEBURY = shared_data_path("middlebury")
+needs_middlebury = needs_shared_data("middlebury")
 
 
 @pytest.fixture(scope="module")

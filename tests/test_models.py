@@ -16,16 +16,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_close
+from conftest import assert_close, needs_shared_data, shared_data_path
 from edsc_ext import _image, compat
 from edsc_ext.models import EDSC, EDSC_m, EDSC_s, load_checkpoint, pad_to_multiple, save_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared" / "data"
-TABLES = SHARED / "edsc"
-MIDDLEBURY = SHARED / "middlebury"
-needs_tables = pytest.mark.skipif(not TABLES.is_dir(), reason=f"{TABLES} is absent")
-needs_middlebury = pytest.mark.skipif(not MIDDLEBURY.is_dir(), reason=f"{MIDDLEBURY} is absent")
+TABLES = shared_data_path("edsc")
+MIDDLEBURY = shared_data_path("middlebury")
+needs_tables = needs_shared_data("edsc")
+needs_middlebury = needs_shared_data("middlebury")
 
 
 @pytest.fixture(scope="module")
