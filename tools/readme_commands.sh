@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs README.md's two set-up commands (between the main-command and test-command markers) verbatim,
-# as a new user would: in a clean copy of the checkout's tracked files, in a fresh venv, one after the
-# other, each timed. Used on the GPU machine (which has no internet: its torch comes from the system's
-# site-packages, VENV_FLAGS=--system-site-packages, and missing wheels from PIP_FIND_LINKS).
+# as a new user would: in a clean copy of the checkout (its files without build outputs), in a fresh
+# venv, one after the other, each timed. Used on the GPU machine, which has no internet: there
+# INHERIT_SITE=1 lets the venv see the running python3's packages (torch) through a .pth file, and
+# PIP_FIND_LINKS / PIP_NO_INDEX supply the missing wheels.
 #   bash tools/readme_commands.sh [WORK_DIR]     (logs: WORK_DIR/main.log, WORK_DIR/test.log)
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
@@ -16,13 +17,15 @@ TEST_COMMAND="$(command_between test-command)"
 
 rm -rf "$WORK/clone" "$WORK/venv"
 mkdir -p "$WORK/clone"
-if git -C "$REPO" rev-parse --git-dir > /dev/null 2>&1; then
-  git -C "$REPO" ls-files -z | (cd "$REPO" && xargs -0 cp --parents -t "$WORK/clone")
-else  # a copy of the working tree without .git: all but build outputs
-  (cd "$REPO" && tar --exclude=./build --exclude='*.so' --exclude=./.whl --exclude=./.wt --exclude='*.egg-info' \
-    --exclude=edsc_ext/_build_meta.py -cf - .) | (cd "$WORK/clone" && tar -xf -)
+(cd "$REPO" && tar --exclude=./.git --exclude=./build --exclude=./dist --exclude='*.so' --exclude=./.whl \
+  --exclude=./.wt --exclude='*.egg-info' --exclude=edsc_ext/_build_meta.py --exclude=__pycache__ -cf - .) \
+  | (cd "$WORK/clone" && tar -xf -)
+python3 -m venv "$WORK/venv"
+if [ -n "${INHERIT_SITE:-}" ]; then
+  base_site="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  venv_site="$("$WORK/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  echo "import site; site.addsitedir('$base_site')" > "$venv_site/_inherited_site.pth"
 fi
-python3 -m venv ${VENV_FLAGS:-} "$WORK/venv"
 
 status=0
 run() {  # run NAME COMMAND
