@@ -19,11 +19,16 @@ from ._version import __version__ as _base_version
 _C, _BUILD_META, _BUILD_KIND = _loader.load()  # registers torch.ops.edsc_ext.*
 _sys.modules.setdefault(__name__ + "._C", _C)  # a JIT build has another module name
 
+from . import _policy  # noqa: E402
 from . import nn, reference  # noqa: E402,F401
-from .ops import deform_sepconv, vector_add  # noqa: E402
+from ._policy import KernelPolicy, current_kernel_policy, kernel_policy  # noqa: E402,F401
+from .ops import _plan, deform_sepconv, vector_add  # noqa: E402,F401
+
+_policy._install_initial()  # the EDSC_EXT_* environment switches, read once
 
 __version__ = _BUILD_META.get("version") or _base_version
-__all__ = ["deform_sepconv", "vector_add", "build_info", "nn", "reference", "__version__"]
+__all__ = ["deform_sepconv", "vector_add", "kernel_policy", "KernelPolicy", "current_kernel_policy", "build_info", "nn",
+           "reference", "__version__"]
 
 
 def build_info() -> dict:

@@ -15,10 +15,11 @@ import shutil
 import subprocess
 
 # The extension's sources, relative to the folder holding src/ and include/ (the repository root,
-# or edsc_ext/_csrc inside an installed wheel).
-CPU_SOURCE_GLOBS = ("src/*.cpp", "src/cpu/*.cpp")
+# or edsc_ext/_csrc inside an installed wheel). src/cuda/*.cpp is the CUDA backend's plain C++ (its
+# planner), compiled into every build so that CUDA plans can be made without a GPU.
+CPU_SOURCE_GLOBS = ("src/*.cpp", "src/cpu/*.cpp", "src/cuda/*.cpp")
 CUDA_SOURCE_GLOBS = ("src/cuda/*.cu",)
-HEADER_GLOBS = ("include/edsc_ext/*.h", "src/cpu/*.h", "src/cuda/*.cuh")
+HEADER_GLOBS = ("include/edsc_ext/*.h", "src/cpu/*.h", "src/cuda/*.h", "src/cuda/*.cuh")
 
 # Where an installed wheel keeps a copy of src/ and include/ for the JIT build.
 SHIPPED_SOURCES_DIR = "_csrc"

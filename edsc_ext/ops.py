@@ -252,6 +252,79 @@ def _autocast_promote(*tensors):
 
 
 # --------------------------------------------------------------------------------------------
+# Kernel plans: which kernels a call runs (the planners in src/cpu/deform_sepconv_plan.h and
+# src/cuda/deform_sepconv_plan.h).
+
+
+class KernelPlans(NamedTuple):
+    """The names of the forward and backward plans of a call (``"none"``: no backward runs,
+    since no argument requires a gradient)."""
+
+    forward: str
+    backward: str
+
+
+class CudaDeviceFacts(NamedTuple):
+    """What the CUDA planner needs to know about a device, for planning without one."""
+
+    major: int
+    minor: int
+    shared_memory_per_block_optin: int
+
+    @classmethod
+    def of(cls, device) -> "CudaDeviceFacts":
+        props = torch.cuda.get_device_properties(device)
+        return cls(props.major, props.minor, props.shared_memory_per_block_optin)
+
+
+class CpuFacts(NamedTuple):
+    """What the CPU planner needs to know about a machine, for planning for another one."""
+
+    avx2: bool
+    threads: int
+
+
+# The H200 of the benchmarks (sm_90, 227 KB of shared memory a block).
+H200 = CudaDeviceFacts(9, 0, 232448)
+
+
+def _plan(input: Tensor, vertical: Optional[Tensor] = None, horizontal: Optional[Tensor] = None,
+          offset: Optional[Tensor] = None, mask: Optional[Tensor] = None, *,
+          kernel_size: Optional[IntPair] = None, padding: IntPair = 0, dilation: IntPair = 1,
+          padding_mode: str = "zeros", device: Union[None, str, torch.device, CudaDeviceFacts, CpuFacts] = None
+          ) -> KernelPlans:
+    """The plans a :func:`deform_sepconv` call with these arguments would run, under the current
+    :func:`edsc_ext.kernel_policy` and ``torch.use_deterministic_algorithms`` setting; the backward
+    plan is that of the gradients the arguments require.
+
+    ``device`` (default: the input's) plans for another device: ``"cpu"``, a CUDA device, or a
+    described one (:class:`CudaDeviceFacts`, :class:`CpuFacts`), so that meta tensors describe the
+    call without memory or a GPU.
+    """
+    input, vertical, horizontal, offset, mask = _autocast_promote(input, vertical, horizontal, offset, mask)
+    args = normalize_args(input, vertical, horizontal, offset, mask, kernel_size=kernel_size,
+                          padding=padding, dilation=dilation, padding_mode=padding_mode)
+    tensors = args.op_args()[:5]
+    output_mask = [t is not None and t.requires_grad for t in tensors]
+    target = input.device if device is None else device
+    if isinstance(target, str):
+        target = torch.device(target)
+    cpu_facts, cuda_device = [], []
+    if isinstance(target, CudaDeviceFacts):
+        cuda_device = list(target)
+    elif isinstance(target, CpuFacts):
+        cpu_facts = [int(target.avx2), int(target.threads)]
+    elif isinstance(target, torch.device) and target.type == "cuda":
+        cuda_device = list(CudaDeviceFacts.of(target))
+    elif not (isinstance(target, torch.device) and target.type == "cpu"):
+        raise ValueError(f"_plan: device must be 'cpu', a CUDA device, CudaDeviceFacts or CpuFacts, got {target!r} "
+                         f"(meta tensors need device=...)")
+    detached = [None if t is None else t.detach() for t in tensors]
+    names = torch.ops.edsc_ext.deform_sepconv_plan(*detached, *args.op_args()[5:], output_mask, cpu_facts, cuda_device)
+    return KernelPlans(*names)
+
+
+# --------------------------------------------------------------------------------------------
 # Fake kernels (shape propagation for torch.compile / meta tensors) and autograd.
 
 

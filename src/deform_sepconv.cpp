@@ -9,7 +9,16 @@
 #include <torch/library.h>
 #include <torch/version.h>
 
+#include <algorithm>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "edsc_ext/deform_sepconv_call.h"
+#include "edsc_ext/kernel_policy.h"
 #include "edsc_ext/ops.h"
+#include "cpu/deform_sepconv_plan.h"
+#include "cuda/deform_sepconv_plan.h"
 
 #ifdef EDSC_EXT_WITH_CUDA
 #include <cuda.h>  // CUDA_VERSION of the toolkit this binary was built with
@@ -40,6 +49,57 @@ at::Tensor checked_optional(const std::optional<at::Tensor>& t, const char* name
 }
 
 bool fits_int32(int64_t v) { return v >= 0 && v <= std::numeric_limits<int32_t>::max(); }
+
+// The largest of 16, 8, 4, 2, 1 that the tensor's start address is a multiple of (16 for a meta
+// tensor, which has no address: plans for a described call assume allocator alignment).
+int64_t start_alignment(const at::Tensor& t) {
+  const uintptr_t address = t.is_meta() ? 0 : reinterpret_cast<uintptr_t>(t.const_data_ptr());
+  for (const int64_t bytes : {16, 8, 4, 2}) {
+    if (address % bytes == 0) return bytes;
+  }
+  return 1;
+}
+
+// edsc_ext._plan: the names of the forward and backward plans of a call, for the CPU (cpu_facts:
+// empty for this machine, else [avx2, threads]) or for a CUDA device (cuda_device: [major, minor,
+// shared_memory_per_block_optin]), under the current policy and determinism setting.
+std::vector<std::string> deform_sepconv_plan(const at::Tensor& input, const std::optional<at::Tensor>& vertical,
+                                             const std::optional<at::Tensor>& horizontal,
+                                             const std::optional<at::Tensor>& offset,
+                                             const std::optional<at::Tensor>& mask, int64_t kernel_h, int64_t kernel_w,
+                                             int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w,
+                                             int64_t padding_mode, std::array<bool, 5> output_mask,
+                                             at::IntArrayRef cpu_facts, at::IntArrayRef cuda_device) {
+  const DeformSepconvConfig cfg{kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode};
+  const DeformSepconvTensors t = prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg);
+  const DeformSepconvCall call = describe_call(t, cfg, output_mask, at::globalContext().deterministicAlgorithms());
+  const KernelPolicy policy = kernel_policy();
+  const bool backward = std::find(output_mask.begin(), output_mask.end(), true) != output_mask.end();
+  if (!cuda_device.empty()) {
+    TORCH_CHECK_VALUE(cuda_device.size() == 3, "cuda_device must be [major, minor, shared_memory_per_block_optin], got ",
+                      cuda_device);
+    const CudaDeviceFacts device{cuda_device[0], cuda_device[1], cuda_device[2]};
+    return {plan_name(plan_cuda_forward(call, device, policy)),
+            backward ? plan_name(plan_cuda_backward(call, device, policy)) : std::string("none")};
+  }
+  TORCH_CHECK_VALUE(cpu_facts.empty() || cpu_facts.size() == 2, "cpu_facts must be [] or [avx2, threads], got ",
+                    cpu_facts);
+  CpuFacts cpu = this_cpu();
+  if (!cpu_facts.empty()) cpu = {cpu_facts[0] != 0, cpu_facts[1]};
+  return {plan_name(plan_cpu_forward(call, cpu, policy)),
+          backward ? plan_name(plan_cpu_backward(call, cpu, policy)) : std::string("none")};
+}
+
+void set_kernel_policy_op(bool grid_taps, bool plain_forward, bool prefetch, bool input_grad_tile, bool warp_staging,
+                          bool cpu_baseline, int64_t cpu_scratch_mb) {
+  TORCH_CHECK_VALUE(cpu_scratch_mb >= 0, "cpu_scratch_mb must be >= 0, got ", cpu_scratch_mb);
+  set_kernel_policy({grid_taps, plain_forward, prefetch, input_grad_tile, warp_staging, cpu_baseline, cpu_scratch_mb});
+}
+
+std::tuple<bool, bool, bool, bool, bool, bool, int64_t> get_kernel_policy_op() {
+  const KernelPolicy p = kernel_policy();
+  return {p.grid_taps, p.plain_forward, p.prefetch, p.input_grad_tile, p.warp_staging, p.cpu_baseline, p.cpu_scratch_mb};
+}
 
 }  // namespace
 
@@ -90,6 +150,34 @@ DeformSepconvTensors prepare_deform_sepconv(const at::Tensor& input, const std::
   return t;
 }
 
+DeformSepconvCall describe_call(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
+                                const std::array<bool, 5>& output_mask, bool deterministic) {
+  DeformSepconvCall c;
+  c.batch = t.input.size(0);
+  c.channels = t.input.size(1);
+  c.height_in = t.input.size(2);
+  c.width_in = t.input.size(3);
+  c.height_out = t.height_out;
+  c.width_out = t.width_out;
+  c.cfg = cfg;
+  c.element_size = t.input.element_size();
+  c.channels_last = t.channels_last;
+  c.use_32bit_indexing = t.use_32bit_indexing;
+  c.has_vertical = t.vertical.defined();
+  c.has_horizontal = t.horizontal.defined();
+  c.has_offset = t.offset.defined();
+  c.has_mask = t.mask.defined();
+  for (const at::Tensor* per_pixel : {&t.vertical, &t.horizontal, &t.offset, &t.mask}) {
+    if (per_pixel->defined()) c.per_pixel_alignment = std::min(c.per_pixel_alignment, start_alignment(*per_pixel));
+  }
+  c.offset_pairs_aligned = !c.has_offset || start_alignment(t.offset) % (2 * c.element_size) == 0;
+  // A gradient is computed where it is asked for and has elements (allocate_deform_sepconv_grads).
+  const at::Tensor* sources[5] = {&t.input, &t.vertical, &t.horizontal, &t.offset, &t.mask};
+  for (int k = 0; k < 5; ++k) c.grads[k] = output_mask[k] && sources[k]->defined() && sources[k]->numel() > 0;
+  c.deterministic = deterministic;
+  return c;
+}
+
 bool wants_channels_last(const at::Tensor& input) {
   return input.dim() == 4 && !input.is_contiguous() && input.is_contiguous(at::MemoryFormat::ChannelsLast);
 }
@@ -124,6 +212,17 @@ TORCH_LIBRARY(edsc_ext, m) {
       "Tensor? offset, Tensor? mask, int kernel_h, int kernel_w, int pad_h, int pad_w, int dilation_h, "
       "int dilation_w, int padding_mode, bool[5] output_mask) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("vector_add(Tensor a, Tensor b) -> Tensor");
+  // edsc_ext._plan and edsc_ext.kernel_policy (edsc_ext/ops.py, edsc_ext/_policy.py).
+  m.def(
+      "deform_sepconv_plan(Tensor input, Tensor? vertical, Tensor? horizontal, Tensor? offset, Tensor? mask, "
+      "int kernel_h, int kernel_w, int pad_h, int pad_w, int dilation_h, int dilation_w, int padding_mode, "
+      "bool[5] output_mask, int[] cpu_facts, int[] cuda_device) -> str[]",
+      &deform_sepconv_plan);
+  m.def(
+      "set_kernel_policy(bool grid_taps, bool plain_forward, bool prefetch, bool input_grad_tile, bool warp_staging, "
+      "bool cpu_baseline, int cpu_scratch_mb) -> ()",
+      &set_kernel_policy_op);
+  m.def("get_kernel_policy() -> (bool, bool, bool, bool, bool, bool, int)", &get_kernel_policy_op);
 }
 
 }  // namespace edsc_ext

@@ -115,9 +115,9 @@ struct HorizontalWeights {
 // `block` channels (planes at in + cc * plane, plane = input_channel_stride), and returns whether
 // the position was finite. A non-finite one makes every channel's output NaN: by a branch around
 // the loads here, or, kBranchFree, at the end (finish_taps) while this samples (0, 0), which keeps
-// the taps straight-line code. Measured on the H200 (BENCHMARKS.md), straight-line taps won
-// where the channel count is a compile-time constant (RGB: train float32 forward 0.297 -> 0.238 ms)
-// and lost where a run-time channel count leaves a branch per channel anyway (0.297 -> 0.345).
+// the taps straight-line code. On the H200 straight-line taps won where the channel count is a
+// compile-time constant (RGB) and lost where a run-time channel count leaves a branch per channel
+// anyway (BENCHMARKS.md, "Measurements behind the kernel choices").
 template <int kChannelBlock, bool kChannelsLast, bool kBranchFree, typename scalar_t, typename acc_t,
           typename index_t>
 EDSC_HOST_DEVICE bool accumulate_tap(const DeformSepconvParams<scalar_t, index_t>& p, const scalar_t* in,

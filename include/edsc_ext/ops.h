@@ -3,10 +3,8 @@
 
 #include <array>
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
 #include <optional>
-#include <string>
 
 #include <ATen/core/Tensor.h>
 
@@ -86,16 +84,6 @@ DeformSepconvParams<scalar_t, index_t> make_params(const DeformSepconvTensors& t
   p.dilation_w = static_cast<index_t>(cfg.dilation_w);
   p.padding_mode = cfg.padding_mode;
   return p;
-}
-
-// Calls whose taps sit on the pixel grid (no offsets, no dilation, a non-empty frame): each tap's
-// sample is one input pixel (grid_tap_pixel), which the CPU and CUDA grid-tap kernels exploit.
-// EDSC_EXT_GRID_TAPS=0 sends them to the bilinear kernels instead (benchmarks, tests).
-inline bool takes_grid_taps(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg) {
-  if (t.offset.defined() || cfg.dilation_h != 1 || cfg.dilation_w != 1) return false;
-  if (t.input.size(2) == 0 || t.input.size(3) == 0) return false;
-  const char* mode = std::getenv("EDSC_EXT_GRID_TAPS");
-  return mode == nullptr || std::string(mode) != "0";
 }
 
 template <typename scalar_t>

@@ -9,10 +9,9 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <string>
 
 #include "edsc_ext/ops.h"
+#include "deform_sepconv_plan.h"
 
 namespace edsc_ext {
 namespace {
@@ -31,12 +30,11 @@ namespace {
 
 // Instruction sets: the wheels target the x86-64 baseline (SSE2), which leaves the sampling math
 // without FMA or vector rounding. On x86-64 the loops are also compiled for AVX2 + FMA (x86 CPUs
-// since 2013) and run that way where the CPU has them: 1.2-1.4x faster forward on a 2-core EPYC.
-// Only run_avx2 is compiled for AVX2, with the loop bodies and the per-pixel code force-inlined
-// into it, so no out-of-line AVX2 code can be reached on an older CPU. EDSC_EXT_CPU_ISA=baseline
-// forces the baseline build (tests; results then differ in the last bits, FMA rounds once).
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define EDSC_CPU_AVX2 1
+// since 2013) and run that way where the plan says (deform_sepconv_plan.h: the CPU and torch's
+// capability have them, the policy does not ask for the baseline), which is faster (BENCHMARKS.md,
+// "CPU"). Only run_avx2 is compiled for AVX2, with the loop bodies and the per-pixel code
+// force-inlined into it, so no out-of-line AVX2 code can be reached on an older CPU.
+#ifdef EDSC_CPU_AVX2
 template <typename Body>
 __attribute__((target("avx2,fma"))) void run_avx2(const Body& body) {
   body();
@@ -48,16 +46,6 @@ __attribute__((target("avx2,fma"))) void run_avx2(const Body& body) {
 #define EDSC_CPU_INLINE
 #endif
 
-bool use_avx2() {
-#ifdef EDSC_CPU_AVX2
-  static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  const char* isa = std::getenv("EDSC_EXT_CPU_ISA");
-  return supported && !(isa != nullptr && std::string(isa) == "baseline");
-#else
-  return false;
-#endif
-}
-
 // Runs body (a lambda marked EDSC_CPU_INLINE) compiled for AVX2 + FMA when `avx2`, else as built.
 template <typename Body>
 void run_for_cpu(bool avx2, const Body& body) {
@@ -67,8 +55,6 @@ void run_for_cpu(bool avx2, const Body& body) {
   body();
 }
 
-// Channels handled per pass over the taps: sampling weights are computed once per block.
-constexpr int kCpuChannelBlock = 8;
 // Pixels per parallel task, so tiny images still split and huge ones amortise scheduling.
 constexpr int64_t kPixelGrain = 1024;
 
@@ -86,7 +72,7 @@ void for_each_output_pixel(bool avx2, int64_t batch, int64_t height, int64_t wid
   });
 }
 
-// Row-wise kernels of calls without offsets or dilation (takes_grid_taps): every tap reads one
+// Row-wise kernels of calls without offsets or dilation (CpuForwardKernel::kGridTapRows): every tap reads one
 // input pixel, so a row of output pixels works on whole rows (of the input, the weights, the
 // gradients) shifted by the tap, loops along x that the compiler vectorises.
 

@@ -7,13 +7,15 @@
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
-#include <cstdlib>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "edsc_ext/deform_sepconv_call.h"
+#include "edsc_ext/kernel_policy.h"
 #include "edsc_ext/ops.h"
 #include "cpu_loops.h"
+#include "deform_sepconv_plan.h"
 
 namespace edsc_ext {
 namespace {
@@ -162,33 +164,14 @@ EDSC_CPU_INLINE inline void deform_sepconv_backward_grid_taps_row(const DeformSe
 
 // The CPU backward is deterministic, free of atomics, and its result does not depend on the number
 // of threads, to the last bit: every plane it adds into is owned by one task and filled in pixel
-// order, and how the work is split depends on the shape alone (cpu_backward_bands).
+// order, and how the work is split depends on the shape alone (plan_cpu_backward).
 // - Usually one fused pass (each sample computed once for the parameter gradients and the input
-//   gradient) over tasks of (n, band of output rows): kCpuTasks tasks in all when N < kCpuTasks,
-//   one band per image otherwise. Band 0 of image n adds straight into grad_input[n], later bands
-//   into scratch planes, summed into it afterwards in band order.
-// - When those scratch planes would exceed the scratch budget and no more bands than channels fit,
-//   two passes instead: the parameter gradients in parallel over pixels, then the input gradient
-//   in parallel over (n, channel) planes (every sample of output plane (n, c) lands in input plane
+//   gradient) over tasks of (n, band of output rows): band 0 of image n adds straight into
+//   grad_input[n], later bands into scratch planes, summed into it afterwards in band order.
+// - When those scratch planes would exceed the policy's scratch budget, two passes instead
+//   (kPixelsTwoPass): the parameter gradients in parallel over pixels, then the input gradient in
+//   parallel over (n, channel) planes (every sample of output plane (n, c) lands in input plane
 //   (n, c) alone), which samples again but needs no scratch.
-constexpr int64_t kCpuTasks = 16;
-// The default scratch budget: N = 1 at 1080p with 3 channels gets 11 bands, 10 scratch planes of
-// 25 MB. EDSC_EXT_CPU_SCRATCH_MB overrides it (0 forces the two-pass backward; for tests).
-constexpr int64_t kCpuScratchBytes = int64_t(256) << 20;
-
-int64_t cpu_scratch_budget() {
-  const char* value = std::getenv("EDSC_EXT_CPU_SCRATCH_MB");
-  return value != nullptr ? std::max<int64_t>(0, std::atoll(value)) << 20 : kCpuScratchBytes;
-}
-
-// Bands of output rows per image for the fused backward, or 0 for the two-pass one.
-int64_t cpu_backward_bands(int64_t batch, int64_t channels, int64_t height_out, int64_t image_bytes) {
-  const int64_t wanted = std::min(batch >= kCpuTasks ? 1 : (kCpuTasks + batch - 1) / batch,
-                                  std::max<int64_t>(height_out, 1));
-  const int64_t fit = std::min(wanted, 1 + cpu_scratch_budget() / std::max<int64_t>(1, batch * image_bytes));
-  return (fit == wanted || fit > channels) ? fit : 0;
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_sepconv_backward_cpu(
     const at::Tensor& grad_output, const at::Tensor& input, const std::optional<at::Tensor>& vertical,
     const std::optional<at::Tensor>& horizontal, const std::optional<at::Tensor>& offset,
@@ -197,8 +180,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
   const DeformSepconvConfig cfg{kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode};
   const DeformSepconvTensors t = prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg, &grad_output);
   auto grads = allocate_deform_sepconv_grads(t, output_mask);
-  const int64_t hw = t.height_out * t.width_out;
-  if (input.size(0) == 0 || hw == 0) return {grads[0], grads[1], grads[2], grads[3], grads[4]};
+  const CpuBackwardPlan plan = plan_cpu_backward(describe_call(t, cfg, output_mask, false), this_cpu(), kernel_policy());
+  if (plan.kernel == CpuBackwardKernel::kEmpty) return {grads[0], grads[1], grads[2], grads[3], grads[4]};
 
   EDSC_DISPATCH_CPU_CALL("deform_sepconv_backward_cpu", t, kernel_h, kernel_w, [&] {
     const auto p = make_params<scalar_t, index_t>(t, cfg);
@@ -210,10 +193,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
       acc = std::is_same_v<acc_t, scalar_t> ? grads[0] : grads[0].to(c10::CppTypeToScalarType<acc_t>::value);
     }
     acc_t* gin = acc.defined() ? acc.mutable_data_ptr<acc_t>() : nullptr;
-    const bool avx2 = use_avx2();
+    const bool avx2 = plan.avx2;
     // Calls without offsets: the row-wise backward (deform_sepconv_backward_grid_taps_row), with
     // one scratch a task.
-    const bool grid_taps = takes_grid_taps(t, cfg);
+    const bool grid_taps = plan.kernel == CpuBackwardKernel::kGridTapRows;
     // The parameter gradients alone: no adds to share, so parallel over pixels (rows for grid taps).
     const auto parameter_grad_pass = [&] {
       if (grid_taps) {
@@ -242,15 +225,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
       parameter_grad_pass();
     } else {
       const int64_t image = p.channels * p.height_in * p.width_in;  // one grad_input[n], any layout
-      // Grid taps have no per-channel pass: beyond the scratch budget, one task per image.
-      const int64_t bands = std::max<int64_t>(
-          grid_taps ? 1 : 0,
-          cpu_backward_bands(p.batch, p.channels, t.height_out, image * static_cast<int64_t>(sizeof(acc_t))));
+      const int64_t bands = plan.bands;
       const auto add_into = [&](acc_t* image_grad) {
         return PlaneAdd<acc_t, index_t>{image_grad, p.width_in, input_channel_stride<kChannelsLast>(p),
                                         input_pixel_stride<kChannelsLast>(p)};
       };
-      if (bands > 0) {
+      if (plan.kernel != CpuBackwardKernel::kPixelsTwoPass) {
         at::Tensor scratch;
         if (bands > 1) scratch = at::zeros({p.batch * (bands - 1) * image}, acc.options());
         acc_t* extra = scratch.defined() ? scratch.mutable_data_ptr<acc_t>() : nullptr;
@@ -318,7 +298,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
             });
           });
         };
-        if (p.batch * ((p.channels + kCpuChannelBlock - 1) / kCpuChannelBlock) >= at::get_num_threads()) {
+        if (plan.input_grad_channel_block == kCpuChannelBlock) {
           input_grad_pass(std::integral_constant<int, kCpuChannelBlock>{});
         } else {
           input_grad_pass(std::integral_constant<int, 1>{});

@@ -7,21 +7,22 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 #include <vector>
 
+#include "edsc_ext/deform_sepconv_call.h"
+#include "edsc_ext/kernel_policy.h"
 #include "edsc_ext/ops.h"
 #include "cpu_loops.h"
+#include "deform_sepconv_plan.h"
 
 namespace edsc_ext {
 namespace {
 
-// Forward of one output row (n, y) of a call without offsets or dilation (takes_grid_taps): every
+// Forward of one output row (n, y) of a call without offsets or dilation (kGridTapRows): every
 // tap reads one input pixel, so the row is, per channel, sum_i V_i * sum_j H_j * M_t * (input row
 // y - pad_h + i, shifted by j - pad_w), and each of those is a loop along x over contiguous rows
-// that the compiler vectorises. The per-pixel bilinear code computed four samples' weights and
-// corners per tap: sepconv's 51x51 forward took 21.3 ms at 1 x 3 x 34 x 60 on 2 cores. The weight
+// that the compiler vectorises, where the per-pixel bilinear code computed four samples' weights
+// and corners per tap (BENCHMARKS.md, "CPU", has the times). The weight
 // rows are converted to acc_t once per row (`weights`: KH + KW rows of W_out); `in_row` (W_in),
 // `sum` and `acc` (W_out) are scratch.
 template <bool kChannelsLast, typename scalar_t, typename acc_t, typename index_t>
@@ -79,6 +80,28 @@ EDSC_CPU_INLINE inline void deform_sepconv_forward_grid_taps_row(const DeformSep
   }
 }
 
+// Rows of a call without offsets (CpuForwardKernel::kGridTapRows), in tasks of whole rows, about
+// kPixelGrain pixels each, with one scratch a task.
+template <bool kChannelsLast, typename scalar_t, typename acc_t, typename index_t>
+void forward_grid_tap_rows(const DeformSepconvParams<scalar_t, index_t>& p, scalar_t* out, bool avx2) {
+  const int64_t height = p.height_out, width = p.width_out;
+  at::parallel_for(0, p.batch * height, std::max<int64_t>(1, kPixelGrain / std::max<int64_t>(1, width)),
+                   [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> scratch((p.kernel_h + p.kernel_w + 2) * width + p.width_in);
+    acc_t* weights = scratch.data();
+    acc_t* sum = weights + (p.kernel_h + p.kernel_w) * width;
+    acc_t* acc = sum + width;
+    acc_t* in_row = acc + width;
+    run_for_cpu(avx2, [&]() EDSC_CPU_INLINE {
+      for (int64_t row = begin; row < end; ++row) {
+        deform_sepconv_forward_grid_taps_row<kChannelsLast>(p, out, static_cast<index_t>(row / height),
+                                                            static_cast<index_t>(row % height), weights, in_row, sum,
+                                                            acc);
+      }
+    });
+  });
+}
+
 at::Tensor deform_sepconv_forward_cpu(const at::Tensor& input, const std::optional<at::Tensor>& vertical,
                                       const std::optional<at::Tensor>& horizontal,
                                       const std::optional<at::Tensor>& offset, const std::optional<at::Tensor>& mask,
@@ -88,49 +111,35 @@ at::Tensor deform_sepconv_forward_cpu(const at::Tensor& input, const std::option
   const DeformSepconvTensors t = prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg);
   at::Tensor output = at::empty({input.size(0), input.size(1), t.height_out, t.width_out},
                                 input.options().memory_format(t.memory_format()));
-  if (output.numel() == 0) return output;
-
-  if (takes_grid_taps(t, cfg)) {
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "deform_sepconv_forward_cpu", [&] {
-      using acc_t = at::opmath_type<scalar_t>;
-      EDSC_DISPATCH_INDEX_TYPE(t.use_32bit_indexing, [&] {
-        EDSC_DISPATCH_LAYOUT(t.channels_last, [&] {
-          const auto p = make_params<scalar_t, index_t>(t, cfg);
-          scalar_t* out = output.mutable_data_ptr<scalar_t>();
-          const int64_t width = t.width_out;
-          const bool avx2 = use_avx2();
-          // Tasks of whole rows, about kPixelGrain pixels each.
-          at::parallel_for(0, p.batch * t.height_out, std::max<int64_t>(1, kPixelGrain / std::max<int64_t>(1, width)),
-                           [&](int64_t begin, int64_t end) {
-            std::vector<acc_t> scratch((kernel_h + kernel_w + 2) * width + p.width_in);
-            acc_t* weights = scratch.data();
-            acc_t* sum = weights + (kernel_h + kernel_w) * width;
-            acc_t* acc = sum + width;
-            acc_t* in_row = acc + width;
-            run_for_cpu(avx2, [&]() EDSC_CPU_INLINE {
-              for (int64_t row = begin; row < end; ++row) {
-                deform_sepconv_forward_grid_taps_row<kChannelsLast>(p, out, static_cast<index_t>(row / t.height_out),
-                                                                    static_cast<index_t>(row % t.height_out), weights,
-                                                                    in_row, sum, acc);
-              }
-            });
+  const CpuForwardPlan plan = plan_cpu_forward(describe_call(t, cfg, {}, false), this_cpu(), kernel_policy());
+  switch (plan.kernel) {
+    case CpuForwardKernel::kEmpty:
+      break;
+    case CpuForwardKernel::kGridTapRows:
+      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "deform_sepconv_forward_cpu", [&] {
+        using acc_t = at::opmath_type<scalar_t>;
+        EDSC_DISPATCH_INDEX_TYPE(t.use_32bit_indexing, [&] {
+          EDSC_DISPATCH_LAYOUT(t.channels_last, [&] {
+            forward_grid_tap_rows<kChannelsLast, scalar_t, acc_t>(make_params<scalar_t, index_t>(t, cfg),
+                                                                  output.mutable_data_ptr<scalar_t>(), plan.avx2);
           });
         });
       });
-    });
-    return output;
+      break;
+    case CpuForwardKernel::kPixels:
+      EDSC_DISPATCH_CPU_CALL("deform_sepconv_forward_cpu", t, kernel_h, kernel_w, [&] {
+        const auto p = make_params<scalar_t, index_t>(t, cfg);
+        scalar_t* out = output.mutable_data_ptr<scalar_t>();
+        for_each_output_pixel<index_t>(plan.avx2, p.batch, t.height_out, t.width_out,
+                                       [&](index_t n, index_t y, index_t x) EDSC_CPU_INLINE {
+          for (index_t c0 = 0; c0 < p.channels; c0 += kCpuChannelBlock) {
+            deform_sepconv_forward_pixel<kCpuChannelBlock, kKernelH, kKernelW, kChannelsLast, scalar_t, acc_t, index_t>(
+                p, out, n, y, x, c0);
+          }
+        });
+      });
+      break;
   }
-  EDSC_DISPATCH_CPU_CALL("deform_sepconv_forward_cpu", t, kernel_h, kernel_w, [&] {
-    const auto p = make_params<scalar_t, index_t>(t, cfg);
-    scalar_t* out = output.mutable_data_ptr<scalar_t>();
-    for_each_output_pixel<index_t>(use_avx2(), p.batch, t.height_out, t.width_out,
-                                   [&](index_t n, index_t y, index_t x) EDSC_CPU_INLINE {
-      for (index_t c0 = 0; c0 < p.channels; c0 += kCpuChannelBlock) {
-        deform_sepconv_forward_pixel<kCpuChannelBlock, kKernelH, kKernelW, kChannelsLast, scalar_t, acc_t, index_t>(
-            p, out, n, y, x, c0);
-      }
-    });
-  });
   return output;
 }
 

@@ -1,6 +1,8 @@
 // CUDA backward of deform_sepconv: the host entry point. It takes a device guard from the input and
 // launches on that device's current stream, so a tensor on cuda:1 works whatever the current
-// device is. The kernels are in deform_sepconv_backward_kernels.cuh, compiled once per dtype.
+// device is. plan_cuda_backward (deform_sepconv_plan.h) chooses the kernels: the grid-tap ones
+// (deform_sepconv_grid_taps_input_grad_cuda.cu, deform_sepconv_backward_grid_taps_cuda.cu) and the
+// bilinear one for the rest (deform_sepconv_backward_launch.cuh, compiled once per dtype).
 #include "deform_sepconv_backward_cuda.cuh"
 
 namespace edsc_ext {
@@ -32,21 +34,18 @@ at::Tensor finish_fixed_point_input_grad(const FixedPointInputGrad& w) {
   return at::where(bad, at::scalar_tensor(std::numeric_limits<double>::quiet_NaN(), value.options()), value);
 }
 
-// channels_last calls with more than this many channels run the backward on NCHW copies.
-constexpr int64_t kChannelsLastMaxChannels = 4;
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_sepconv_backward_cuda(
     const at::Tensor& grad_output, const at::Tensor& input, const std::optional<at::Tensor>& vertical,
     const std::optional<at::Tensor>& horizontal, const std::optional<at::Tensor>& offset,
     const std::optional<at::Tensor>& mask, int64_t kernel_h, int64_t kernel_w, int64_t pad_h, int64_t pad_w,
     int64_t dilation_h, int64_t dilation_w, int64_t padding_mode, std::array<bool, 5> output_mask) {
   const c10::cuda::CUDAGuard device_guard(input.device());
-  if (wants_channels_last(input) && input.dim() == 4 && input.size(1) > kChannelsLastMaxChannels) {
+  if (input.dim() == 4 && backward_runs_on_nchw_copies(wants_channels_last(input), input.size(1))) {
     // One thread per output pixel loops over the channels, so in channels_last each of its frame
     // loads (a corner, a channel) lands on another lane's cache line: with 32 channels this
-    // backward took 2.0x the NCHW one on the H200 (feat float32, 6.88 vs 3.38 ms), and copying
-    // every tensor to NCHW and the gradients back costs a few percent of it. With up to 4
-    // channels the per-pixel tensors dominate and the warp-staged kernel reads them in place.
+    // backward took twice the NCHW one on the H200 (BENCHMARKS.md), and copying every tensor to
+    // NCHW and the gradients back costs a few percent of it. With up to 4 channels the per-pixel
+    // tensors dominate and the warp-staged kernel reads them in place.
     const auto nchw = [](const std::optional<at::Tensor>& t) -> std::optional<at::Tensor> {
       return t.has_value() ? std::optional<at::Tensor>(t->contiguous()) : t;
     };
@@ -62,21 +61,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
   const DeformSepconvConfig cfg{kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode};
   const DeformSepconvTensors t = prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg, &grad_output);
   auto grads = allocate_deform_sepconv_grads(t, output_mask);
-  const int64_t pixels = input.size(0) * t.height_out * t.width_out;
-  const int64_t channels = input.size(1);
-  if (pixels == 0 || channels == 0) return {grads[0], grads[1], grads[2], grads[3], grads[4]};
-
-  // Without offsets (sepconv) the input gradient is gathered, deterministic as it is; the kernels
-  // below then compute the other gradients only.
-  std::array<at::Tensor, 5> rest = grads;
-  if (deform_sepconv_grid_taps_input_grad_cuda(t, cfg, grads[0])) rest[0] = at::empty({0}, grads[0].options());
-  const bool deterministic = rest[0].numel() > 0 && at::globalContext().deterministicAlgorithms();
-  FixedPointInputGrad fixed_point;
-  if (deterministic) fixed_point = prepare_fixed_point_input_grad(t, cfg);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "deform_sepconv_backward_cuda", [&] {
-    launch_deform_sepconv_backward<scalar_t>(t, cfg, rest, deterministic, fixed_point);
-  });
-  if (deterministic) grads[0].copy_(finish_fixed_point_input_grad(fixed_point));
+  const CudaBackwardPlan plan =
+      plan_cuda_backward(describe_call(t, cfg, output_mask, at::globalContext().deterministicAlgorithms()),
+                         cuda_device_facts(input.device().index()), kernel_policy());
+  if (plan.empty) return {grads[0], grads[1], grads[2], grads[3], grads[4]};
+  if (plan.gather_input_grad) launch_gather_input_grad(t, cfg, plan, grads[0]);
+  if (plan.grid_tap_param_grads) launch_grid_taps_param_grads(t, cfg, plan, grads);
+  if (plan.kernel != CudaBackwardKernel::kNone) {
+    FixedPointInputGrad fixed_point;
+    if (plan.deterministic) fixed_point = prepare_fixed_point_input_grad(t, cfg);
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "deform_sepconv_backward_cuda", [&] {
+      launch_deform_sepconv_backward<scalar_t>(t, cfg, plan, grads, fixed_point);
+    });
+    if (plan.deterministic) grads[0].copy_(finish_fixed_point_input_grad(fixed_point));
+  }
   return {grads[0], grads[1], grads[2], grads[3], grads[4]};
 }
 

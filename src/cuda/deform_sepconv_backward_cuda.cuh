@@ -1,7 +1,8 @@
 // Declarations shared by the translation units of the CUDA backward: the host entry point
-// (deform_sepconv_backward_cuda.cu) and one file per dtype that compiles the kernels
-// (deform_sepconv_backward_<dtype>_cuda.cu, from deform_sepconv_backward_kernels.cuh), so that a
-// parallel build compiles the four at once instead of one long file.
+// (deform_sepconv_backward_cuda.cu), which plans a call (deform_sepconv_plan.h); one file per dtype
+// that compiles the bilinear kernels (deform_sepconv_backward_<dtype>_cuda.cu, from
+// deform_sepconv_backward_launch.cuh), so that a parallel build compiles the four at once instead
+// of one long file; and the grid-tap kernels' units.
 #pragma once
 
 #include <array>
@@ -18,17 +19,20 @@ struct FixedPointInputGrad {
   at::Tensor poisoned;  // int32 flag
 };
 
-// Runs the backward kernels of one dtype into `grads` (allocate_deform_sepconv_grads): the
-// per-pixel gradients, and the input gradient (into fixed_point.sums when `deterministic`).
+// Runs the plan's bilinear kernel (CudaBackwardPlan::kernel) of one dtype into `grads`
+// (allocate_deform_sepconv_grads): the per-pixel gradients the grid-tap kernel did not compute,
+// and the input gradient if it was not gathered (into fixed_point.sums when plan.deterministic).
 template <typename scalar_t>
 void launch_deform_sepconv_backward(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
-                                    std::array<at::Tensor, 5>& grads, bool deterministic,
+                                    const CudaBackwardPlan& plan, std::array<at::Tensor, 5>& grads,
                                     const FixedPointInputGrad& fixed_point);
 
-// Calls without offsets, dilation or mask and up to 4 channels (sepconv): computes the input
-// gradient into grad_input by gathering (deform_sepconv_grid_taps_input_grad_cuda.cu) and returns
-// true; false where it does not apply.
-bool deform_sepconv_grid_taps_input_grad_cuda(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
-                                              at::Tensor& grad_input);
+// The grid-tap calls (no offsets or dilation, up to 4 channels): the input gradient gathered into
+// grad_input (no mask; deform_sepconv_grid_taps_input_grad_cuda.cu), and the per-pixel tensors'
+// gradients (deform_sepconv_backward_grid_taps_cuda.cu), as planned.
+void launch_gather_input_grad(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
+                              const CudaBackwardPlan& plan, at::Tensor& grad_input);
+void launch_grid_taps_param_grads(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
+                                  const CudaBackwardPlan& plan, const std::array<at::Tensor, 5>& grads);
 
 }  // namespace edsc_ext

@@ -1,5 +1,5 @@
-// Shared by the CUDA translation units of deform_sepconv (forward, backward): headers and the
-// channel-block dispatch.
+// Shared by the CUDA translation units of deform_sepconv (forward, backward): headers, the
+// device facts the planners take, the channel-block dispatch and the asynchronous copies.
 #pragma once
 
 #include <ATen/Context.h>
@@ -14,27 +14,31 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
-#include <cstdlib>
-#include <string>
 #include <type_traits>
 
+#include "edsc_ext/deform_sepconv_call.h"
+#include "edsc_ext/kernel_policy.h"
 #include "edsc_ext/ops.h"
+#include "deform_sepconv_plan.h"
 #include "launch.cuh"
 
 namespace edsc_ext {
 
-// Channels a thread handles per step in the staged forward and the backward (their corner loads in
-// flight together). Three for RGB-like inputs with the common 5x5 kernel, so no lane of the block
-// is idle; four otherwise.
+// The facts of device `device_index` that plan_cuda_forward / plan_cuda_backward take.
+CudaDeviceFacts cuda_device_facts(int64_t device_index);
+
+// Channels a thread of the backward handles per step (their corner loads in flight together), as
+// planned (CudaBackwardPlan::channel_block): 3 for RGB-like inputs with the common 5x5 kernel, so
+// no lane of the block is idle, which only the static 5x5 instantiation has; 4 otherwise.
 template <int kKernelH, int kKernelW, typename Body>
-void dispatch_channel_block(int64_t channels, const Body& body) {
-  if constexpr (kKernelH == 5 && kKernelW == 5) {
-    if (channels % 3 == 0 && channels % 4 != 0) return body(std::integral_constant<int, 3>{});
+void dispatch_channel_block(int planned_block, const Body& body) {
+  if constexpr (kKernelH == kSpecializedKernel && kKernelW == kSpecializedKernel) {
+    if (planned_block == 3) return body(std::integral_constant<int, 3>{});
   }
   return body(std::integral_constant<int, 4>{});
 }
-#define EDSC_DISPATCH_CHANNEL_BLOCK(channels, ...)                                       \
-  dispatch_channel_block<kKernelH, kKernelW>(channels, [&](auto channel_block) {         \
+#define EDSC_DISPATCH_CHANNEL_BLOCK(planned_block, ...)                                  \
+  dispatch_channel_block<kKernelH, kKernelW>(planned_block, [&](auto channel_block) {    \
     constexpr int kChannelBlock = decltype(channel_block)::value;                        \
     return __VA_ARGS__();                                                                \
   })

@@ -9,41 +9,17 @@
 // output pixels that reach the tile; for each, the block stages H of the row's pixels, arranged
 // so that a thread's KW taps are contiguous (16-byte loads), and dL/dout_c(o) V_i(o) for each tile
 // row's i. No atomics, one write per element, so it is deterministic too. The bilinear backward
-// scattered this with global float atomics: 134 of sepconv's 143 ms forward+backward (51x51,
-// 1 x 3 x 1088 x 1920, float32, H200).
+// scattered this with global float atomics, most of sepconv's forward+backward time (BENCHMARKS.md).
+#include "deform_sepconv_backward_cuda.cuh"
 #include "grid_tap_window.cuh"
+#include "shared_memory_opt_in.cuh"
 
 #include <vector>
 
 namespace edsc_ext {
 namespace {
 
-// The virtual coordinates the gradient is computed for: rows [y0, y0 + height), columns
-// [x0, x0 + width), which cover the image and, in border mode, every tap coordinate.
-struct VirtualDomain {
-  int64_t y0, x0, height, width;
-};
-
-// Shared-memory layout of one row of output pixels: H as [thread column][tap] with a row stride
-// that is a multiple of 4 (16-byte loads) and 4 mod 8 words (the 8 lanes of a quarter warp then
-// hit distinct banks), and the products as [channel][tile row][k], where a thread's tap j reads
-// k = 31 - tx + j (contiguous in j).
-struct GatherLayout {
-  int taps_padded;  // KW rounded up to a multiple of 4
-  int h_stride;     // words from one thread column's taps to the next
-  int a_row;        // kGridTileWidth - 1 + taps_padded: products of a tile row
-  __host__ __device__ int shared_words(int channels) const {
-    return kGridTileWidth * h_stride + channels * kGridTileHeight * a_row;
-  }
-};
-
-GatherLayout gather_layout(int64_t kernel_w) {
-  GatherLayout l;
-  l.taps_padded = static_cast<int>((kernel_w + 3) / 4 * 4);
-  l.h_stride = l.taps_padded % 8 == 4 ? l.taps_padded : l.taps_padded + 4;
-  l.a_row = kGridTileWidth - 1 + l.taps_padded;
-  return l;
-}
+// VirtualDomain and GatherLayout, which the planner sizes, are in deform_sepconv_plan.h.
 
 template <int kChannels, bool kChannelsLast, typename scalar_t>
 __global__ void __launch_bounds__(kGridTileThreads)
@@ -144,27 +120,15 @@ at::Tensor fold_clamped(const at::Tensor& g, int64_t dim, int64_t before, int64_
 }
 
 template <typename scalar_t>
-bool launch_gather(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg, at::Tensor& grad_input) {
-  if constexpr (sizeof(scalar_t) > 4) {
-    return false;
-  } else {
+void launch_gather(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg, const CudaBackwardPlan& plan,
+                   at::Tensor& grad_input) {
+  if constexpr (sizeof(scalar_t) <= 4) {
     using acc_t = at::opmath_type<scalar_t>;
     const int64_t channels = t.input.size(1), height = t.input.size(2), width = t.input.size(3);
-    const GatherLayout layout = gather_layout(cfg.kernel_w);
-    const int64_t shared = int64_t(layout.shared_words(static_cast<int>(channels))) * sizeof(acc_t);
-    if (shared > at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin) return false;
-    // Tap coordinates span [-pad, out - 1 - pad + K - 1]; zeros mode needs only the image.
-    VirtualDomain domain{0, 0, height, width};
-    if (cfg.padding_mode == kPaddingBorder) {
-      const int64_t y1 = std::max(height - 1, t.height_out - 1 - cfg.pad_h + cfg.kernel_h - 1);
-      const int64_t x1 = std::max(width - 1, t.width_out - 1 - cfg.pad_w + cfg.kernel_w - 1);
-      domain.y0 = std::min<int64_t>(0, -cfg.pad_h);
-      domain.x0 = std::min<int64_t>(0, -cfg.pad_w);
-      domain.height = y1 - domain.y0 + 1;
-      domain.width = x1 - domain.x0 + 1;
-    }
+    const GatherLayout layout = plan.gather_layout;
+    const VirtualDomain domain = plan.gather_domain;
+    const int64_t shared = plan.gather_shared_bytes;
     const int64_t tile_rows = (domain.height + kGridTileHeight - 1) / kGridTileHeight;
-    if (tile_rows > 65535) return false;
     at::Tensor virt = at::empty({t.input.size(0), channels, domain.height, domain.width},
                                 t.input.options().dtype(c10::CppTypeToScalarType<acc_t>::value));
     const dim3 grid(static_cast<unsigned int>((domain.width + kGridTileWidth - 1) / kGridTileWidth),
@@ -173,7 +137,7 @@ bool launch_gather(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg
     const scalar_t* go = t.grad_output.const_data_ptr<scalar_t>();
     const auto stream = c10::cuda::getCurrentCUDAStream(t.input.device().index());
     const auto launch = [&](auto kernel) {
-      allow_grid_taps_shared(kernel, static_cast<size_t>(shared));
+      opt_in_dynamic_shared(kernel, static_cast<size_t>(shared));
       kernel<<<grid, kGridTileThreads, static_cast<size_t>(shared), stream>>>(p, go, virt.mutable_data_ptr<acc_t>(),
                                                                               domain, layout);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -194,24 +158,17 @@ bool launch_gather(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg
       virt = fold_clamped(fold_clamped(virt, 2, -domain.y0, height), 3, -domain.x0, width);
     }
     grad_input.copy_(virt);
-    return true;
   }
 }
 
 }  // namespace
 
-bool deform_sepconv_grid_taps_input_grad_cuda(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
-                                              at::Tensor& grad_input) {
-  GridWindow window;
-  int64_t channel_bytes = 0;
-  if (grad_input.numel() == 0 || t.mask.defined() || t.input.size(1) > 4 ||
-      !grid_taps_apply(t, cfg, window, channel_bytes)) {
-    return false;
-  }
-  bool done = false;
+void launch_gather_input_grad(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
+                              const CudaBackwardPlan& plan, at::Tensor& grad_input) {
+  TORCH_INTERNAL_ASSERT(t.input.element_size() <= 4 && t.input.size(1) <= kSmallChannels && !t.mask.defined(),
+                        "gathered input gradient: not planned for this call");
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, t.input.scalar_type(), "deform_sepconv_grid_taps_input_grad",
-                                  [&] { done = launch_gather<scalar_t>(t, cfg, grad_input); });
-  return done;
+                                  [&] { launch_gather<scalar_t>(t, cfg, plan, grad_input); });
 }
 
 }  // namespace edsc_ext

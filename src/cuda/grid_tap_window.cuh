@@ -3,8 +3,8 @@
 // neighbouring output pixels read neighbouring pixels for the same tap. A block of
 // kGridTileHeight x kGridTileWidth output pixels copies the input window its taps cover (KH - 1
 // more rows, KW - 1 more columns, as acc_t) to shared memory once, and the taps read it there:
-// the bilinear kernels made four gathers from global memory per tap and channel, and sepconv's
-// 51x51 forward took 45.2 ms (1 x 3 x 1088 x 1920, float32, H200; BENCHMARKS.md). One difference
+// the bilinear kernels made four gathers from global memory per tap and channel (BENCHMARKS.md has
+// the times before and after). One difference
 // from the bilinear formula: a non-finite input pixel no longer leaks into the samples of its
 // neighbours (as 0 * inf, with weight 0); README.md says so.
 #pragma once
@@ -13,43 +13,14 @@
 
 namespace edsc_ext {
 
-constexpr int kGridTileWidth = kWarpSize;  // a warp a row of output pixels: conflict-free loads
-constexpr int kGridTileHeight = 8;
-constexpr int kGridTileThreads = kGridTileWidth * kGridTileHeight;
-// Weights a thread holds in registers at a time: kGridTapChunk x kGridTapChunk taps.
+// Weights a thread holds in registers at a time: kGridTapChunk x kGridTapChunk taps. (The tile
+// sizes and the window, GridWindow, are in deform_sepconv_plan.h, which plans these kernels.)
 constexpr int kGridTapChunk = 8;
-
-// The input window of one channel: kGridTileHeight + KH - 1 rows, kGridTileWidth + KW - 1 columns.
-struct GridWindow {
-  int rows = 0, cols = 0;
-  __host__ __device__ int size() const { return rows * cols; }
-};
-
-// Whether a call can take the grid-tap kernels (takes_grid_taps, float32 or a half type, N and the
-// tile rows within a grid dimension), and the window (bytes of one channel's in `channel_bytes`).
-inline bool grid_taps_apply(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg, GridWindow& window,
-                            int64_t& channel_bytes) {
-  if (!takes_grid_taps(t, cfg) || t.input.element_size() > 4) return false;
-  if (t.input.size(0) > 65535 || (t.height_out + kGridTileHeight - 1) / kGridTileHeight > 65535) return false;
-  const int64_t rows = kGridTileHeight + cfg.kernel_h - 1, cols = kGridTileWidth + cfg.kernel_w - 1;
-  channel_bytes = rows * cols * static_cast<int64_t>(sizeof(float));  // acc_t of the <= 4-byte types
-  if (channel_bytes > at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin) return false;
-  window = {static_cast<int>(rows), static_cast<int>(cols)};  // small: they fit shared memory
-  return true;
-}
 
 inline dim3 grid_taps_grid(const DeformSepconvTensors& t) {
   return dim3(static_cast<unsigned int>((t.width_out + kGridTileWidth - 1) / kGridTileWidth),
               static_cast<unsigned int>((t.height_out + kGridTileHeight - 1) / kGridTileHeight),
               static_cast<unsigned int>(t.input.size(0)));
-}
-
-// Opts the kernel in to `shared` bytes of dynamic shared memory where that is past the default 48 KB.
-template <typename Kernel>
-void allow_grid_taps_shared(Kernel kernel, size_t shared) {
-  if (shared > 48 * 1024) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
-  }
 }
 
 // Every thread of the block: copies channels c0 .. c0 + kPassChannels - 1 of the window of the

@@ -6,19 +6,14 @@
 // SM. In NCHW a warp's 32 consecutive pixels hold one contiguous run (a 128-byte line in float32)
 // of each of the 2K + 3K^2 = 85 planes, so three prefetch instructions per lane, the lanes
 // splitting the planes, put every line the warp will read in flight at once; the loads that follow
-// wait on L2 rather than DRAM. Measured on the H200 (BENCHMARKS.md), one A/B run: prefetching into
-// L1 instead gave the same times, and prefetching each next row into L1 as a row begins was slower.
-// EDSC_EXT_PREFETCH=0 turns it off (benchmarks, tests).
+// wait on L2 rather than DRAM (BENCHMARKS.md: prefetching into L1, or a row at a time, was no
+// better). The planner decides where it runs (CudaForwardPlan::prefetch, CudaBackwardPlan::prefetch;
+// the policy's prefetch=False turns it off).
 #pragma once
 
 #include "warp_staged_values.cuh"
 
 namespace edsc_ext {
-
-inline bool prefetch_enabled() {
-  const char* mode = std::getenv("EDSC_EXT_PREFETCH");
-  return mode == nullptr || std::string(mode) != "0";
-}
 
 __device__ __forceinline__ void prefetch_l2(const void* address) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(address));

@@ -20,11 +20,11 @@
 namespace edsc_ext {
 
 // The kernel size the warp-staged kernels are compiled for (KH = KW).
-constexpr int kWarpStagedKernel = 5;
+constexpr int kWarpStagedKernel = kSpecializedKernel;
 
 // A tap's (dy, dx), aligned so that a lane reads both with one shared-memory load and the copies
-// move both at once. The host checks that the offset tensor starts on a pair boundary
-// (offset_pairs_aligned).
+// move both at once. The planner checks that the offset tensor starts on a pair boundary
+// (DeformSepconvCall::offset_pairs_aligned).
 template <typename scalar_t>
 struct alignas(2 * sizeof(scalar_t)) OffsetPair {
   scalar_t dy, dx;
@@ -47,11 +47,6 @@ struct WarpStagedBuffers {
   scalar_t mask[2][kWarpSize * kKernel];
   float grad_output_max[kWarpSize];
 };
-
-// The staged kernels need the offset tensor (a user's view may start anywhere) on a pair boundary.
-inline bool offset_pairs_aligned(const at::Tensor& offset) {
-  return !offset.defined() || reinterpret_cast<uintptr_t>(offset.const_data_ptr()) % (2 * offset.element_size()) == 0;
-}
 
 // One element from global to shared memory: asynchronously where cp.async can move it (4, 8 or 16
 // bytes), else (a single 2-byte value) with a plain load and store.

@@ -1,0 +1,72 @@
+// The CPU planners: which loops a deform_sepconv call runs, forward and backward, chosen in one
+// place from the call's facts (include/edsc_ext/deform_sepconv_call.h), the machine's (CpuFacts)
+// and the kernel policy. The launch code (deform_sepconv_{forward,backward}_cpu.cpp) switches over
+// the plan; every limit that decides a plan is named here.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "edsc_ext/deform_sepconv_call.h"
+#include "edsc_ext/kernel_policy.h"
+
+// The wheels target the x86-64 baseline (SSE2); on x86-64 the loops are also compiled for AVX2 + FMA
+// (cpu_loops.h: run_avx2).
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define EDSC_CPU_AVX2 1
+#endif
+
+namespace edsc_ext {
+
+// Channels handled per pass over the taps: sampling weights are computed once per block.
+constexpr int kCpuChannelBlock = 8;
+// The fused backward splits the work into at least this many tasks (bands of output rows) when
+// the batch alone gives fewer.
+constexpr int64_t kCpuTasks = 16;
+
+struct CpuFacts {
+  bool avx2 = false;    // AVX2 + FMA loops are compiled, and the CPU and torch's capability have them
+  int64_t threads = 1;  // at::get_num_threads()
+};
+
+// This machine's facts: the instruction set as torch reports it (at::get_cpu_capability, which
+// honours ATEN_CPU_CAPABILITY), checked against the CPU, and the current thread count.
+CpuFacts this_cpu();
+
+enum class CpuForwardKernel {
+  kEmpty,         // no output elements: nothing runs
+  kGridTapRows,   // calls without offsets (takes_grid_taps): whole rows a tap, vectorised along x
+  kPixels,        // one output pixel at a time, bilinear samples (include/edsc_ext/deform_sepconv_pixel.h)
+};
+
+struct CpuForwardPlan {
+  CpuForwardKernel kernel = CpuForwardKernel::kEmpty;
+  bool avx2 = false;  // the loops run compiled for AVX2 + FMA
+};
+
+enum class CpuBackwardKernel {
+  kEmpty,          // no output pixels: the (zero) gradients as allocated
+  kGridTapRows,    // row-wise, fused with the input gradient (bands of rows) when it is wanted
+  kPixelsParams,   // per pixel, the per-pixel tensors' gradients only (no input gradient)
+  kPixelsFused,    // per pixel, every gradient in one pass over tasks of (image, band of rows)
+  kPixelsTwoPass,  // per pixel: the per-pixel gradients, then the input gradient per (image, channels)
+};
+
+struct CpuBackwardPlan {
+  CpuBackwardKernel kernel = CpuBackwardKernel::kEmpty;
+  bool avx2 = false;
+  // kGridTapRows with the input gradient, kPixelsFused: bands of output rows per image (band 0 adds
+  // into grad_input, the others into scratch planes summed afterwards).
+  int64_t bands = 0;
+  // kPixelsTwoPass: channels per input-gradient task (kCpuChannelBlock, or 1 to make a task per thread).
+  int input_grad_channel_block = 0;
+};
+
+CpuForwardPlan plan_cpu_forward(const DeformSepconvCall& call, const CpuFacts& cpu, const KernelPolicy& policy);
+CpuBackwardPlan plan_cpu_backward(const DeformSepconvCall& call, const CpuFacts& cpu, const KernelPolicy& policy);
+
+// Names for edsc_ext._plan and the tests, e.g. "grid_taps_rows/avx2".
+std::string plan_name(const CpuForwardPlan& plan);
+std::string plan_name(const CpuBackwardPlan& plan);
+
+}  // namespace edsc_ext

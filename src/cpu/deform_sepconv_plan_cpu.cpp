@@ -1,0 +1,97 @@
+// The CPU planners (deform_sepconv_plan.h). Named *_cpu.cpp: the JIT build names objects by base name.
+#include "deform_sepconv_plan.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/Version.h>
+
+#include <algorithm>
+
+namespace edsc_ext {
+namespace {
+
+// Bands of output rows per image for the fused backward, or 0 for the two-pass one: enough tasks
+// (kCpuTasks) when the batch is small, as long as their scratch planes fit the budget; where they
+// do not, fewer bands still beat the two-pass backward if they outnumber the channels (its tasks).
+// The split depends on the shape and budget alone, so the result does not depend on the thread
+// count (deform_sepconv_backward_cpu.cpp).
+int64_t cpu_backward_bands(const DeformSepconvCall& c, int64_t scratch_bytes) {
+  const int64_t image_bytes = c.channels * c.height_in * c.width_in * (c.element_size == 8 ? 8 : 4);  // acc_t
+  const int64_t wanted = std::min(c.batch >= kCpuTasks ? 1 : (kCpuTasks + c.batch - 1) / c.batch,
+                                  std::max<int64_t>(c.height_out, 1));
+  const int64_t fit = std::min(wanted, 1 + scratch_bytes / std::max<int64_t>(1, c.batch * image_bytes));
+  return (fit == wanted || fit > c.channels) ? fit : 0;
+}
+
+const char* isa_name(bool avx2) { return avx2 ? "/avx2" : "/baseline"; }
+
+}  // namespace
+
+CpuFacts this_cpu() {
+  CpuFacts facts;
+#ifdef EDSC_CPU_AVX2
+  // torch's capability is fixed for the process (ATen reads it once); so is the CPU's.
+  static const bool avx2 = [] {
+    const std::string torch_isa = at::get_cpu_capability();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           (torch_isa == "AVX2" || torch_isa == "AVX512");
+  }();
+  facts.avx2 = avx2;
+#endif
+  facts.threads = at::get_num_threads();
+  return facts;
+}
+
+CpuForwardPlan plan_cpu_forward(const DeformSepconvCall& call, const CpuFacts& cpu, const KernelPolicy& policy) {
+  CpuForwardPlan plan;
+  plan.avx2 = cpu.avx2 && !policy.cpu_baseline;
+  if (call.batch * call.channels * call.height_out * call.width_out == 0) return plan;
+  plan.kernel = takes_grid_taps(call, policy) ? CpuForwardKernel::kGridTapRows : CpuForwardKernel::kPixels;
+  return plan;
+}
+
+CpuBackwardPlan plan_cpu_backward(const DeformSepconvCall& call, const CpuFacts& cpu, const KernelPolicy& policy) {
+  CpuBackwardPlan plan;
+  plan.avx2 = cpu.avx2 && !policy.cpu_baseline;
+  if (call.batch == 0 || call.height_out * call.width_out == 0) return plan;
+  const bool grid_taps = takes_grid_taps(call, policy);
+  if (!call.input_grad()) {
+    plan.kernel = grid_taps ? CpuBackwardKernel::kGridTapRows : CpuBackwardKernel::kPixelsParams;
+    return plan;
+  }
+  // The row-wise backward has no per-channel pass: beyond the scratch budget, one band per image.
+  plan.bands = std::max<int64_t>(grid_taps ? 1 : 0, cpu_backward_bands(call, policy.cpu_scratch_mb << 20));
+  if (grid_taps) {
+    plan.kernel = CpuBackwardKernel::kGridTapRows;
+  } else if (plan.bands > 0) {
+    plan.kernel = CpuBackwardKernel::kPixelsFused;
+  } else {
+    plan.kernel = CpuBackwardKernel::kPixelsTwoPass;
+    // Blocks of channels share one sample each, where that still makes a task per thread.
+    const int64_t blocks = call.batch * ((call.channels + kCpuChannelBlock - 1) / kCpuChannelBlock);
+    plan.input_grad_channel_block = blocks >= cpu.threads ? kCpuChannelBlock : 1;
+  }
+  return plan;
+}
+
+std::string plan_name(const CpuForwardPlan& plan) {
+  switch (plan.kernel) {
+    case CpuForwardKernel::kEmpty: return "empty";
+    case CpuForwardKernel::kGridTapRows: return std::string("grid_taps_rows") + isa_name(plan.avx2);
+    case CpuForwardKernel::kPixels: return std::string("pixels") + isa_name(plan.avx2);
+  }
+  return "unknown";
+}
+
+std::string plan_name(const CpuBackwardPlan& plan) {
+  const char* kernel = "unknown";
+  switch (plan.kernel) {
+    case CpuBackwardKernel::kEmpty: return "empty";
+    case CpuBackwardKernel::kGridTapRows: kernel = "grid_taps_rows"; break;
+    case CpuBackwardKernel::kPixelsParams: kernel = "pixels_params"; break;
+    case CpuBackwardKernel::kPixelsFused: kernel = "pixels_fused"; break;
+    case CpuBackwardKernel::kPixelsTwoPass: kernel = "pixels_two_pass"; break;
+  }
+  return kernel + std::string(isa_name(plan.avx2));
+}
+
+}  // namespace edsc_ext

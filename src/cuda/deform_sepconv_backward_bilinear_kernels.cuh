@@ -1,0 +1,228 @@
+// The bilinear kernels of the CUDA backward (the per-pixel work from
+// include/edsc_ext/deform_sepconv_pixel.h), compiled once per dtype
+// (deform_sepconv_backward_<dtype>_cuda.cu) and chosen by plan_cuda_backward:
+// - tiled: one fused pass over 2-D tiles of output pixels. The input gradient, hundreds of adds per
+//   pixel, is accumulated with shared-memory atomics over the tile's footprint (tile + kernel reach
+//   + a margin for offsets) and flushed to global memory once; samples that land outside the
+//   footprint fall back to global atomics, so any offset stays correct. The tile holds fixed-point
+//   integers (FixedPointTileAdd): shared-memory float atomics are compare-and-swap loops on
+//   sm_70..sm_90, integer ones a single native instruction. Both memory layouts (kChannelsLast)
+//   share the tile, only its flush order and the global addresses differ. In channels_last with
+//   5x5 kernels each warp (a row of the tile) stages its per-pixel values and their gradients
+//   through shared memory (warp_staged_values.cuh); in NCHW with 5x5 kernels each warp first
+//   prefetches its per-pixel values into L2 (prefetched_pixel_values.cuh).
+// - pixels: one thread per output pixel, the input gradient (if any) through global atomics.
+#pragma once
+
+#include "input_grad_accumulators.cuh"
+#include "prefetched_pixel_values.cuh"
+#include "warp_staged_values.cuh"
+
+namespace edsc_ext {
+namespace {
+
+// Bound on the summed magnitude of one output pixel's input-gradient contributions:
+// max_c |dL/dout| * sum_t |V_i H_j M_t| (each bilinear weight is <= 1). NaN or inf data make it
+// NaN or inf, which disables the tile.
+template <int kKernelH, int kKernelW, bool kChannelsLast, typename scalar_t, typename index_t>
+__device__ float input_grad_bound(const DeformSepconvParams<scalar_t, index_t>& p, const scalar_t* grad_output,
+                                  index_t n, index_t y, index_t x) {
+  const index_t KH = kernel_extent<kKernelH>(p.kernel_h);
+  const index_t KW = kernel_extent<kKernelW>(p.kernel_w);
+  const index_t hw_out = p.height_out * p.width_out;
+  const index_t pixel = y * p.width_out + x;
+  const index_t tap_stride = channel_stride<kChannelsLast>(hw_out);
+  const scalar_t* vert = p.vertical ? p.vertical + pixel_view<kChannelsLast>(n, pixel, KH, hw_out).base : nullptr;
+  const scalar_t* horz = p.horizontal ? p.horizontal + pixel_view<kChannelsLast>(n, pixel, KW, hw_out).base : nullptr;
+  const scalar_t* mask = p.mask ? p.mask + pixel_view<kChannelsLast>(n, pixel, KH * KW, hw_out).base : nullptr;
+  float weights = 0.0f;
+  EDSC_NO_UNROLL
+  for (index_t i = 0; i < KH; ++i) {
+    float row = 0.0f;
+    EDSC_UNROLL
+    for (index_t j = 0; j < KW; ++j) {
+      row += fabsf(load_param_or(horz, j * tap_stride, 1.0f) * load_param_or(mask, (i * KW + j) * tap_stride, 1.0f));
+    }
+    weights += fabsf(load_param_or(vert, i * tap_stride, 1.0f)) * row;
+  }
+  const PixelView<index_t> go_view = pixel_view<kChannelsLast>(n, pixel, p.channels, hw_out);
+  const scalar_t* go = grad_output + go_view.base;
+  float largest = 0.0f;
+  for (index_t c = 0; c < p.channels; ++c) {
+    const float g = fabsf(static_cast<float>(go[c * go_view.stride]));
+    largest = (g > largest || g != g) ? g : largest;  // keeps a NaN
+  }
+  return weights * largest;
+}
+
+// Backward with one thread per output pixel: the parameter gradients only, or with the input
+// gradient through global atomics (InputGrad: GlobalAtomicAdd, or FixedPointAtomicAdd when
+// deterministic).
+template <int kChannelBlock, int kKernelH, int kKernelW, int kMaxWidth, bool kChannelsLast, typename scalar_t,
+          typename index_t, typename InputGrad>
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    deform_sepconv_backward_cuda_kernel(const DeformSepconvParams<scalar_t, index_t> p,
+                                        const scalar_t* __restrict__ grad_output,
+                                        const DeformSepconvParamGrads<scalar_t> param_grads,
+                                        const InputGrad input_grad, bool with_input_grad, int64_t work_items) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const index_t hw = p.height_out * p.width_out;
+  for (int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < work_items;
+       k += int64_t(blockDim.x) * gridDim.x) {
+    const index_t item = static_cast<index_t>(k);
+    const index_t pixel = item % hw;
+    const index_t n = item / hw;
+    InputGrad add = input_grad.at_batch(n);
+    deform_sepconv_backward_pixel<kChannelBlock, kKernelH, kKernelW, kMaxWidth, kChannelsLast, scalar_t, acc_t,
+                                  index_t>(
+        p, grad_output, param_grads, add, index_t(0), with_input_grad ? p.channels : index_t(0), n,
+        pixel / p.width_out, pixel % p.width_out);
+  }
+}
+
+// Sum over the block (kTileThreads threads); every thread gets it. NaN and inf propagate.
+__device__ float block_sum(float v, float* scratch) {
+  EDSC_UNROLL
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+  if (tid % 32 == 0) scratch[tid / 32] = v;
+  __syncthreads();
+  float total = 0.0f;
+  EDSC_UNROLL
+  for (int w = 0; w < kTileThreads / 32; ++w) total += scratch[w];
+  return total;
+}
+
+// GlobalAdd: GlobalAtomicAdd, or FixedPointAtomicAdd when deterministic (float32 and the half
+// types only, whose tile is fixed point and so order-independent). kWarpStaged (channels_last, 5x5,
+// fixed point): each warp, a row of the tile, stages its per-pixel values through shared memory
+// (warp_staged_values.cuh); its static shared memory is warp_staged_static_bytes (the planner's). kExactBlock: the call has exactly kChannelBlock channels and the tile
+// holds them all (one pass); knowing that at compile time removes the channel loops' branches.
+template <int kChannelBlock, int kKernelH, int kKernelW, int kMaxWidth, bool kChannelsLast, bool kWarpStaged,
+          bool kExactBlock, typename scalar_t, typename index_t, typename GlobalAdd>
+__global__ void __launch_bounds__(kTileThreads, 2)
+    deform_sepconv_backward_tiled_cuda_kernel(const DeformSepconvParams<scalar_t, index_t> params,
+                                              const scalar_t* __restrict__ grad_output,
+                                              const DeformSepconvParamGrads<scalar_t> param_grads,
+                                              const GlobalAdd input_grad, index_t rows, index_t cols,
+                                              index_t pass_capacity, bool prefetch) {
+  decltype(auto) p = with_exact_block<kExactBlock, kChannelBlock>(params);
+  const index_t channels_per_pass = kExactBlock ? index_t(kChannelBlock) : pass_capacity;
+  using acc_t = at::opmath_type<scalar_t>;
+  constexpr bool kFixedPoint = std::is_same_v<acc_t, float>;
+  extern __shared__ __align__(16) unsigned char shared_raw[];
+  __shared__ float bound_scratch[kTileThreads / 32];
+  using StagedBuffers = WarpStagedBuffers<scalar_t, kWarpStagedKernel>;
+  static_assert(sizeof(StagedBuffers) * kTileH + sizeof(bound_scratch) == warp_staged_static_bytes(sizeof(scalar_t)),
+                "the planner's warp_staged_static_bytes must be this kernel's static shared memory");
+  __shared__ std::conditional_t<kWarpStaged, StagedBuffers[kTileH], char[1]> staged;
+
+  const index_t tiles_x = (p.width_out + kTileW - 1) / kTileW;
+  const index_t tiles_y = (p.height_out + kTileH - 1) / kTileH;
+  const index_t tile_x = static_cast<index_t>(blockIdx.x % tiles_x);
+  const index_t tile_y = static_cast<index_t>((blockIdx.x / tiles_x) % tiles_y);
+  const index_t n = static_cast<index_t>(blockIdx.x / (int64_t(tiles_x) * tiles_y));
+  const index_t y = tile_y * kTileH + static_cast<index_t>(threadIdx.y);
+  const index_t x = tile_x * kTileW + static_cast<index_t>(threadIdx.x);
+  const bool active = y < p.height_out && x < p.width_out;
+  const int tid = threadIdx.y * kTileW + threadIdx.x;
+  static_assert(!kWarpStaged || (kChannelsLast && kKernelH == kWarpStagedKernel && kKernelW == kWarpStagedKernel &&
+                                 kTileW == kWarpSize && std::is_same_v<index_t, int32_t>),
+                "warp staging: channels_last, 5x5, a warp per tile row, 32-bit indices");
+  // kWarpStaged: this warp's pixels, (n, y, x0 .. x0 + count - 1), consecutive in memory.
+  const index_t tile_x0 = tile_x * kTileW;
+  const int warp_pixels = y < p.height_out ? static_cast<int>(min(index_t(kTileW), p.width_out - tile_x0)) : 0;
+  const index_t warp_first = (n * p.height_out + y) * p.width_out + tile_x0;
+  // Inactive lanes run the staged pixel code too (the copies are shared), at a real pixel.
+  const index_t y_in = min(y, p.height_out - 1), x_in = min(x, p.width_out - 1);
+
+  using TileAdd = std::conditional_t<kFixedPoint, FixedPointTileAdd<index_t, GlobalAdd>,
+                                     FloatTileAdd<acc_t, index_t, GlobalAdd>>;
+  using word_t = std::conditional_t<kFixedPoint, int, acc_t>;
+  constexpr int kWords = kFixedPoint ? 2 : 1;
+  word_t* tile = reinterpret_cast<word_t*>(shared_raw);
+  TileAdd add{};
+  add.tile = tile;
+  add.row0 = tile_y * kTileH - p.pad_h - kTileMargin;
+  add.col0 = tile_x * kTileW - p.pad_w - kTileMargin;
+  add.rows = rows;
+  add.cols = cols;
+  add.fallback = input_grad.at_batch(n);
+  const index_t words_per_plane = channels_per_pass * rows * cols;
+  // kWarpStaged: the warp's staged values, for the bound and every pass.
+  struct Unstaged {};
+  [[maybe_unused]] auto values = [&] {
+    if constexpr (kWarpStaged) {
+      return WarpStagedPixelValues<scalar_t, index_t, kWarpStagedKernel>(staged[threadIdx.y], p, param_grads,
+                                                                         warp_first, warp_pixels, threadIdx.x);
+    } else {
+      return Unstaged{};
+    }
+  }();
+  // NCHW 5x5: the warp's per-pixel values into L2 first (prefetched_pixel_values.cuh); the bound
+  // pass below reads some of them, the taps the rest.
+  if constexpr (!kChannelsLast && !kWarpStaged && kKernelH == 5 && kKernelW == 5 && std::is_same_v<index_t, int32_t>) {
+    if (prefetch && warp_pixels > 0) {
+      prefetch_warp_planes_l2<kKernelH>(p, warp_first, warp_first + warp_pixels - 1, threadIdx.x);
+    }
+  }
+  bool use_tile = true;
+  if constexpr (kFixedPoint) {
+    add.lo_offset = words_per_plane;
+    float part = 0.0f;
+    if constexpr (kWarpStaged) {
+      part = values.input_grad_bound(grad_output);
+    } else {
+      part = active ? input_grad_bound<kKernelH, kKernelW, kChannelsLast>(p, grad_output, n, y, x) : 0.0f;
+    }
+    const float bound = block_sum(part, bound_scratch);
+    int exponent = 0;
+    frexpf(bound, &exponent);  // bound < 2^exponent
+    // Finite, and not so small that 2^(kFixedPointBits - exponent) overflows float.
+    use_tile = bound == 0.0f || (bound - bound == 0.0f && exponent > kFixedPointBits - 126);
+    add.scale = bound == 0.0f ? 1.0f : ldexpf(1.0f, kFixedPointBits - exponent);
+    add.inv_scale = bound == 0.0f ? 1.0f : ldexpf(1.0f, exponent - kFixedPointBits);
+    add.enabled = use_tile;
+  }
+
+  for (index_t c0 = 0; c0 < p.channels; c0 += channels_per_pass) {
+    const index_t pass_channels = min(channels_per_pass, p.channels - c0);
+    const index_t tile_elems = pass_channels * rows * cols;
+    if (use_tile) {
+      for (index_t e = tid; e < words_per_plane * kWords; e += kTileThreads) tile[e] = word_t(0);
+    }
+    __syncthreads();
+    add.c0 = c0;
+    // The parameter gradients need all channels once: on the first pass only.
+    const DeformSepconvParamGrads<scalar_t> pass_grads =
+        c0 == 0 ? param_grads : DeformSepconvParamGrads<scalar_t>{nullptr, nullptr, nullptr, nullptr};
+    if constexpr (kWarpStaged) {
+      if (c0 > 0) values.restart_without_grads();
+      deform_sepconv_backward_pixel_with<kChannelBlock, kKernelH, kKernelW, kMaxWidth, kChannelsLast, scalar_t,
+                                         acc_t>(p, values, grad_output, add, c0, c0 + pass_channels, n, y_in, x_in);
+      values.finish();
+    } else if (active) {
+      deform_sepconv_backward_pixel<kChannelBlock, kKernelH, kKernelW, kMaxWidth, kChannelsLast, scalar_t, acc_t,
+                                    index_t>(p, grad_output, pass_grads, add, c0, c0 + pass_channels, n, y, x);
+    }
+    __syncthreads();
+    // Flush: one global add per touched footprint element inside the image (neighbouring tiles
+    // overlap; elements outside it may hold adds of corners that carry no gradient). Consecutive
+    // threads take consecutive addresses: x fastest in NCHW, the channel fastest in channels_last.
+    if (use_tile) {
+      const index_t footprint = rows * cols;
+      for (index_t k = tid; k < tile_elems; k += kTileThreads) {
+        const index_t e = kChannelsLast ? (k % pass_channels) * footprint + k / pass_channels : k;
+        const index_t row = add.row0 + (e / cols) % rows;
+        const index_t col = add.col0 + e % cols;
+        if (row < 0 || row >= p.height_in || col < 0 || col >= p.width_in) continue;
+        const acc_t v = add.element(e);
+        if (v != acc_t(0)) add.fallback(c0 + e / footprint, row, col, v);
+      }
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace
+}  // namespace edsc_ext

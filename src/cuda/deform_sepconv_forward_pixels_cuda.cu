@@ -1,0 +1,105 @@
+// CUDA forward, one thread per (n, block of kPixelChannelBlock channels, output pixel), compiled
+// for each memory layout, with consecutive threads on adjacent memory (x fastest in NCHW, the
+// channel block in channels_last): the kernel of every call no specialised kernel takes
+// (plan_cuda_forward). In NCHW with 5x5 kernels, exactly 3 channels (RGB) make the channel count a
+// compile-time constant, which leaves no branch in a tap (accumulate_tap), and with one channel
+// block each warp first prefetches its per-pixel values into L2 (prefetched_pixel_values.cuh).
+#include "deform_sepconv_forward_cuda.cuh"
+#include "prefetched_pixel_values.cuh"
+
+namespace edsc_ext {
+namespace {
+
+// The RGB kernels' register budget in float32 and the half types: 64 registers, for 4 blocks of
+// kThreadsPerBlock a multiprocessor (the compiler chose 80, 3 blocks), which was faster on the
+// H200 (BENCHMARKS.md); in bfloat16 it also beats the staged kernel, so RGB takes this kernel there.
+constexpr int kRgbBlocksPerMultiprocessor = 4;
+template <bool kExactBlock, typename scalar_t>
+constexpr int min_blocks_per_multiprocessor() {
+  return kExactBlock && sizeof(scalar_t) <= 4 ? kRgbBlocksPerMultiprocessor : 0;
+}
+
+// kPrefetch (NCHW, 5x5, one block of channels, 32-bit indices): each warp first prefetches all its
+// pixels' per-pixel values into L2 (prefetched_pixel_values.cuh). kExactBlock: the call has exactly
+// kChannelBlock channels (RGB); knowing that at compile time removes a branch per channel and tap.
+// A minimum of 0 blocks leaves the register budget to the compiler.
+template <int kChannelBlock, int kKernelH, int kKernelW, bool kChannelsLast, bool kPrefetch, bool kExactBlock,
+          typename scalar_t, typename index_t>
+__global__ void __launch_bounds__(kThreadsPerBlock, (min_blocks_per_multiprocessor<kExactBlock, scalar_t>()))
+    deform_sepconv_forward_cuda_kernel(const DeformSepconvParams<scalar_t, index_t> params,
+                                       scalar_t* __restrict__ output, int64_t work_items) {
+  static_assert(!kPrefetch || (!kChannelsLast && kKernelH == kKernelW && kKernelH > 0 && std::is_same_v<index_t, int32_t>),
+                "prefetch: NCHW, static square kernels, 32-bit indices");
+  decltype(auto) p = with_exact_block<kExactBlock, kChannelBlock>(params);
+  using acc_t = at::opmath_type<scalar_t>;
+  const index_t hw = p.height_out * p.width_out;
+  const index_t channel_blocks = (p.channels + kChannelBlock - 1) / kChannelBlock;
+  for (int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < work_items;
+       k += int64_t(blockDim.x) * gridDim.x) {
+    // Consecutive threads take adjacent memory: items are (n, channel block, y, x) with x fastest
+    // in NCHW, (n, y, x, channel block) with the block fastest in channels_last, where a warp then
+    // gathers whole runs of a corner's channels and shares each pixel's per-pixel loads.
+    const index_t item = static_cast<index_t>(k);
+    index_t pixel, c0, n;
+    if constexpr (kChannelsLast) {
+      c0 = (item % channel_blocks) * kChannelBlock;
+      pixel = (item / channel_blocks) % hw;
+      n = item / channel_blocks / hw;
+    } else {
+      pixel = item % hw;
+      c0 = ((item / hw) % channel_blocks) * kChannelBlock;
+      n = item / hw / channel_blocks;
+    }
+    if constexpr (kPrefetch) {
+      // One channel block (the host checks): the warp's items are consecutive global pixels.
+      const int lane = threadIdx.x % kWarpSize;
+      const int64_t warp_first = k - lane;
+      prefetch_warp_planes_l2<kKernelH>(p, static_cast<int32_t>(warp_first),
+                                        static_cast<int32_t>(min(warp_first + kWarpSize, work_items) - 1), lane);
+    }
+    // Straight-line taps where the channel count is a constant (accumulate_tap says why).
+    deform_sepconv_forward_pixel<kChannelBlock, kKernelH, kKernelW, kChannelsLast, scalar_t, acc_t, index_t,
+                                 /*kBranchFree=*/kExactBlock>(p, output, n, pixel / p.width_out, pixel % p.width_out,
+                                                              c0);
+  }
+}
+
+}  // namespace
+
+void launch_pixels_forward(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg, const CudaForwardPlan& plan,
+                           at::Tensor& output) {
+  const auto stream = c10::cuda::getCurrentCUDAStream(t.input.device().index());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, t.input.scalar_type(), "deform_sepconv_forward_pixels_cuda", [&] {
+    EDSC_DISPATCH_INDEX_TYPE(t.use_32bit_indexing, [&] {
+      EDSC_DISPATCH_KERNEL_SIZE(cfg.kernel_h, cfg.kernel_w, [&] {
+        const auto p = make_params<scalar_t, index_t>(t, cfg);
+        scalar_t* out = output.mutable_data_ptr<scalar_t>();
+        const int64_t work_items = t.input.size(0) * ((t.input.size(1) + kPixelChannelBlock - 1) / kPixelChannelBlock) *
+                                   t.height_out * t.width_out;
+        EDSC_DISPATCH_LAYOUT(t.channels_last, [&] {
+          const auto launch = [&](auto kernel) {
+            kernel<<<blocks_for(work_items), kThreadsPerBlock, 0, stream>>>(p, out, work_items);
+            C10_CUDA_KERNEL_LAUNCH_CHECK();
+          };
+          if constexpr (!kChannelsLast && kKernelH == kSpecializedKernel && kKernelW == kSpecializedKernel &&
+                        std::is_same_v<index_t, int32_t>) {
+            if (plan.exact_rgb) {  // RGB: the channel count as a constant
+              return plan.prefetch ? launch(deform_sepconv_forward_cuda_kernel<3, kKernelH, kKernelW, kChannelsLast,
+                                                                               true, true, scalar_t, index_t>)
+                                   : launch(deform_sepconv_forward_cuda_kernel<3, kKernelH, kKernelW, kChannelsLast,
+                                                                               false, true, scalar_t, index_t>);
+            }
+            if (plan.prefetch) {
+              return launch(deform_sepconv_forward_cuda_kernel<kPixelChannelBlock, kKernelH, kKernelW, kChannelsLast,
+                                                               true, false, scalar_t, index_t>);
+            }
+          }
+          launch(deform_sepconv_forward_cuda_kernel<kPixelChannelBlock, kKernelH, kKernelW, kChannelsLast, false, false,
+                                                    scalar_t, index_t>);
+        });
+      });
+    });
+  });
+}
+
+}  // namespace edsc_ext

@@ -1,0 +1,173 @@
+// The CUDA planners: which kernels a deform_sepconv call runs, forward and backward, and their
+// launch parameters, chosen in one place from the call's facts (include/edsc_ext/deform_sepconv_call.h),
+// the device's (CudaDeviceFacts) and the kernel policy. Plain C++ with no CUDA dependency, compiled
+// into every build, so a plan can be made for a described device on a machine without a GPU
+// (edsc_ext._plan). The launch code (deform_sepconv_forward_cuda.cu, deform_sepconv_backward_cuda.cu,
+// deform_sepconv_backward_launch.cuh) switches over the plan; every limit that decides a plan is
+// named here, and the kernels take their tile sizes from here.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "edsc_ext/deform_sepconv_call.h"
+#include "edsc_ext/kernel_policy.h"
+#include "edsc_ext/sampling.h"  // EDSC_HOST_DEVICE
+#include "launch.cuh"
+
+namespace edsc_ext {
+
+struct CudaDeviceFacts {
+  int64_t major = 0, minor = 0;                // compute capability
+  int64_t shared_memory_per_block_optin = 0;  // cudaDevAttrMaxSharedMemoryPerBlockOptin
+};
+
+// ---- Limits
+
+// The kernel size the specialised kernels are compiled for (EDSC's 5x5): the staged and lane-pair
+// forwards, the warp-staged backward, the L2 prefetch and the exact-RGB variants.
+constexpr int kSpecializedKernel = 5;
+// The channel counts (greyscale to RGBA) of the kernels that keep all channels of a pixel at once:
+// the staged and lane-pair forwards, the prefetch, the grid-tap gradients, and the channels_last
+// backward in place (above it the backward runs on NCHW copies: deform_sepconv_backward_cuda.cu).
+constexpr int64_t kSmallChannels = 4;
+// Channels a thread of the one-thread-per-(pixel, channel block) forward takes.
+constexpr int kPixelChannelBlock = 4;
+// Dynamic shared memory a block gets without opting in.
+constexpr int64_t kDefaultSharedBytes = 48 * 1024;
+// Grid dimensions y and z (the grid-tap kernels' tile rows and images).
+constexpr int64_t kMaxGridDimYZ = 65535;
+
+// Grid-tap kernels (grid_tap_window.cuh): tiles of output pixels, a warp a row (conflict-free loads).
+constexpr int kGridTileWidth = kWarpSize;
+constexpr int kGridTileHeight = 8;
+constexpr int kGridTileThreads = kGridTileWidth * kGridTileHeight;
+// The most shared memory a grid-tap forward block's windows take (two blocks a multiprocessor on sm_80/sm_90).
+constexpr int64_t kGridWindowBudgetBytes = 100 * 1024;
+
+// Staged forward (deform_sepconv_forward_staged_cuda.cu): only the 2-byte types gain from it (float32's
+// staged values leave too few warps a multiprocessor), and cp.async needs sm_80.
+constexpr int kStagedPixels = 128;
+constexpr int64_t kStagedElementSize = 2;
+constexpr int64_t kStagedMinMajor = 8;
+
+// Backward tile (deform_sepconv_backward_tiled.cuh): a warp spans 32 consecutive x, so per-pixel
+// loads and stores stay coalesced; offsets up to kTileMargin pixels beyond the kernel's reach still
+// land in the shared-memory footprint of kTileSharedBytes (the default per-block limit, no opt-in).
+constexpr int kTileW = 32;
+constexpr int kTileH = 8;
+constexpr int kTileThreads = kTileW * kTileH;
+constexpr int kTileMargin = 3;
+constexpr int64_t kTileSharedBytes = 48 * 1024;
+// Both tile accumulators take 8 bytes an element: a float64, or the fixed point's two int32 words.
+constexpr int64_t kTileElementBytes = 8;
+// At most (tile pixels x taps) adds reach one element of one channel; the fixed point's low word
+// needs that <= 2^16 (FixedPointTileAdd).
+constexpr int64_t kFixedPointMaxTaps = (int64_t(1) << 16) / kTileThreads;
+
+// Static shared memory of the warp-staged backward tile (WarpStagedBuffers<scalar_t, 5> per warp
+// and the bound's per-warp sums; deform_sepconv_backward_tiled.cuh checks it against the kernel).
+constexpr int64_t warp_staged_static_bytes(int64_t element_size) {
+  const int64_t k = kSpecializedKernel, row = int64_t(kWarpSize) * k;
+  const int64_t per_warp = 2 * row * element_size + 2 * row * 2 * element_size + 2 * row * element_size + 4 * kWarpSize;
+  return kTileH * per_warp + 4 * (kTileThreads / kWarpSize);
+}
+
+// ---- Launch geometry shared by the planner and the kernels
+
+// The input window of one channel in the grid-tap kernels: kGridTileHeight + KH - 1 rows,
+// kGridTileWidth + KW - 1 columns.
+struct GridWindow {
+  int rows = 0, cols = 0;
+  EDSC_HOST_DEVICE int size() const { return rows * cols; }
+};
+
+// Footprint of a backward tile's input-gradient contributions, in input coordinates relative to the tile.
+struct TileFootprint {
+  int64_t rows = 0, cols = 0, channels_per_pass = 0;
+};
+
+// The gathered input gradient (deform_sepconv_grid_taps_input_grad_cuda.cu): the virtual
+// coordinates it is computed for, rows [y0, y0 + height), columns [x0, x0 + width), which cover the
+// image and, in border mode, every tap coordinate.
+struct VirtualDomain {
+  int64_t y0 = 0, x0 = 0, height = 0, width = 0;
+};
+
+// Its shared-memory layout of one row of output pixels: H as [thread column][tap] with a row
+// stride that is a multiple of 4 (16-byte loads) and 4 mod 8 words (the 8 lanes of a quarter warp
+// then hit distinct banks), and the products as [channel][tile row][k], where a thread's tap j
+// reads k = 31 - tx + j (contiguous in j).
+struct GatherLayout {
+  int taps_padded = 0;  // KW rounded up to a multiple of 4
+  int h_stride = 0;     // words from one thread column's taps to the next
+  int a_row = 0;        // kGridTileWidth - 1 + taps_padded: products of a tile row
+  EDSC_HOST_DEVICE int shared_words(int channels) const {
+    return kGridTileWidth * h_stride + channels * kGridTileHeight * a_row;
+  }
+};
+
+// ---- Plans
+
+enum class CudaForwardKernel {
+  kEmpty,      // no output elements: nothing runs
+  kGridTaps,   // no offsets or dilation: each tile's input window in shared memory
+  kStaged,     // NCHW 5x5, 2-byte types, <= 4 channels but not 3: per-pixel tensors staged by block
+  kLanePairs,  // channels_last 5x5, <= 4 channels: two lanes a pixel
+  kPixels,     // one thread per (output pixel, block of kPixelChannelBlock channels)
+};
+
+struct CudaForwardPlan {
+  CudaForwardKernel kernel = CudaForwardKernel::kEmpty;
+  int pass_channels = 0;      // kGridTaps: channels staged together (4, 3, 2 or 1)
+  GridWindow window{};        // kGridTaps
+  int chunk_bytes = 0;        // kStaged: bytes a cp.async copy moves (16 or 4)
+  bool staged_values = false; // kLanePairs: each warp's per-pixel values through shared memory
+  bool exact_rgb = false;     // kLanePairs, kPixels: exactly 3 channels, a compile-time constant
+  bool prefetch = false;      // kPixels: each warp prefetches its per-pixel values into L2
+};
+
+enum class CudaBackwardKernel {
+  kNone,    // the grid-tap kernels left nothing (or nothing was asked for)
+  kTiled,   // one fused pass over tiles, the input gradient through the shared-memory footprint
+  kPixels,  // one thread per output pixel, the input gradient (if any) through global atomics
+};
+
+struct CudaBackwardPlan {
+  bool empty = false;                  // no output pixels or no channels: the gradients as allocated
+  bool nchw_copies = false;            // channels_last with > kSmallChannels channels: run on NCHW copies
+  bool gather_input_grad = false;      // the input gradient gathered (grid taps, no mask)
+  VirtualDomain gather_domain{};
+  GatherLayout gather_layout{};
+  int64_t gather_shared_bytes = 0;
+  bool grid_tap_param_grads = false;   // the per-pixel gradients from the grid-tap window
+  GridWindow window{};
+  int64_t grid_tap_shared_bytes = 0;
+  CudaBackwardKernel kernel = CudaBackwardKernel::kNone;  // the bilinear kernel for the rest
+  bool kernel_input_grad = false;      // ... adds the input gradient
+  bool kernel_param_grads = false;     // ... computes the per-pixel gradients
+  bool deterministic = false;          // ... adds the input gradient as fixed-point integers
+  int channel_block = 4;               // channels a thread handles per step (3 for 5x5 RGB-like counts)
+  TileFootprint footprint{};           // kTiled
+  int64_t tile_shared_bytes = 0;       // kTiled: dynamic shared memory
+  bool warp_staged = false;            // kTiled, channels_last 5x5: per-pixel values staged a warp at a time
+  bool exact_rgb = false;              // kTiled: exactly 3 channels in one pass, a compile-time constant
+  bool prefetch = false;               // kTiled, NCHW 5x5: the L2 prefetch
+};
+
+CudaForwardPlan plan_cuda_forward(const DeformSepconvCall& call, const CudaDeviceFacts& device,
+                                  const KernelPolicy& policy);
+CudaBackwardPlan plan_cuda_backward(const DeformSepconvCall& call, const CudaDeviceFacts& device,
+                                    const KernelPolicy& policy);
+
+// Whether the backward of a call in this layout with this many channels runs on NCHW copies
+// (decided before the call is prepared, so that no channels_last copy is made first).
+inline bool backward_runs_on_nchw_copies(bool channels_last, int64_t channels) {
+  return channels_last && channels > kSmallChannels;
+}
+
+// Names for edsc_ext._plan and the tests, e.g. "lane_pairs_rgb_staged", "tiled_warp_staged_rgb".
+std::string plan_name(const CudaForwardPlan& plan);
+std::string plan_name(const CudaBackwardPlan& plan);
+
+}  // namespace edsc_ext

@@ -1,0 +1,213 @@
+// The CUDA planners (deform_sepconv_plan.h), plain C++ compiled into every build. The conditions
+// below are the kernels' requirements (what they were written and measured for); BENCHMARKS.md has
+// the measurements behind the choices. Named *_cuda.cpp: the JIT build names objects by base name.
+#include "deform_sepconv_plan.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace edsc_ext {
+namespace {
+
+// The grid-tap window of a call that can take the grid-tap kernels (no offsets or dilation,
+// float32 or a half type, N and the tile rows within a grid dimension, one channel's window
+// within shared memory), with one channel's bytes; false where it cannot.
+bool grid_window(const DeformSepconvCall& c, const CudaDeviceFacts& device, const KernelPolicy& policy,
+                 GridWindow& window, int64_t& channel_bytes) {
+  if (!takes_grid_taps(c, policy) || c.element_size > 4) return false;
+  if (c.batch > kMaxGridDimYZ || (c.height_out + kGridTileHeight - 1) / kGridTileHeight > kMaxGridDimYZ) return false;
+  const int64_t rows = kGridTileHeight + c.cfg.kernel_h - 1, cols = kGridTileWidth + c.cfg.kernel_w - 1;
+  channel_bytes = rows * cols * static_cast<int64_t>(sizeof(float));  // acc_t of the <= 4-byte types
+  if (channel_bytes > device.shared_memory_per_block_optin) return false;
+  window = {static_cast<int>(rows), static_cast<int>(cols)};  // small: they fit shared memory
+  return true;
+}
+
+GatherLayout gather_layout(int64_t kernel_w) {
+  GatherLayout l;
+  l.taps_padded = static_cast<int>((kernel_w + 3) / 4 * 4);
+  l.h_stride = l.taps_padded % 8 == 4 ? l.taps_padded : l.taps_padded + 4;
+  l.a_row = kGridTileWidth - 1 + l.taps_padded;
+  return l;
+}
+
+// Tap coordinates span [-pad, out - 1 - pad + K - 1]; zeros mode needs only the image.
+VirtualDomain gather_domain(const DeformSepconvCall& c) {
+  VirtualDomain domain{0, 0, c.height_in, c.width_in};
+  if (c.cfg.padding_mode == kPaddingBorder) {
+    const int64_t y1 = std::max(c.height_in - 1, c.height_out - 1 - c.cfg.pad_h + c.cfg.kernel_h - 1);
+    const int64_t x1 = std::max(c.width_in - 1, c.width_out - 1 - c.cfg.pad_w + c.cfg.kernel_w - 1);
+    domain.y0 = std::min<int64_t>(0, -c.cfg.pad_h);
+    domain.x0 = std::min<int64_t>(0, -c.cfg.pad_w);
+    domain.height = y1 - domain.y0 + 1;
+    domain.width = x1 - domain.x0 + 1;
+  }
+  return domain;
+}
+
+TileFootprint tile_footprint(const DeformSepconvConfig& cfg, int64_t channels) {
+  TileFootprint f;
+  f.rows = kTileH + cfg.dilation_h * (cfg.kernel_h - 1) + 1 + 2 * kTileMargin;
+  f.cols = kTileW + cfg.dilation_w * (cfg.kernel_w - 1) + 1 + 2 * kTileMargin;
+  f.channels_per_pass = std::min<int64_t>(channels, kTileSharedBytes / (f.rows * f.cols * kTileElementBytes));
+  return f;
+}
+
+}  // namespace
+
+CudaForwardPlan plan_cuda_forward(const DeformSepconvCall& c, const CudaDeviceFacts& device,
+                                  const KernelPolicy& policy) {
+  CudaForwardPlan plan;
+  if (c.batch * c.channels * c.height_out * c.width_out == 0) return plan;
+  GridWindow window;
+  int64_t channel_bytes = 0;
+  if (!policy.plain_forward && grid_window(c, device, policy, window, channel_bytes)) {
+    // The most channels of 4, 3, 2, 1 that divides the channel count and whose windows fit the budget.
+    for (const int pass : {4, 3, 2, 1}) {
+      if (c.channels % pass == 0 && pass * channel_bytes <= kGridWindowBudgetBytes) {
+        plan.kernel = CudaForwardKernel::kGridTaps;
+        plan.pass_channels = pass;
+        plan.window = window;
+        return plan;
+      }
+    }
+  }
+  const bool specialized = c.square_kernel(kSpecializedKernel) && c.use_32bit_indexing;
+  // RGB takes the exact-RGB one-thread kernel instead, which beats it in these types too.
+  if (specialized && !policy.plain_forward && !c.channels_last && c.element_size == kStagedElementSize &&
+      c.channels <= kSmallChannels && c.channels != 3 && device.major >= kStagedMinMajor) {
+    // cp.async needs aligned addresses, and a segment starts at (n * channels + k) * hw + p0 elements.
+    const int64_t row_bytes = c.height_out * c.width_out * c.element_size;
+    for (const int chunk : {16, 4}) {
+      if (row_bytes % chunk == 0 && c.per_pixel_alignment >= chunk) {
+        plan.kernel = CudaForwardKernel::kStaged;
+        plan.chunk_bytes = chunk;
+        return plan;
+      }
+    }
+  }
+  // Not float64: its staged values would not fit 48 KB, and it was not measured unstaged.
+  if (specialized && !policy.plain_forward && c.channels_last && c.channels <= kSmallChannels &&
+      c.element_size <= 4 && c.offset_pairs_aligned) {
+    plan.kernel = CudaForwardKernel::kLanePairs;
+    plan.staged_values = c.per_pixel_alignment >= 16;  // the 16-byte copies' alignment
+    plan.exact_rgb = c.channels == 3;
+    return plan;
+  }
+  plan.kernel = CudaForwardKernel::kPixels;
+  if (specialized && !c.channels_last) {
+    plan.exact_rgb = c.channels == 3;
+    // With more channel blocks the warps of different blocks would prefetch the same lines.
+    plan.prefetch = policy.prefetch && c.channels <= kPixelChannelBlock;
+  }
+  return plan;
+}
+
+CudaBackwardPlan plan_cuda_backward(const DeformSepconvCall& c, const CudaDeviceFacts& device,
+                                    const KernelPolicy& policy) {
+  if (backward_runs_on_nchw_copies(c.channels_last, c.channels)) {
+    DeformSepconvCall nchw = c;
+    nchw.channels_last = false;
+    CudaBackwardPlan plan = plan_cuda_backward(nchw, device, policy);
+    plan.nchw_copies = true;
+    return plan;
+  }
+  CudaBackwardPlan plan;
+  if (c.output_pixels() == 0 || c.channels == 0) {
+    plan.empty = true;
+    return plan;
+  }
+  GridWindow window;
+  int64_t channel_bytes = 0;
+  const bool grid = grid_window(c, device, policy, window, channel_bytes);
+  const int64_t shared_limit = device.shared_memory_per_block_optin;
+
+  // Without offsets or a mask (sepconv) the input gradient is gathered: deterministic, no atomics.
+  if (grid && c.input_grad() && !c.has_mask && c.channels <= kSmallChannels) {
+    const GatherLayout layout = gather_layout(c.cfg.kernel_w);
+    const VirtualDomain domain = gather_domain(c);
+    const int64_t shared = int64_t(layout.shared_words(static_cast<int>(c.channels))) * int64_t(sizeof(float));
+    if (shared <= shared_limit && (domain.height + kGridTileHeight - 1) / kGridTileHeight <= kMaxGridDimYZ) {
+      plan.gather_input_grad = true;
+      plan.gather_layout = layout;
+      plan.gather_domain = domain;
+      plan.gather_shared_bytes = shared;
+    }
+  }
+  // Without offsets the grid-tap kernel computes the per-pixel tensors' gradients, all channels in one window.
+  if (grid && c.any_per_pixel_grad() && c.channels <= kSmallChannels) {
+    const int64_t shared =
+        c.channels * channel_bytes + (c.grads[2] ? c.cfg.kernel_w * kGridTileThreads * int64_t(sizeof(float)) : 0);
+    if (shared <= shared_limit) {
+      plan.grid_tap_param_grads = true;
+      plan.window = window;
+      plan.grid_tap_shared_bytes = shared;
+    }
+  }
+  plan.kernel_input_grad = c.input_grad() && !plan.gather_input_grad;
+  plan.kernel_param_grads = c.any_per_pixel_grad() && !plan.grid_tap_param_grads;
+  if (!plan.kernel_input_grad && !plan.kernel_param_grads) return plan;
+  plan.deterministic = plan.kernel_input_grad && c.deterministic;
+  const bool fixed5 = c.square_kernel(kSpecializedKernel);
+  plan.channel_block = fixed5 && c.channels % 3 == 0 && c.channels % 4 != 0 ? 3 : 4;
+
+  // The tile needs shared memory for at least one channel, 32-bit indices, at most
+  // kFixedPointMaxTaps taps for the fixed point (float32 and the half types), and, when
+  // deterministic, a fixed-point tile (float64's float tile depends on the order of its adds).
+  const TileFootprint footprint = tile_footprint(c.cfg, c.channels);
+  const bool fixed_point_tile = c.element_size <= 4;
+  const int64_t tiles =
+      c.batch * ((c.height_out + kTileH - 1) / kTileH) * ((c.width_out + kTileW - 1) / kTileW);
+  const bool tiled = plan.kernel_input_grad && policy.input_grad_tile && footprint.channels_per_pass >= 1 &&
+                     (!fixed_point_tile || c.cfg.kernel_h * c.cfg.kernel_w <= kFixedPointMaxTaps) &&
+                     (fixed_point_tile || !plan.deterministic) && c.use_32bit_indexing &&
+                     tiles <= std::numeric_limits<int32_t>::max();
+  if (!tiled) {
+    plan.kernel = CudaBackwardKernel::kPixels;
+    return plan;
+  }
+  plan.kernel = CudaBackwardKernel::kTiled;
+  plan.footprint = footprint;
+  plan.tile_shared_bytes = footprint.channels_per_pass * footprint.rows * footprint.cols * kTileElementBytes;
+  const bool rgb = c.channels == 3 && footprint.channels_per_pass >= 3;
+  // Static buffers plus the tile can exceed the 48 KB a block gets without opting in, which Hopper
+  // and Ampere allow and Turing (64 KB) may not.
+  plan.warp_staged = policy.warp_staging && c.channels_last && fixed_point_tile && fixed5 && c.offset_pairs_aligned &&
+                     warp_staged_static_bytes(c.element_size) + plan.tile_shared_bytes <= shared_limit;
+  plan.exact_rgb = rgb && plan.channel_block == 3 && (plan.warp_staged || (fixed5 && !c.channels_last));
+  plan.prefetch = policy.prefetch && fixed5 && !c.channels_last;
+  return plan;
+}
+
+std::string plan_name(const CudaForwardPlan& plan) {
+  switch (plan.kernel) {
+    case CudaForwardKernel::kEmpty: return "empty";
+    case CudaForwardKernel::kGridTaps: return "grid_taps";
+    case CudaForwardKernel::kStaged: return "staged";
+    case CudaForwardKernel::kLanePairs:
+      return std::string("lane_pairs") + (plan.exact_rgb ? "_rgb" : "") + (plan.staged_values ? "_staged" : "");
+    case CudaForwardKernel::kPixels:
+      return std::string("pixels") + (plan.exact_rgb ? "_rgb" : "") + (plan.prefetch ? "_prefetch" : "");
+  }
+  return "unknown";
+}
+
+std::string plan_name(const CudaBackwardPlan& plan) {
+  if (plan.empty) return plan.nchw_copies ? "nchw_copies+empty" : "empty";
+  std::string name = plan.nchw_copies ? "nchw_copies" : "";
+  const auto part = [&](const std::string& p) { name += (name.empty() ? "" : "+") + p; };
+  if (plan.grid_tap_param_grads) part("grid_taps_params");
+  if (plan.gather_input_grad) part("gather_input_grad");
+  switch (plan.kernel) {
+    case CudaBackwardKernel::kNone: break;
+    case CudaBackwardKernel::kTiled:
+      part(std::string("tiled") + (plan.warp_staged ? "_warp_staged" : "") + (plan.exact_rgb ? "_rgb" : "") +
+           (plan.prefetch ? "_prefetch" : ""));
+      break;
+    case CudaBackwardKernel::kPixels: part("pixels"); break;
+  }
+  if (plan.kernel != CudaBackwardKernel::kNone && plan.deterministic) part("fixed_point");
+  return name.empty() ? "none" : name;
+}
+
+}  // namespace edsc_ext

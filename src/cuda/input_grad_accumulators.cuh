@@ -1,0 +1,162 @@
+// How the CUDA backward adds input-gradient contributions: straight into global memory (float
+// atomics, or 64-bit fixed-point integers when deterministic), or into a tile's shared-memory
+// footprint (float64 atomics, or two-word fixed point for float32 and the half types) that is
+// flushed to global memory once. Each adder has the interface scatter_corners (sampling.h) takes.
+#pragma once
+
+#include "deform_sepconv_cuda.cuh"
+
+namespace edsc_ext {
+namespace {
+
+// Where input-gradient element (n, c, y, x) lives, in the call's memory format.
+template <typename index_t>
+struct InputGradLayout {
+  index_t channels, height, width, channel_stride, pixel_stride;
+  __host__ __device__ index_t batch_offset(index_t n) const { return n * channels * height * width; }
+  __host__ __device__ index_t offset(index_t c, index_t y, index_t x) const {
+    return c * channel_stride + (y * width + x) * pixel_stride;
+  }
+};
+
+template <bool kChannelsLast, typename scalar_t, typename index_t>
+InputGradLayout<index_t> input_grad_layout(const DeformSepconvParams<scalar_t, index_t>& p) {
+  return {p.channels, p.height_in, p.width_in, input_channel_stride<kChannelsLast>(p),
+          input_pixel_stride<kChannelsLast>(p)};
+}
+
+// Global-memory atomics into grad_input[n] (float32 for the half types, rounded once at the end).
+template <typename acc_t, typename index_t>
+struct GlobalAtomicAdd {
+  acc_t* grad;  // grad_input (or grad_input[n] after at_batch), nullptr for no input gradient
+  InputGradLayout<index_t> layout;
+  __host__ __device__ GlobalAtomicAdd at_batch(index_t n) const {
+    return {grad ? grad + layout.batch_offset(n) : nullptr, layout};
+  }
+  __host__ __device__ void operator()(index_t c, index_t y, index_t x, acc_t v) const {
+#ifdef __CUDA_ARCH__
+    atomicAdd(grad + layout.offset(c, y, x), v);
+#endif
+  }
+};
+
+// Deterministic input gradient (torch.use_deterministic_algorithms): every contribution is rounded
+// to a 64-bit fixed-point integer before an integer atomic add, and integer addition does not
+// depend on order, so the sum is bitwise reproducible. `scale` (on the device, so nothing
+// synchronises and CUDA graphs can capture it) is 2^62 over a bound on any element's total, so
+// no sum overflows; a contribution that is not finite or exceeds the bound sets `poisoned`, and
+// the result is then NaN rather than silently wrong.
+template <typename acc_t, typename index_t>
+struct FixedPointAtomicAdd {
+  unsigned long long* grad;
+  const double* scale;
+  int* poisoned;
+  InputGradLayout<index_t> layout;
+  __host__ __device__ FixedPointAtomicAdd at_batch(index_t n) const {
+    return {grad + layout.batch_offset(n), scale, poisoned, layout};
+  }
+  __host__ __device__ void operator()(index_t c, index_t y, index_t x, acc_t v) const {
+#ifdef __CUDA_ARCH__
+    const double scaled = static_cast<double>(v) * *scale;
+    if (!(fabs(scaled) <= 4.6e18)) {  // also false for NaN
+      atomicOr(poisoned, 1);
+      return;
+    }
+    atomicAdd(grad + layout.offset(c, y, x),
+              static_cast<unsigned long long>(static_cast<long long>(llrint(scaled))));
+#endif
+  }
+};
+
+// Float atomics into the tile's footprint [row0, row0 + rows) x [col0, col0 + cols) for channels
+// [c0, c0 + channels); anything outside goes to `fallback`. Used for float64, whose 53-bit
+// significand the fixed-point tile below cannot hold.
+template <typename acc_t, typename index_t, typename GlobalAdd>
+struct FloatTileAdd {
+  acc_t* tile;
+  index_t row0, col0, rows, cols, c0;
+  GlobalAdd fallback;
+  __device__ void operator()(index_t c, index_t y, index_t x, acc_t v) const {
+    const index_t r = y - row0, q = x - col0;
+    if (r >= 0 && r < rows && q >= 0 && q < cols) {
+      atomicAdd(tile + ((c - c0) * rows + r) * cols + q, v);
+    } else {
+      fallback(c, y, x, v);
+    }
+  }
+  __device__ acc_t element(index_t e) const { return tile[e]; }
+};
+
+// Fixed-point accumulation for float32 and the half types (which compute in float32). Each tile
+// first bounds the total magnitude S of all its input-gradient contributions (input_grad_bound);
+// every add is then v' = v * 2^kFixedPointBits / S (a power of two, so exact) split into two int32
+// words, hi = round(v' / 2^16) and lo = v' - hi * 2^16, each a native shared-memory integer
+// atomic. With |v'| summing to < 2^37 and at most 2^16 adds per element neither word overflows;
+// the quantum, 2^-37 S, is finer than what float32 atomics lose; and the sum does not depend on
+// the order of the adds, so the tile is deterministic too. A tile whose bound is not finite (NaN
+// or inf data) or vanishingly small is disabled: its adds all go to `fallback`.
+constexpr int kFixedPointBits = 37;
+// (kFixedPointMaxTaps, deform_sepconv_plan.h, keeps the adds per element within 2^16.)
+
+template <typename index_t, typename GlobalAdd>
+struct FixedPointTileAdd {
+  int* tile;  // the hi words; the lo words follow at + lo_offset (two planes, so a warp's adds to
+              // consecutive elements hit consecutive banks)
+  index_t lo_offset;
+  index_t row0, col0, rows, cols, c0;
+  float scale, inv_scale;
+  bool enabled;
+  GlobalAdd fallback;
+  __device__ int* element_at(index_t c, index_t r, index_t q) const {
+    return tile + ((c - c0) * rows + r) * cols + q;
+  }
+  __device__ void add_at(int* element, float v) const {
+    const float scaled = v * scale;
+    // Adding 1.5 * 2^39 leaves round(scaled / 2^16) in the low significand bits (|scaled| < 2^38);
+    // subtracting it back is exact, and so is the remainder, |rest| <= 2^15.
+    constexpr float kHiShift = 824633720832.0f;  // 1.5 * 2^39
+    constexpr float kLoShift = 12582912.0f;      // 1.5 * 2^23
+    const float shifted = scaled + kHiShift;
+    const int hi = __float_as_int(shifted) - __float_as_int(kHiShift);
+    const float rest = scaled - (shifted - kHiShift);
+    const int lo = __float_as_int(rest + kLoShift) - __float_as_int(kLoShift);
+    atomicAdd(element, hi);
+    atomicAdd(element + lo_offset, lo);
+  }
+  __device__ void operator()(index_t c, index_t y, index_t x, float v) const {
+    const index_t r = y - row0, q = x - col0;
+    if (enabled && r >= 0 && r < rows && q >= 0 && q < cols) {
+      add_at(element_at(c, r, q), v);
+    } else {
+      fallback(c, y, x, v);
+    }
+  }
+  __device__ float element(index_t e) const {
+    return fmaf(static_cast<float>(tile[e]), 65536.0f, static_cast<float>(tile[lo_offset + e])) * inv_scale;
+  }
+};
+
+// scatter_corners for the fixed-point tile (more specialised than the generic one in sampling.h,
+// so the backward picks it): when all four corners fall inside the footprint, one address and four
+// unconditional adds. Corners outside the image are added too, to footprint elements the flush
+// skips, which saves a check per corner.
+template <typename index_t, typename GlobalAdd>
+__device__ void scatter_corners(const BilinearSample<float, index_t>& s, float value, index_t c,
+                                FixedPointTileAdd<index_t, GlobalAdd>& add) {
+  const index_t r = s.y.lo - add.row0, q = s.x.lo - add.col0;
+  if (!(add.enabled && r >= 0 && r + 1 < add.rows && q >= 0 && q + 1 < add.cols)) {
+    scatter_each_corner(s, value, c, add);
+    return;
+  }
+  const float ly = s.y.frac, lx = s.x.frac;
+  const float top = value * (1.0f - ly), bottom = value * ly;
+  int* element = add.element_at(c, r, q);
+  add.add_at(element, top * (1.0f - lx));
+  add.add_at(element + 1, top * lx);
+  element += add.cols;
+  add.add_at(element, bottom * (1.0f - lx));
+  add.add_at(element + 1, bottom * lx);
+}
+
+}  // namespace
+}  // namespace edsc_ext
