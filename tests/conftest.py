@@ -150,6 +150,26 @@ def off_grid_offset(shape, offset_scale: float, generator: torch.Generator, outs
     return integer + frac
 
 
+@pytest.fixture
+def policy():
+    """policy(**changes) sets the kernel policy (edsc_ext.kernel_policy) for the rest of the test."""
+    import contextlib
+
+    import edsc_ext
+
+    with contextlib.ExitStack() as stack:
+        yield lambda **changes: stack.enter_context(edsc_ext.kernel_policy(**changes))
+
+
+def plans_of(case: "Case", padding_mode: str = "zeros", which: Sequence[str] = ARG_NAMES, **extra):
+    """The kernel plans (edsc_ext._plan) of the call that forward_and_grads(case, padding_mode,
+    which=which) makes: the backward plan is that of the gradients of ``which``."""
+    import edsc_ext
+
+    leaves = case.leaves(which)
+    return edsc_ext._plan(*leaves.tensors, **{**leaves.kwargs, "padding_mode": padding_mode, **extra})
+
+
 def make_inputs(N: int, C: int, H_in: int, W_in: int, KH: int, KW: int, padding=0, dilation=1,
                 present: Sequence[bool] = (True, True, True, True), dtype: torch.dtype = torch.float64,
                 device="cpu", offset_scale: float = 2.0, generator: Optional[torch.Generator] = None,

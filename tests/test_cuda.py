@@ -9,7 +9,7 @@ import torch
 
 import edsc_ext
 from conftest import (ALL_PRESENT, ARG_NAMES, PADDING_MODES, assert_close, assert_grads_close,
-                      default_grad_output, make_inputs, present_id, requires_cuda, requires_two_gpus)
+                      default_grad_output, make_inputs, plans_of, present_id, requires_cuda, requires_two_gpus)
 from edsc_ext import reference as R
 from edsc_ext.ops import normalize_args
 
@@ -62,11 +62,14 @@ def test_matches_reference(gen, config, padding_mode, dtype):
 @pytest.mark.parametrize("dtype", [F32, F64, BF16], ids=["f32", "f64", "bf16"])
 @pytest.mark.parametrize("padding_mode", PADDING_MODES)
 @pytest.mark.parametrize("config", [CONFIGS[0], CONFIGS[2], CONFIGS[3]], ids=["3x3", "5x5", "1x20"])
-def test_global_atomic_input_grad(gen, monkeypatch, config, padding_mode, dtype):
-    """The input gradient's global-atomic path (EDSC_EXT_INPUT_GRAD=global), which the shared-memory
-    tile otherwise hides, with offsets large enough that many samples also leave the tile there."""
-    monkeypatch.setenv("EDSC_EXT_INPUT_GRAD", "global")
+def test_global_atomic_input_grad(gen, policy, config, padding_mode, dtype):
+    """The input gradient's global-atomic path (kernel_policy(input_grad_tile=False)), which the
+    shared-memory tile otherwise hides, with offsets large enough that many samples also leave the
+    tile there."""
     case = make_inputs(*config, dtype=dtype, device="cuda", generator=gen, offset_scale=6)
+    assert plans_of(case, padding_mode).backward.startswith("tiled")
+    policy(input_grad_tile=False)
+    assert plans_of(case, padding_mode).backward == "pixels"
     out, grads = forward_and_grads(OP, case, padding_mode)
     expected, expected_grads = reference_and_grads(case, padding_mode)
     assert_close(out, expected, dtype)
@@ -90,15 +93,22 @@ STAGED_CONFIGS = [
 @pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=["f32", "f16", "bf16"])
 @pytest.mark.parametrize("padding_mode", PADDING_MODES)
 @pytest.mark.parametrize("config", STAGED_CONFIGS, ids=["whole", "partial", "plane143", "c32-dil", "c1"])
-def test_forward_paths(gen, monkeypatch, config, padding_mode, dtype, forward):
-    """The default 5x5 forward and the plain one (EDSC_EXT_FORWARD=plain) against the reference,
-    with every combination of absent per-pixel tensors at 3 channels (the exact-RGB kernel, in
-    every dtype) and 4 (the staged one in the half types)."""
+def test_forward_paths(gen, policy, config, padding_mode, dtype, forward):
+    """The default 5x5 forward and the plain one (kernel_policy(plain_forward=True)) against the
+    reference, with every combination of absent per-pixel tensors at 3 channels (the exact-RGB
+    kernel, in every dtype) and 1, 2 or 4 (the staged one in the half types)."""
     if forward == "plain":
-        monkeypatch.setenv("EDSC_EXT_FORWARD", "plain")
+        policy(plain_forward=True)
+    channels = config[1]
     every = config is STAGED_CONFIGS[0] or config is STAGED_CONFIGS[1]
     for present in ALL_PRESENT if every else [(True, True, True, True)]:
         case = make_inputs(*config, present=present, dtype=dtype, device="cuda", generator=gen, offset_scale=3)
+        if present[2] or config[7] != 1:  # else the grid-tap forward (when not plain)
+            if forward == "staged" and dtype != F32 and channels in (1, 2, 4):
+                planned = "staged"
+            else:
+                planned = "pixels" + ("_rgb" if channels == 3 else "") + ("_prefetch" if channels <= 4 else "")
+            assert plans_of(case, padding_mode).forward == planned
         out, _ = forward_and_grads(OP, case, padding_mode)
         expected, _ = reference_and_grads(case, padding_mode)
         assert_close(out, expected, dtype)
@@ -107,19 +117,23 @@ def test_forward_paths(gen, monkeypatch, config, padding_mode, dtype, forward):
 @pytest.mark.parametrize("dtype", [F32, BF16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("config", [STAGED_CONFIGS[i] for i in (0, 1, 2, 4)],
                          ids=["whole", "partial", "plane143", "c1"])
-def test_prefetch_changes_nothing(gen, monkeypatch, config, dtype):
-    """The NCHW 5x5 kernels first prefetch each warp's per-pixel values into L2 (EDSC_EXT_PREFETCH=0
-    turns that off). A hint must not change a bit of the output or of the per-pixel tensors'
-    gradients, also where a warp's pixels straddle two images (partial, plane143) or tensors are
-    absent. The input gradient's cross-tile float atomics may round in another order."""
-    monkeypatch.setenv("EDSC_EXT_FORWARD", "plain")  # the staged half-type forward does not prefetch
+def test_prefetch_changes_nothing(gen, policy, config, dtype):
+    """The NCHW 5x5 kernels first prefetch each warp's per-pixel values into L2
+    (kernel_policy(prefetch=False) turns that off). A hint must not change a bit of the output or of
+    the per-pixel tensors' gradients, also where a warp's pixels straddle two images (partial,
+    plane143) or tensors are absent. The input gradient's cross-tile float atomics may round in
+    another order."""
+    policy(plain_forward=True)  # the staged half-type forward does not prefetch
     for present in [(True, True, True, True), (False, True, False, True)]:
         case = make_inputs(*config, present=present, dtype=dtype, device="cuda", generator=gen, offset_scale=3)
         results = {}
-        for flag in ("1", "0"):
-            monkeypatch.setenv("EDSC_EXT_PREFETCH", flag)
-            results[flag] = forward_and_grads(OP, case, "border")
-        (out, grads), (out_off, grads_off) = results["1"], results["0"]
+        for prefetch in (True, False):
+            with edsc_ext.kernel_policy(prefetch=prefetch):
+                plans = plans_of(case, "border")
+                assert plans.forward.endswith("_prefetch") == prefetch, plans
+                assert plans.backward.endswith("_prefetch") == prefetch, plans
+                results[prefetch] = forward_and_grads(OP, case, "border")
+        (out, grads), (out_off, grads_off) = results[True], results[False]
         assert torch.equal(out, out_off)
         assert_close(grads[0], grads_off[0], dtype, what="input gradient")
         for name, g, g_off in zip(ARG_NAMES[1:], grads[1:], grads_off[1:]):
@@ -162,6 +176,11 @@ def test_without_offset(gen, config, dtype, layout):
         if present == (True, True, False, False):
             runs.append(("border", ARG_NAMES[1:]))
         for padding_mode, which in runs:
+            plans = plans_of(case, padding_mode, which)
+            small = config[1] <= 4  # the grid-tap gradients keep every channel in one window
+            assert plans.forward == "grid_taps", plans
+            assert ("grid_taps_params" in plans.backward) == (small and any(present)), plans
+            assert ("gather_input_grad" in plans.backward) == (small and "input" in which and not present[3]), plans
             out, grads = forward_and_grads(OP, case, padding_mode, which=which)
             expected, expected_grads = reference_and_grads(case, padding_mode, which=which)
             assert out.is_contiguous(memory_format=torch.channels_last) == (layout == "channels_last")

@@ -8,12 +8,14 @@ import torch
 
 import edsc_ext
 from conftest import (ALL_PRESENT, ARG_NAMES, PADDING_MODES, Case, assert_close, assert_grads_close,
-                      default_grad_output, make_inputs, present_id)
+                      default_grad_output, make_inputs, plans_of, present_id)
 from edsc_ext import reference as R
 from edsc_ext.ops import normalize_args
 
 F64, F32 = torch.float64, torch.float32
 OP = edsc_ext.deform_sepconv
+# The instruction set the CPU plans name (the policy's cpu_isa="auto": torch's capability).
+ISA = "/avx2" if edsc_ext._plan(torch.zeros(1, 1, 1, 1), kernel_size=1).forward.endswith("/avx2") else "/baseline"
 FORWARD = torch.ops.edsc_ext.deform_sepconv_forward
 BACKWARD = torch.ops.edsc_ext.deform_sepconv_backward
 
@@ -420,7 +422,7 @@ GRID_TAP_CONFIGS = [
 def test_without_offset(gen, config, dtype, layout):
     """The row-wise forward and backward against the reference in both padding modes, with and
     without each of vertical, horizontal and mask, every gradient and (once) the per-pixel
-    tensors' alone; EDSC_EXT_GRID_TAPS=0 (the per-pixel bilinear code) agrees."""
+    tensors' alone; the per-pixel bilinear code (kernel_policy(grid_taps=False)) agrees."""
     big = config[4] > 16  # the reference's 2601 taps: one combination of tensors there
     for present in [(True, True, False, False)] if big else [p for p in ALL_PRESENT if not p[2]]:
         case = make_inputs(*config, present=present, dtype=dtype, generator=gen)
@@ -436,9 +438,11 @@ def test_without_offset(gen, config, dtype, layout):
             expected, expected_grads = forward_and_grads(R.deform_sepconv, case.to(F64), padding_mode, which=which)
             assert_close(out, expected, dtype, what=what)
             assert_grads_close(grads, expected_grads, dtype)
+            assert plans_of(case, padding_mode, which) == ("grid_taps_rows" + ISA, "grid_taps_rows" + ISA), what
             if not big:
-                with pytest.MonkeyPatch.context() as mp:
-                    mp.setenv("EDSC_EXT_GRID_TAPS", "0")
+                with edsc_ext.kernel_policy(grid_taps=False):
+                    bilinear_backward = "pixels_fused" if "input" in which else "pixels_params"
+                    assert plans_of(case, padding_mode, which) == ("pixels" + ISA, bilinear_backward + ISA), what
                     bilinear, bilinear_grads = forward_and_grads(OP, case, padding_mode, which=which)
                 assert_close(out, bilinear.to(F64), dtype, what=what)
                 assert_grads_close(grads, [None if g is None else g.to(F64) for g in bilinear_grads], dtype)

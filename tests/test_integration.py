@@ -15,7 +15,7 @@ import torch
 
 import edsc_ext
 from conftest import (ALL_PRESENT, ARG_NAMES, GRAD_FACTOR, PADDING_MODES, TOLERANCES, Case, assert_close,
-                      assert_grads_close, default_grad_output, make_inputs, requires_cuda)
+                      assert_grads_close, default_grad_output, make_inputs, plans_of, requires_cuda)
 from edsc_ext import reference as R
 from edsc_ext.ops import normalize_args
 
@@ -403,19 +403,22 @@ def test_cpu_backward_independent_of_threads(gen, monkeypatch, config, padding_m
     """The CPU backward splits every image into bands of output rows fixed by the shape alone (16
     tasks in all; a single band per image from N = 16 on), each adding into a plane of its own,
     and sums the bands' planes in band order; without room for the bands' scratch planes
-    (EDSC_EXT_CPU_SCRATCH_MB=0 here) it runs a parameter pass and a pass over (n, channel) planes.
+    (kernel_policy(cpu_scratch_mb=0) here) it runs a parameter pass and a pass over (n, channel) planes.
     Either way 1, 3 and 8 threads give the same gradients, to the last bit."""
-    if backward == "two-pass":
-        monkeypatch.setenv("EDSC_EXT_CPU_SCRATCH_MB", "0")
+    policy = dict(cpu_scratch_mb=0) if backward == "two-pass" else {}
     case = make_inputs(*config, dtype=dtype, generator=gen, offset_scale=3)
     threads = torch.get_num_threads()
     results = []
-    try:
-        for count in (1, 3, 8):
-            torch.set_num_threads(count)
-            results.append(forward_and_grads(OP, case, padding_mode))
-    finally:
-        torch.set_num_threads(threads)
+    with edsc_ext.kernel_policy(**policy):
+        # From N = 16 on every image is one band, which needs no scratch.
+        planned = "pixels_fused" if backward == "banded" or config[0] >= 16 else "pixels_two_pass"
+        assert plans_of(case, padding_mode).backward.startswith(planned + "/")
+        try:
+            for count in (1, 3, 8):
+                torch.set_num_threads(count)
+                results.append(forward_and_grads(OP, case, padding_mode))
+        finally:
+            torch.set_num_threads(threads)
     first = results[0]
     for other in results[1:]:
         assert torch.equal(first[0], other[0])
@@ -430,17 +433,20 @@ def test_cpu_backward_independent_of_threads(gen, monkeypatch, config, padding_m
                          ids=["5x5", "3x4-dil"])
 def test_cpu_instruction_sets(gen, monkeypatch, config, dtype):
     """The CPU loops run compiled for AVX2 + FMA where the CPU has them, else for the x86-64 baseline
-    the wheels target (EDSC_EXT_CPU_ISA=baseline forces it): both match the float64 reference, in
+    the wheels target (kernel_policy(cpu_isa="baseline") forces it): both match the float64 reference, in
     the forward and every gradient, and each is repeatable bit for bit."""
     case = make_inputs(*config, dtype=dtype, generator=gen, offset_scale=3)
     expected, expected_grads = reference_and_grads(case, "zeros")
-    for isa in ("default", "baseline"):
-        if isa == "baseline":
-            monkeypatch.setenv("EDSC_EXT_CPU_ISA", "baseline")
-        out, grads = forward_and_grads(OP, case, "zeros")
+    default_isa = plans_of(case).forward.split("/")[1]
+    for isa in ("auto", "baseline"):
+        with edsc_ext.kernel_policy(cpu_isa=isa):
+            plans = plans_of(case)
+            assert plans == ("pixels/" + (default_isa if isa == "auto" else "baseline"),
+                             "pixels_fused/" + (default_isa if isa == "auto" else "baseline"))
+            out, grads = forward_and_grads(OP, case, "zeros")
+            again, again_grads = forward_and_grads(OP, case, "zeros")
         assert_close(out, expected, dtype, what=f"output ({isa})")
         assert_grads_close(grads, expected_grads, dtype)
-        again, again_grads = forward_and_grads(OP, case, "zeros")
         assert torch.equal(out, again)
         for name, g, g0 in zip(ARG_NAMES, again_grads, grads):
             assert torch.equal(g, g0), f"grad of {name} ({isa})"
@@ -464,11 +470,14 @@ DETERMINISM_CONFIGS = [
 def test_deterministic_cuda_bitwise(gen, deterministic, monkeypatch, config, padding_mode, dtype, input_grad_path):
     """5 runs give bitwise equal outputs and gradients, which still match the float64 reference
     (within float32 tolerance for float32/float64, the dtype's own for the half types); the
-    EDSC_EXT_INPUT_GRAD=global override must not bypass the deterministic path."""
-    if input_grad_path == "global":
-        monkeypatch.setenv("EDSC_EXT_INPUT_GRAD", "global")
+    kernel_policy(input_grad_tile=False) must not bypass the deterministic path."""
     case = make_inputs(*config, dtype=dtype, device="cuda", generator=gen, offset_scale=1)
-    out, grads = _assert_bitwise_repeatable(case, padding_mode)
+    with edsc_ext.kernel_policy(input_grad_tile=input_grad_path != "global"):
+        backward = plans_of(case, padding_mode).backward
+        tiled = input_grad_path != "global" and dtype != F64  # float64's float tile is not deterministic
+        assert backward == ("tiled" if tiled else "pixels") + ("_prefetch" if tiled and config[4:6] == (5, 5) else "") + \
+            "+fixed_point", backward
+        out, grads = _assert_bitwise_repeatable(case, padding_mode)
     tol_dtype = F32 if dtype in (F32, F64) else dtype
     expected, expected_grads = reference_and_grads(case, padding_mode)
     assert_close(out, expected, tol_dtype)
@@ -576,13 +585,18 @@ CHANNELS_LAST_CONFIGS = [(2, 3, 12, 40, 5, 5, 2, 1), (1, 10, 9, 11, 3, 4, (1, 2)
 @pytest.mark.parametrize("mode", ["default", "global", "deterministic"])
 @pytest.mark.parametrize("dtype", [F64, F32, F16, BF16], ids=["f64", "f32", "f16", "bf16"])
 @pytest.mark.parametrize("config", CHANNELS_LAST_CONFIGS, ids=["5x5", "3x4-dil"])
-def test_channels_last_paths(gen, request, monkeypatch, config, dtype, mode, device):
+def test_channels_last_paths(gen, request, policy, config, dtype, mode, device):
     if mode == "global":
-        monkeypatch.setenv("EDSC_EXT_INPUT_GRAD", "global")
+        policy(input_grad_tile=False)
     elif mode == "deterministic":
         request.getfixturevalue("deterministic")
     case = make_inputs(*config, dtype=dtype, device=device, generator=gen, offset_scale=3)
     odd = case.map(lambda t: t.contiguous(memory_format=torch.channels_last))
+    if device == "cuda":
+        backward = plans_of(odd, "zeros").backward
+        tiled = mode == "default" or (mode == "deterministic" and dtype != F64)
+        assert backward.startswith("nchw_copies+" if config[1] > 4 else "tiled" if tiled else "pixels"), backward
+        assert ("tiled" in backward) == tiled and ("fixed_point" in backward) == (mode == "deterministic"), backward
     grad_output = torch.randn(case.input.shape[:2] + normalize_args(*case.tensors, **case.kwargs).output_size,
                               generator=gen, dtype=F64)
     out, grads = forward_and_grads(OP, odd, "zeros", grad_output.contiguous(memory_format=torch.channels_last))
@@ -605,13 +619,13 @@ def test_channels_last_paths(gen, request, monkeypatch, config, dtype, mode, dev
 # every combination of absent tensors; plain and dilated; the deterministic tile too. At dilation
 # 4 the backward's tile holds 3 channels a pass, so 4 channels take a second pass, which stages
 # the values again (the first pass's gradients replaced them in shared memory).
-# EDSC_EXT_WARP_STAGING=0 and EDSC_EXT_FORWARD=plain give the unstaged kernels, which must agree.
+# kernel_policy(warp_staging=False, plain_forward=True) gives the unstaged kernels, which must agree.
 @pytest.mark.cuda
 @requires_cuda
 @pytest.mark.parametrize("mode", ["default", "deterministic"])
 @pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=["f32", "f16", "bf16"])
 @pytest.mark.parametrize("channels", [1, 3, 4, 6])
-def test_channels_last_warp_staged(gen, request, monkeypatch, channels, dtype, mode):
+def test_channels_last_warp_staged(gen, request, channels, dtype, mode):
     if mode == "deterministic":
         request.getfixturevalue("deterministic")
     as_cl = lambda t: t.contiguous(memory_format=torch.channels_last)  # noqa: E731
@@ -625,9 +639,13 @@ def test_channels_last_warp_staged(gen, request, monkeypatch, channels, dtype, m
             grad_output = torch.randn((3, channels, 7, 45), generator=gen, dtype=F64)
             results = []
             for staged in (True, False):
-                monkeypatch.setenv("EDSC_EXT_WARP_STAGING", "1" if staged else "0")
-                monkeypatch.setenv("EDSC_EXT_FORWARD", "" if staged else "plain")
-                out, grads = forward_and_grads(OP, case.map(as_cl), padding_mode, as_cl(grad_output))
+                with edsc_ext.kernel_policy(warp_staging=staged, plain_forward=not staged):
+                    plans = plans_of(case.map(as_cl), padding_mode)
+                    if present[2] or dilation > 1:  # else the grid-tap kernels
+                        assert plans.forward.startswith("lane_pairs" if staged and channels <= 4 else "pixels"), plans
+                        assert ("warp_staged" in plans.backward) == (staged and channels <= 4), plans
+                        assert plans.backward.startswith("nchw_copies+tiled" if channels > 4 else "tiled"), plans
+                    out, grads = forward_and_grads(OP, case.map(as_cl), padding_mode, as_cl(grad_output))
                 assert out.is_contiguous(memory_format=torch.channels_last), out.stride()
                 results.append((out, grads))
             expected, expected_grads = reference_and_grads(case, padding_mode, grad_output)
@@ -635,8 +653,6 @@ def test_channels_last_warp_staged(gen, request, monkeypatch, channels, dtype, m
                 assert_close(out, expected, dtype)
                 assert_grads_close(grads, expected_grads, dtype)
             if mode == "deterministic":
-                monkeypatch.setenv("EDSC_EXT_WARP_STAGING", "1")
-                monkeypatch.setenv("EDSC_EXT_FORWARD", "")
                 _, again = forward_and_grads(OP, case.map(as_cl), padding_mode, as_cl(grad_output))
                 for name, g, g0 in zip(ARG_NAMES, again, results[0][1]):
                     assert g is None and g0 is None or torch.equal(g, g0), f"grad of {name} differs between two runs"

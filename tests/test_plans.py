@@ -1,0 +1,288 @@
+"""Kernel plans and the kernel policy: which kernels a call runs (edsc_ext._plan, the planners in
+src/cpu/deform_sepconv_plan.h and src/cuda/deform_sepconv_plan.h) and how edsc_ext.kernel_policy
+changes that. The table test lists the plans of representative calls, for this CPU build and for
+an H200, so that a change of selection shows in review; it describes the calls with meta tensors,
+so it needs neither the memory of the benchmark sizes nor a GPU."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import pytest
+import torch
+
+import edsc_ext
+from edsc_ext import benchmark as B
+from edsc_ext import _policy
+from edsc_ext.ops import H200, CpuFacts, CudaDeviceFacts
+
+F64, F32, F16, BF16 = torch.float64, torch.float32, torch.float16, torch.bfloat16
+CPU = CpuFacts(avx2=True, threads=2)
+CASES = {c.name: c for c in B.CASES}
+
+
+def meta_call(case: B.Case, dtype=F32, channels_last=False, channels=None, grads=True, **changes):
+    """(args, kwargs) of edsc_ext._plan for a benchmark case as meta tensors (every present tensor
+    requiring grad when ``grads``)."""
+    case = dataclasses.replace(case, **changes) if changes else case
+    c = case.c if channels is None else channels
+    hw = (case.h, case.w)
+
+    def tensor(*shape):
+        t = torch.empty(*shape, device="meta", dtype=dtype)
+        if channels_last:
+            t = t.contiguous(memory_format=torch.channels_last)
+        return t.requires_grad_(grads)
+
+    taps = case.k * case.k
+    frame = tensor(case.n, c, case.h_in, case.w_in)
+    v = tensor(case.n, case.k, *hw) if case.separable else None
+    h = tensor(case.n, case.k, *hw) if case.separable else None
+    offset = tensor(case.n, 2 * taps, *hw) if case.deformable else None
+    mask = tensor(case.n, taps, *hw) if case.deformable else None
+    return (frame, v, h, offset, mask), case.kwargs()
+
+
+def plans(call, device, deterministic=False):
+    args, kwargs = call
+    enabled = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(deterministic)
+    try:
+        return edsc_ext._plan(*args, **kwargs, device=device)
+    finally:
+        torch.use_deterministic_algorithms(enabled)
+
+
+TRAIN, SEPCONV, ADACOF, FEAT = CASES["train"], CASES["sepconv"], CASES["adacof"], CASES["feat"]
+
+# name -> (call, deterministic)
+TABLE_CALLS = {
+    **{f"{name} f32": (meta_call(case), False) for name, case in CASES.items()},
+    **{f"{name} bf16": (meta_call(case, BF16), False) for name, case in CASES.items()},
+    "train f16": (meta_call(TRAIN, F16), False),
+    "train f64": (meta_call(TRAIN, F64), False),
+    "train f32 channels_last": (meta_call(TRAIN, channels_last=True), False),
+    "train bf16 channels_last": (meta_call(TRAIN, BF16, channels_last=True), False),
+    "feat f32 channels_last": (meta_call(FEAT, channels_last=True), False),
+    "train f32 deterministic": (meta_call(TRAIN), True),
+    "train f64 deterministic": (meta_call(TRAIN, F64), True),
+    "train f32 channels_last deterministic": (meta_call(TRAIN, channels_last=True), True),
+    "sepconv f32 deterministic": (meta_call(SEPCONV), True),
+    "train f32 C=1": (meta_call(TRAIN, channels=1), False),
+    "train bf16 C=1": (meta_call(TRAIN, BF16, channels=1), False),
+    "train f32 C=4": (meta_call(TRAIN, channels=4), False),
+    "train f16 C=4": (meta_call(TRAIN, F16, channels=4), False),
+    "train f32 C=32": (meta_call(TRAIN, channels=32), False),
+    "train f32 K=1": (meta_call(TRAIN, k=1, padding=0), False),
+    "train f32 K=3": (meta_call(TRAIN, k=3, padding=1), False),
+    "sepconv f32 K=5": (meta_call(SEPCONV, k=5, padding=2), False),
+    "sepconv f32 C=32": (meta_call(SEPCONV, channels=32, k=5, padding=2), False),
+    "sepconv f32 channels_last": (meta_call(SEPCONV, channels_last=True), False),
+    "sepconv f64": (meta_call(SEPCONV, F64, k=5, padding=2), False),
+    "adacof f32 channels_last": (meta_call(ADACOF, channels_last=True), False),
+    "train f32 frame grad only": (meta_call(TRAIN, grads=False), False),
+    "train f32 no grads": (meta_call(TRAIN, grads=False), False),
+}
+# Only the frame requires a gradient / nothing does.
+for t in TABLE_CALLS["train f32 frame grad only"][0][0][1:]:
+    t.requires_grad_(False)
+TABLE_CALLS["train f32 frame grad only"][0][0][0].requires_grad_(True)
+
+# name -> (CPU forward, CPU backward, H200 forward, H200 backward)
+EXPECTED_PLANS = {
+    'train f32': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
+    'infer f32': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
+    'batch f32': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
+    'feat f32': ('pixels/avx2', 'pixels_fused/avx2', 'pixels', 'tiled_prefetch'),
+    'sepconv f32': ('grid_taps_rows/avx2', 'grid_taps_rows/avx2', 'grid_taps', 'grid_taps_params+gather_input_grad'),
+    'adacof f32': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
+    'train bf16': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
+    'infer bf16': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
+    'batch bf16': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
+    'feat bf16': ('pixels/avx2', 'pixels_fused/avx2', 'pixels', 'tiled_prefetch'),
+    'sepconv bf16': ('grid_taps_rows/avx2', 'grid_taps_rows/avx2', 'grid_taps', 'grid_taps_params+gather_input_grad'),
+    'adacof bf16': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
+    'train f16': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
+    'train f64': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
+    'train f32 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'lane_pairs_rgb_staged', 'tiled_warp_staged_rgb'),
+    'train bf16 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'lane_pairs_rgb_staged', 'tiled_warp_staged_rgb'),
+    'feat f32 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'pixels', 'nchw_copies+tiled_prefetch'),
+    'train f32 deterministic': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch+fixed_point'),
+    'train f64 deterministic': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb_prefetch', 'pixels+fixed_point'),
+    'train f32 channels_last deterministic': ('pixels/avx2', 'pixels_fused/avx2', 'lane_pairs_rgb_staged', 'tiled_warp_staged_rgb+fixed_point'),
+    'sepconv f32 deterministic': ('grid_taps_rows/avx2', 'grid_taps_rows/avx2', 'grid_taps', 'grid_taps_params+gather_input_grad'),
+    'train f32 C=1': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_prefetch', 'tiled_prefetch'),
+    'train bf16 C=1': ('pixels/avx2', 'pixels_fused/avx2', 'staged', 'tiled_prefetch'),
+    'train f32 C=4': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_prefetch', 'tiled_prefetch'),
+    'train f16 C=4': ('pixels/avx2', 'pixels_fused/avx2', 'staged', 'tiled_prefetch'),
+    'train f32 C=32': ('pixels/avx2', 'pixels_fused/avx2', 'pixels', 'tiled_prefetch'),
+    'train f32 K=1': ('pixels/avx2', 'pixels_fused/avx2', 'pixels', 'tiled'),
+    'train f32 K=3': ('pixels/avx2', 'pixels_fused/avx2', 'pixels', 'tiled'),
+    'sepconv f32 K=5': ('grid_taps_rows/avx2', 'grid_taps_rows/avx2', 'grid_taps', 'grid_taps_params+gather_input_grad'),
+    'sepconv f32 C=32': ('grid_taps_rows/avx2', 'grid_taps_rows/avx2', 'grid_taps', 'tiled_prefetch'),
+    'sepconv f32 channels_last': ('grid_taps_rows/avx2', 'grid_taps_rows/avx2', 'grid_taps', 'grid_taps_params+gather_input_grad'),
+    'sepconv f64': ('grid_taps_rows/avx2', 'grid_taps_rows/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
+    'adacof f32 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'lane_pairs_rgb_staged', 'tiled_warp_staged_rgb'),
+    'train f32 frame grad only': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
+    'train f32 no grads': ('pixels/avx2', 'none', 'pixels_rgb_prefetch', 'none'),
+}
+
+
+def test_plan_table():
+    """The plans of the representative calls, for an AVX2 CPU with 2 threads and for an H200."""
+    actual = {}
+    for name, (call, deterministic) in TABLE_CALLS.items():
+        cpu, cuda = plans(call, CPU, deterministic), plans(call, H200, deterministic)
+        actual[name] = (cpu.forward, cpu.backward, cuda.forward, cuda.backward)
+    lines = [f"    {name!r}: {value!r}," for name, value in actual.items()]
+    assert actual == EXPECTED_PLANS, "the plans changed; the table now reads:\n" + "\n".join(lines)
+
+
+# Each keyword of the policy and a call whose plan it changes: (keyword, value, call, device,
+# default plans, plans under the policy).
+POLICY_CASES = [
+    ("grid_taps", False, meta_call(SEPCONV, k=5, padding=2), H200,
+     ("grid_taps", "grid_taps_params+gather_input_grad"), ("pixels_rgb_prefetch", "tiled_rgb_prefetch")),
+    ("grid_taps", False, meta_call(SEPCONV), CPU,
+     ("grid_taps_rows/avx2", "grid_taps_rows/avx2"), ("pixels/avx2", "pixels_fused/avx2")),
+    ("plain_forward", True, meta_call(TRAIN, F16, channels=4), H200,
+     ("staged", "tiled_prefetch"), ("pixels_prefetch", "tiled_prefetch")),
+    ("plain_forward", True, meta_call(TRAIN, channels_last=True), H200,
+     ("lane_pairs_rgb_staged", "tiled_warp_staged_rgb"), ("pixels", "tiled_warp_staged_rgb")),
+    ("plain_forward", True, meta_call(SEPCONV), H200,
+     ("grid_taps", "grid_taps_params+gather_input_grad"), ("pixels", "grid_taps_params+gather_input_grad")),
+    ("prefetch", False, meta_call(TRAIN), H200,
+     ("pixels_rgb_prefetch", "tiled_rgb_prefetch"), ("pixels_rgb", "tiled_rgb")),
+    ("input_grad_tile", False, meta_call(TRAIN), H200,
+     ("pixels_rgb_prefetch", "tiled_rgb_prefetch"), ("pixels_rgb_prefetch", "pixels")),
+    ("warp_staging", False, meta_call(TRAIN, channels_last=True), H200,
+     ("lane_pairs_rgb_staged", "tiled_warp_staged_rgb"), ("lane_pairs_rgb_staged", "tiled")),
+    ("cpu_scratch_mb", 0, meta_call(CASES["infer"]), CPU,
+     ("pixels/avx2", "pixels_fused/avx2"), ("pixels/avx2", "pixels_two_pass/avx2")),
+    ("cpu_isa", "baseline", meta_call(TRAIN), CPU,
+     ("pixels/avx2", "pixels_fused/avx2"), ("pixels/baseline", "pixels_fused/baseline")),
+]
+
+
+@pytest.mark.parametrize("keyword, value, call, device, default, changed", POLICY_CASES,
+                         ids=[f"{c[0]}-{'cpu' if isinstance(c[3], CpuFacts) else 'h200'}" for c in POLICY_CASES])
+def test_policy_changes_plan(keyword, value, call, device, default, changed):
+    assert plans(call, device) == default
+    with edsc_ext.kernel_policy(**{keyword: value}) as policy:
+        assert getattr(policy, keyword) == value and edsc_ext.current_kernel_policy() == policy
+        assert plans(call, device) == changed
+    assert plans(call, device) == default
+
+
+def test_every_policy_keyword_has_a_plan_test():
+    assert {f.name for f in dataclasses.fields(edsc_ext.KernelPolicy)} == {c[0] for c in POLICY_CASES}
+
+
+def test_policy_reaches_the_op():
+    """The compiled op reads the policy the Python context set (one value for the process), and the
+    block restores it, nested or left by an exception."""
+    default = torch.ops.edsc_ext.get_kernel_policy()
+    assert default == (True, False, True, True, True, False, 256)
+    with edsc_ext.kernel_policy(grid_taps=False, cpu_scratch_mb=7):
+        assert torch.ops.edsc_ext.get_kernel_policy() == (False, False, True, True, True, False, 7)
+        with edsc_ext.kernel_policy(cpu_isa="baseline", grid_taps=True):
+            assert torch.ops.edsc_ext.get_kernel_policy() == (True, False, True, True, True, True, 7)
+        assert torch.ops.edsc_ext.get_kernel_policy() == (False, False, True, True, True, False, 7)
+        with pytest.raises(RuntimeError, match="inside"):
+            with edsc_ext.kernel_policy(plain_forward=True):
+                raise RuntimeError("inside")
+        assert edsc_ext.current_kernel_policy().plain_forward is False
+    assert torch.ops.edsc_ext.get_kernel_policy() == default
+
+
+def test_policy_is_process_wide():
+    """Another thread (as autograd's backward threads are) runs under the policy that is current."""
+    seen = []
+    call = meta_call(SEPCONV)
+    with edsc_ext.kernel_policy(grid_taps=False):
+        thread = threading.Thread(target=lambda: seen.append(plans(call, CPU)))
+        thread.start()
+        thread.join()
+    assert seen == [("pixels/avx2", "pixels_fused/avx2")]
+
+
+def test_policy_blocks_of_two_threads_do_not_mix():
+    """Blocks entered from two threads run one after the other, each seeing only its own change."""
+    errors = []
+    barrier = threading.Barrier(2)
+
+    def run(keyword):
+        barrier.wait()
+        for _ in range(50):
+            with edsc_ext.kernel_policy(**{keyword: False}) as policy:
+                current = edsc_ext.current_kernel_policy()
+                if current != policy or sum(not getattr(current, k) for k in ("prefetch", "warp_staging")) != 1:
+                    errors.append(current)
+    threads = [threading.Thread(target=run, args=(k,)) for k in ("prefetch", "warp_staging")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and edsc_ext.current_kernel_policy() == edsc_ext.KernelPolicy()
+
+
+def test_policy_arguments_are_checked():
+    with pytest.raises(TypeError, match="unknown keyword.*grid_tap"):
+        with edsc_ext.kernel_policy(grid_tap=False):
+            pass
+    with pytest.raises(TypeError, match="grid_taps must be a bool"):
+        with edsc_ext.kernel_policy(grid_taps=0):
+            pass
+    with pytest.raises(ValueError, match="cpu_scratch_mb must be an int >= 0"):
+        with edsc_ext.kernel_policy(cpu_scratch_mb=-1):
+            pass
+    with pytest.raises(ValueError, match="cpu_isa must be 'auto' or 'baseline'"):
+        with edsc_ext.kernel_policy(cpu_isa="avx512"):
+            pass
+    assert edsc_ext.current_kernel_policy() == edsc_ext.KernelPolicy()
+
+
+def test_policy_from_environment():
+    """The EDSC_EXT_* switches of earlier versions set the initial policy (read once, at import)."""
+    assert _policy._from_environment({}) == edsc_ext.KernelPolicy()
+    policy = _policy._from_environment({
+        "EDSC_EXT_GRID_TAPS": "0", "EDSC_EXT_FORWARD": "plain", "EDSC_EXT_PREFETCH": "0",
+        "EDSC_EXT_INPUT_GRAD": "global", "EDSC_EXT_WARP_STAGING": "0", "EDSC_EXT_CPU_SCRATCH_MB": "16",
+        "EDSC_EXT_CPU_ISA": "baseline"})
+    assert policy == edsc_ext.KernelPolicy(grid_taps=False, plain_forward=True, prefetch=False,
+                                           input_grad_tile=False, warp_staging=False, cpu_scratch_mb=16,
+                                           cpu_isa="baseline")
+    with pytest.raises(ValueError, match="EDSC_EXT_CPU_SCRATCH_MB"):
+        _policy._from_environment({"EDSC_EXT_CPU_SCRATCH_MB": "lots"})
+
+
+def test_policy_under_torch_compile():
+    """A compiled function reads the policy when it runs, not when it was compiled."""
+    case = B.CPU_CASES[4]  # sepconv, no offsets
+    inputs = case.make_inputs(F32, "cpu", seed=0)
+    compiled = torch.compile(lambda *t: edsc_ext.deform_sepconv(*t, **case.kwargs()), backend="eager",
+                             fullgraph=True)
+    grid = compiled(*inputs)
+    with edsc_ext.kernel_policy(grid_taps=False):
+        bilinear = compiled(*inputs)
+        assert edsc_ext._plan(*inputs, **case.kwargs()).forward.startswith("pixels/")
+    torch.testing.assert_close(grid, bilinear, rtol=1e-5, atol=1e-6)
+
+
+def test_plan_arguments_are_checked():
+    args, kwargs = meta_call(TRAIN)
+    with pytest.raises(ValueError, match="meta tensors need device"):
+        edsc_ext._plan(*args, **kwargs)
+    with pytest.raises(ValueError, match="offset must have 2\\*KH\\*KW = 50 channels"):
+        edsc_ext._plan(args[0], args[1], args[2], args[4], args[4], **kwargs, device=H200)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_plan_of_this_gpu():
+    """A CUDA tensor is planned for its own device, with the facts the op reads."""
+    case = B.CASES[0].tiny()
+    inputs = case.make_inputs(F32, "cuda", seed=0)
+    facts = CudaDeviceFacts.of(torch.device("cuda"))
+    assert edsc_ext._plan(*inputs, **case.kwargs()) == edsc_ext._plan(*inputs, **case.kwargs(), device=facts)
