@@ -367,6 +367,7 @@ def test_more_than_2_31_elements():
     g = torch.Generator(device="cuda").manual_seed(1234)
     input = torch.randn((1, 1, H, W), device="cuda", dtype=F16, generator=g)
     offset = torch.rand((1, 2, H, W), device="cuda", dtype=F16, generator=g).mul_(3).sub_(1.5)
+    assert edsc_ext._plan(input, offset=offset, padding_mode="zeros").forward == "pixels"  # 64-bit indices
     try:
         out = OP(input, offset=offset, padding_mode="zeros")
         torch.cuda.synchronize()

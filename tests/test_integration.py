@@ -681,6 +681,10 @@ def test_channels_last_offset_off_pair_boundary(gen, dtype, shift):
     pair_bytes = 2 * offset.element_size()
     assert (offset.data_ptr() % pair_bytes != 0) == (shift == 1)
     assert offset.data_ptr() % 16 != 0
+    plans = edsc_ext._plan(leaves.input, leaves.vertical, leaves.horizontal, offset, leaves.mask, **case.kwargs,
+                           padding_mode="zeros")
+    # Off the pair boundary: the one-thread forward and the unstaged tile; else the unstaged lane pairs.
+    assert plans == (("pixels", "tiled") if shift == 1 else ("lane_pairs_rgb", "tiled_warp_staged_rgb")), plans
     out = OP(leaves.input, leaves.vertical, leaves.horizontal, offset, leaves.mask, **case.kwargs,
              padding_mode="zeros")
     grad_output = torch.randn(out.shape, generator=gen, dtype=F64)
