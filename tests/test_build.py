@@ -182,10 +182,10 @@ def test_import_explains_a_missing_binary(tmp_path):
     assert "pip install --no-build-isolation -e ." in result.stderr
 
 
-def _checkout_and_site(tmp_path, digest=None):
+def _checkout_and_site(tmp_path):
     """A source checkout whose package has no binary (tmp/checkout) and a site folder (tmp/site) holding a
-    build of edsc_ext: the running binary, with build facts whose sources digest is `digest` (default:
-    that of the checkout's sources)."""
+    build of edsc_ext: the running binary, with build facts that say it was built from the checkout's
+    sources."""
     meta = _loader.read_build_meta()
     if edsc_ext.build_info()["build"] != "setuptools" or meta is None:
         pytest.skip("needs a setuptools build with _build_meta.py")
@@ -202,7 +202,7 @@ def _checkout_and_site(tmp_path, digest=None):
     shutil.copytree(PACKAGE, site, ignore=shutil.ignore_patterns("__pycache__", "_csrc"))
     shutil.copyfile(edsc_ext._C.__file__, site / os.path.basename(edsc_ext._C.__file__))
     (site / "_build_meta.py").write_text(bs.build_meta_source(
-        {**meta, "sources_digest": digest or bs.sources_digest(str(checkout))}))
+        {**meta, "sources_digest": bs.sources_digest(str(checkout))}))
     return checkout, site.parent
 
 
@@ -231,7 +231,11 @@ def test_unbuilt_checkout_uses_the_installed_build_of_its_sources(tmp_path):
 
 
 def test_unbuilt_checkout_refuses_a_build_of_other_sources(tmp_path):
-    checkout, site = _checkout_and_site(tmp_path, digest="0123456789abcdef")
+    checkout, site = _checkout_and_site(tmp_path)
+    # An edit of the checkout's sources after the build: no installed build (this environment's own
+    # included) was made from them any more.
+    with open(checkout / "src" / "deform_sepconv.cpp", "a") as f:
+        f.write("// edited after the build\n")
     result = _python_in(checkout, "import edsc_ext", site)
     assert result.returncode != 0
     last = result.stderr.strip().splitlines()[-1]
