@@ -260,7 +260,8 @@ def test_sdist_has_every_source(tmp_path):
     needed = set(bs.tracked_files(REPO)) | {
         "setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "CMakeLists.txt", "tests/cpp/test_deform_sepconv.cpp",
         "src/compat/manylinux_glibc.cpp", "tools/wheels/cibw.sh", "edsc_ext/__init__.py", "edsc_ext/_build_support.py",
-        "edsc_ext/_loader.py", "edsc_ext/jit.py", "edsc_ext/_version.py", "edsc_ext/ops.py"}
+        "edsc_ext/_loader.py", "edsc_ext/jit.py", "edsc_ext/_version.py", "edsc_ext/ops.py",
+        "cmake/edsc_extConfig.cmake.in", "tests/cpp/consumer/CMakeLists.txt"}
     missing = sorted(needed - members)
     assert not missing, f"sdist lacks {missing}"
     assert not [m for m in members if m.endswith((".so", ".o")) or m.endswith("_build_meta.py")]
