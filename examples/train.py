@@ -48,7 +48,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
-from edsc_ext import _image
+from edsc_ext.apps.images import read_image
 from edsc_ext.interpolate import progress
 from edsc_ext.models import EDSC, MODEL_NAMES, SAMPLINGS, load_checkpoint, save_checkpoint
 
@@ -128,7 +128,7 @@ class FrameTuples(Dataset):
         frames = []
         for path in (first, target, second):
             try:
-                frames.append(_image.read_image(path).flip(0))  # RGB -> BGR
+                frames.append(read_image(path).flip(0))  # RGB -> BGR
             except ValueError as e:
                 raise ValueError(f"{path}: {e}") from None
         frames = torch.stack(frames)

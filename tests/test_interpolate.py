@@ -1,21 +1,54 @@
-"""Image IO (the dependency-free PNG codec), the edsc-interpolate command (pair and video-folder
-modes) and the Middlebury evaluation."""
+"""edsc-interpolate and the evaluation: images (Pillow), video files (PyAV) and folders of frames, the
+time mapping (--factor, --fps, variable frame rates), scene cuts, tiles, and every kind of bad input
+(one line on stderr, exit code 2, nothing half-written).
+
+Clips are made by the tests themselves with PyAV (64x48, with an AAC track and a hard cut); the real
+clip ../shared/data/video/car-turn.mp4 is used when present. Networks are random EDSC_s/EDSC_m on the
+CPU; tests about timing and containers replace the network by a blend of the two frames (`blend_network`)."""
 
 from __future__ import annotations
 
-import struct
-import zlib
+import errno
+import math
+import importlib.util
+import pickle
+import argparse
+import subprocess
+import sys
+from fractions import Fraction
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from conftest import needs_shared_data, shared_data_path
-from edsc_ext import _image, evaluate, interpolate
+from edsc_ext import evaluate, interpolate
 from edsc_ext.models import EDSC_m, EDSC_s, save_checkpoint
+
+MISSING = [m for m in ("av", "PIL", "tqdm") if importlib.util.find_spec(m) is None]
+needs_apps = pytest.mark.skipif(bool(MISSING), reason=f"needs the apps extra ({', '.join(MISSING)} missing): "
+                                                      'pip install "edsc-ext[apps]"')
+if not MISSING:
+    import av
+    from PIL import Image
+
+    from edsc_ext.apps import engine, images, timing, video
+    from edsc_ext.apps import interpolate as app
 
 MIDDLEBURY = shared_data_path("middlebury")
 needs_middlebury = needs_shared_data("middlebury")
+CAR_TURN = shared_data_path("video", "car-turn.mp4")
+needs_video_data = needs_shared_data("video")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # The networks are small here; one thread avoids contention on a shared machine (and is faster).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -29,150 +62,788 @@ def weights(tmp_path_factory):
     return paths
 
 
-def random_image(gen, h, w, c=3):
-    return torch.randint(0, 256, (h, w, c), generator=gen, dtype=torch.uint8)
+@pytest.fixture
+def blend_network(monkeypatch):
+    """The network replaced by (1 - t) a + t b: for tests of timing and containers, where what the
+    network computes does not matter (and a real one would be slow on 640x360 frames)."""
+    calls = []
+
+    def blend(self, first, second, times):
+        calls.append(tuple(first.shape))
+        t = (times if times is not None else torch.full((first.shape[0],), 0.5)).view(-1, 1, 1, 1).to(first)
+        return ((1 - t) * first + t * second).clamp(0, 1)
+
+    monkeypatch.setattr(engine.Interpolator, "_network", blend)
+    return calls
+
+
+def run_cli(argv, capsys):
+    """(exit code, stdout, stderr) of edsc-interpolate."""
+    rc = interpolate.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def assert_one_line_error(rc, err, *needles):
+    assert rc == 2, err
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and "error:" in lines[0] and "Traceback" not in err, err
+    for needle in needles:
+        assert str(needle) in lines[0], (needle, lines[0])
 
 
 # --------------------------------------------------------------------------------------------
-# PNG codec
+# Clips made with PyAV.
 
 
-def encode_png(pixels: torch.Tensor, kinds, color: int, extra: tuple = ()) -> bytes:
-    """A PNG with the given filter type per row (the encoder side of all five filters)."""
-    h, w, c = pixels.shape
-    x = pixels.to(torch.int32).reshape(h, w * c)
-    zero_col = torch.zeros(h, c, dtype=torch.int32)
-    a = torch.cat([zero_col, x[:, :-c]], 1)  # left
-    b = torch.cat([torch.zeros(1, w * c, dtype=torch.int32), x[:-1]], 0)  # up
-    cc = torch.cat([torch.zeros(1, w * c, dtype=torch.int32), a[:-1]], 0)  # up-left
-    p = a + b - cc
-    pa, pb, pc = (p - a).abs(), (p - b).abs(), (p - cc).abs()
-    paeth = torch.where((pa <= pb) & (pa <= pc), a, torch.where(pb <= pc, b, cc))
-    preds = [torch.zeros_like(x), a, b, (a + b) // 2, paeth]
-    rows = [bytes([k]) + bytes(((x[r] - preds[k][r]) % 256).to(torch.uint8).tolist()) for r, k in enumerate(kinds)]
-
-    def chunk(kind, body):
-        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-
-    chunks = b"".join(chunk(kind, body) for kind, body in zip(extra[::2], extra[1::2]))
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, color, 0, 0, 0)) + chunks
-            + chunk(b"IDAT", zlib.compress(b"".join(rows))) + chunk(b"IEND", b""))
+def scene(k: int, w: int, h: int, second: bool) -> np.ndarray:
+    """Frame k of one of two shots: smooth moving gradients (motion scores a few percent), the two
+    shots of different colours (their difference scores far above the cut threshold)."""
+    yy, xx = np.mgrid[0:h, 0:w]
+    if not second:
+        img = np.stack([(xx * 3 + k * 2) % 256, yy * 4 % 256, np.full_like(xx, 50)], -1)
+    else:
+        img = np.stack([np.full_like(xx, 235), (250 - yy * 3 - k) % 256, (xx * 2 + 100) % 256], -1)
+    return img.astype(np.uint8)
 
 
-@pytest.mark.parametrize("shape", [(7, 13, 3), (1, 9, 4), (11, 1, 1), (5, 6, 2)])
-def test_png_round_trip(tmp_path, gen, shape):
-    pixels = random_image(gen, *shape)
-    path = tmp_path / "x.png"
-    _image.write_png(path, pixels)
-    assert torch.equal(_image.read_png(path), pixels)
+def make_clip(path: Path, frames: int = 16, rate=Fraction(24), w: int = 64, h: int = 48, cut_at=None,
+              audio: bool = True, times_ms=None, codec: str = "libx264") -> Path:
+    """A clip of ``frames`` frames (``times_ms``: their times in ms, for variable frame rates), with a
+    hard cut before frame ``cut_at`` and a stereo AAC track as long as the video."""
+    out = av.open(str(path), "w")
+    stream = out.add_stream(codec, rate=rate, options={"crf": "12"} if codec == "libx264" else {})
+    stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
+    if times_ms is not None:
+        stream.codec_context.time_base = Fraction(1, 1000)
+        stream.time_base = Fraction(1, 1000)
+    sound = out.add_stream("aac", rate=48000) if audio else None
+    if sound is not None:
+        sound.layout = "stereo"
+    for k in range(frames):
+        frame = av.VideoFrame.from_ndarray(scene(k, w, h, cut_at is not None and k >= cut_at), format="rgb24")
+        frame.pts = k if times_ms is None else times_ms[k]
+        out.mux(stream.encode(frame))
+    out.mux(stream.encode(None))
+    if sound is not None:
+        seconds = frames / rate if times_ms is None else Fraction(times_ms[-1] + 40, 1000)
+        n = int(48000 * seconds)
+        wave = (0.2 * np.sin(2 * np.pi * 440 * np.arange(n) / 48000)).astype(np.float32)
+        for i in range(0, n, 1024):
+            chunk = np.ascontiguousarray(np.stack([wave[i:i + 1024]] * 2))
+            samples = av.AudioFrame.from_ndarray(chunk, format="fltp", layout="stereo")
+            samples.sample_rate, samples.pts = 48000, i
+            out.mux(sound.encode(samples))
+        out.mux(sound.encode(None))
+    out.close()
+    return path
 
 
-@pytest.mark.parametrize("color, channels", [(2, 3), (6, 4), (0, 1), (4, 2)])
-def test_png_decodes_every_filter_type(gen, color, channels):
-    pixels = random_image(gen, 12, 17, channels)
-    # Smooth content too, where Paeth/Average predictions differ from their neighbours' values.
-    pixels[6:] = torch.linspace(0, 255, 17).to(torch.uint8).view(1, 17, 1).expand(6, 17, channels)
-    kinds = [r % 5 for r in range(12)]
-    assert torch.equal(_image.read_png(encode_png(pixels, kinds, color)), pixels)
+def read_clip(path: Path, frames: bool = False) -> dict:
+    """What a video file holds: video frame times (Fractions), size, codec, pixel format, the decoded
+    RGB frames (``frames=True``), and each other stream's type, codec and [start, end) (packets)."""
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        info = {"width": stream.codec_context.width, "height": stream.codec_context.height,
+                "codec": stream.codec_context.name, "pix_fmt": stream.codec_context.pix_fmt,
+                "types": sorted(s.type for s in container.streams)}
+        decoded = list(container.decode(stream))
+        info["times"] = [Fraction(f.pts) * Fraction(stream.time_base) for f in decoded]
+        info["time_base"] = Fraction(stream.time_base)
+        if frames:
+            info["frames"] = [f.to_ndarray(format="rgb24").astype(np.float32) / 255 for f in decoded]
+    with av.open(str(path)) as container:
+        others = {}
+        for s in container.streams:
+            if s.type == "video":
+                continue
+            packets = [p for p in container.demux(s) if p.size]
+            tb = Fraction(s.time_base)
+            others[s.type] = (s.codec_context.name, Fraction(packets[0].pts) * tb,
+                              Fraction(packets[-1].pts + packets[-1].duration) * tb, len(packets))
+            container.seek(0)
+        info["others"] = others
+    return info
 
 
-def test_png_palette(gen):
-    table = random_image(gen, 1, 7, 3)[0]  # 7 RGB colours
-    index = torch.randint(0, 7, (5, 9, 1), generator=gen, dtype=torch.uint8)
-    data = encode_png(index, [4, 3, 1, 2, 0], 3, extra=(b"PLTE", bytes(table.flatten().tolist())))
-    assert torch.equal(_image.read_png(data), table[index[..., 0].long()])
-    alpha = bytes([0, 128])  # the first two colours are (semi-)transparent
-    data = encode_png(index, [4] * 5, 3, extra=(b"PLTE", bytes(table.flatten().tolist()), b"tRNS", alpha))
-    rgba = _image.read_png(data)
-    assert rgba.shape == (5, 9, 4) and torch.equal(rgba[..., :3], table[index[..., 0].long()])
-    assert torch.equal(rgba[..., 3], torch.tensor([0, 128, 255, 255, 255, 255, 255], dtype=torch.uint8)[index[..., 0].long()])
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory):
+    """16 frames at 24 fps, 64x48, AAC audio, a hard cut before frame 8."""
+    return make_clip(tmp_path_factory.mktemp("clips") / "cut.mp4", frames=16, cut_at=8)
 
 
-def test_png_errors(tmp_path):
-    with pytest.raises(ValueError, match="signature"):
-        _image.read_png(b"not a png at all")
-    with pytest.raises(ValueError, match="uint8"):
-        _image.write_png(tmp_path / "x.png", torch.zeros(4, 4, 3))
-
-
-@needs_middlebury
-def test_reads_middlebury_frames():
-    path = MIDDLEBURY / "Venus" / "frame10.png"
-    pixels = _image.read_png(path)
-    assert pixels.shape == (380, 420, 3) and pixels.dtype == torch.uint8
-    # Re-encoding with every row's filter type changed gives the same pixels back.
-    again = _image.read_png(encode_png(pixels[:40], [(r * 3) % 5 for r in range(40)], 2))
-    assert torch.equal(again, pixels[:40])
-    image = _image.read_image(path)
-    assert image.shape == (3, 380, 420) and 0 <= image.min() < image.max() <= 1
+def leftover_files(folder: Path) -> list:
+    return sorted(p.name for p in folder.iterdir())
 
 
 # --------------------------------------------------------------------------------------------
-# edsc-interpolate
+# Images through Pillow.
 
 
-def write_pair(folder: Path, gen, h=37, w=50):
+@needs_apps
+def test_read_image_modes_bit_depths_alpha_and_exif(tmp_path):
+    rgb = np.random.default_rng(0).integers(0, 256, (5, 7, 3), dtype=np.uint8)
+    Image.fromarray(rgb).save(tmp_path / "rgb.png")
+    assert np.array_equal(images.read_array(tmp_path / "rgb.png"), rgb)
+    image = images.read_image(tmp_path / "rgb.png")
+    assert image.shape == (3, 5, 7) and image.dtype == torch.float32
+    # RGBA: alpha dropped, the colour values kept as they are.
+    rgba = np.concatenate([rgb, np.full((5, 7, 1), 7, np.uint8)], axis=2)
+    Image.fromarray(rgba, "RGBA").save(tmp_path / "rgba.png")
+    assert np.array_equal(images.read_array(tmp_path / "rgba.png"), rgb)
+    # Grayscale 8 and 16 bits: repeated to three channels, 16 bits kept.
+    Image.fromarray(rgb[..., 0]).save(tmp_path / "gray.png")
+    assert np.array_equal(images.read_array(tmp_path / "gray.png"), np.repeat(rgb[..., :1], 3, axis=2))
+    deep = (np.arange(35, dtype=np.uint16).reshape(5, 7) * 1000 + 3)
+    Image.fromarray(deep).save(tmp_path / "gray16.png")
+    read16 = images.read_image(tmp_path / "gray16.png")
+    assert torch.allclose(read16[1], torch.from_numpy(deep.astype(np.float32) / 65535), atol=1e-7)
+    # A palette image with transparency.
+    Image.fromarray(rgb).convert("P").save(tmp_path / "palette.png", transparency=0)
+    assert images.read_array(tmp_path / "palette.png").shape == (5, 7, 3)
+    # EXIF orientation 6 (rotate 90 clockwise to view): the image comes upright, 5x7 -> 7x5.
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.fromarray(rgb).save(tmp_path / "rotated.jpg", exif=exif, quality=95)
+    assert images.image_size(tmp_path / "rotated.jpg") == (5, 7)
+    assert images.read_array(tmp_path / "rotated.jpg").shape == (7, 5, 3)
+    # 32-bit float images are refused clearly.
+    Image.fromarray(np.zeros((4, 4), np.float32), "F").save(tmp_path / "float.tif")
+    with pytest.raises(images.UserError if hasattr(images, "UserError") else ValueError, match="floating-point"):
+        images.read_array(tmp_path / "float.tif")
+
+
+@needs_apps
+def test_write_image_round_trip_and_rounding(tmp_path):
+    pixels = torch.rand(3, 9, 11)
+    images.write_image(tmp_path / "x.png", pixels)
+    back = images.read_image(tmp_path / "x.png")
+    assert back.shape == (3, 9, 11) and (back - pixels).abs().max() <= 0.5 / 255 + 1e-6
+    assert leftover_files(tmp_path) == ["x.png"]
+
+
+# --------------------------------------------------------------------------------------------
+# Pair mode.
+
+
+def write_pair(folder: Path, h=37, w=50, seed=0):
     folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
     paths = []
     for k in range(2):
         paths.append(folder / f"f{k}.png")
-        _image.write_png(paths[-1], random_image(gen, h, w))
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(paths[-1])
     return paths
 
 
-def test_cli_pair_writes_an_image_of_the_right_size(tmp_path, gen, weights, capsys):
-    first, second = write_pair(tmp_path / "in", gen)
-    out = tmp_path / "out" / "middle.png"
-    rc = interpolate.main(["--model", "EDSC_s", "--weights", str(weights["EDSC_s"]), str(first), str(second),
-                           "-o", str(out), "--device", "cpu"])
-    assert rc == 0, capsys.readouterr().err
-    assert _image.read_png(out).shape == (37, 50, 3)
+@needs_apps
+def test_cli_pair_writes_an_image_of_the_input_size(tmp_path, weights, capsys):
+    first, second = write_pair(tmp_path / "in")
+    out = tmp_path / "new" / "middle.png"  # a missing folder is created, and the command says so
+    rc, stdout, err = run_cli(["--model", "EDSC_s", "--weights", weights["EDSC_s"], first, second, "-o", out,
+                               "--device", "cpu"], capsys)
+    assert rc == 0, err
+    assert f"created the folder {out.parent}" in err
+    assert images.read_array(out).shape == (37, 50, 3)
     # EDSC_m at another time; the variant is read off the weights when --model is left out.
     out_m = tmp_path / "quarter.png"
-    assert interpolate.main(["--weights", str(weights["EDSC_m"]), "--time", "0.25", str(first), str(second),
-                             "-o", str(out_m), "--device", "cpu"]) == 0
-    assert _image.read_png(out_m).shape == (37, 50, 3)
-    # Errors are reported, not raised.
-    assert interpolate.main(["--weights", str(weights["EDSC_s"]), "--time", "0.25", str(first), str(second),
-                             "-o", str(out_m)]) == 1
-    assert interpolate.main(["--model", "EDSC_m", "--weights", str(weights["EDSC_s"]), str(first), str(second),
-                             "-o", str(out_m)]) == 1
-    assert "EDSC_s" in capsys.readouterr().err
+    rc, _, err = run_cli(["--weights", weights["EDSC_m"], "--time", "0.25", first, second, "-o", out_m,
+                          "--device", "cpu"], capsys)
+    assert rc == 0, err
+    assert images.read_array(out_m).shape == (37, 50, 3)
+    # The engine's frame equals the network's own interpolate() (padding to 32 and cropping back).
+    model = engine.load_model(weights["EDSC_m"])
+    a, b = images.read_image(first), images.read_image(second)
+    expected = model.interpolate(a.flip(0)[None], b.flip(0)[None], 0.25)[0].flip(0)
+    (ours,) = interpolate.interpolate_frames(model, a, b, times=[0.25])
+    assert torch.allclose(ours, expected, atol=1e-6)
 
 
-def test_cli_module_entry_point_help():
-    import subprocess
-    import sys
+@needs_apps
+def test_cli_pair_errors_are_one_line_with_exit_code_2(tmp_path, weights, capsys):
+    first, second = write_pair(tmp_path / "in")
+    small = write_pair(tmp_path / "small", 20, 24)[0]
+    out = tmp_path / "o.png"
+    cases = [
+        (["--weights", weights["EDSC_s"], "--time", "0.25", first, second, "-o", out], ["EDSC_s", "EDSC_m"]),
+        (["--model", "EDSC_m", "--weights", weights["EDSC_s"], first, second, "-o", out], ["EDSC_s"]),
+        (["--weights", weights["EDSC_s"], first, small, "-o", out], [first, small, "50x37", "24x20"]),
+        (["--weights", weights["EDSC_s"], first, tmp_path / "absent.png", "-o", out], ["absent.png", "no such"]),
+        (["--weights", weights["EDSC_s"], first, tmp_path / "in", "-o", out], [tmp_path / "in"]),
+        (["--weights", weights["EDSC_s"], first, second, "-o", tmp_path / "o.xyz"], ["o.xyz"]),
+        (["--weights", weights["EDSC_s"], "--time", "1.5", first, second, "-o", out], ["--time", "(0, 1)"]),
+        (["--weights", weights["EDSC_s"], first, "-o", out], ["two input frames"]),
+        (["--weights", weights["EDSC_s"], "--half", first, second, "-o", out, "--device", "cpu"], ["--half", "CUDA"]),
+    ]
+    for argv, needles in cases:
+        rc, _, err = run_cli(argv + ["--device", "cpu"] if "--device" not in argv else argv, capsys)
+        assert_one_line_error(rc, err, *needles)
+    assert not out.exists()
 
-    result = subprocess.run([sys.executable, "-m", "edsc_ext.interpolate", "--help"], capture_output=True,
-                            text=True, timeout=120)
-    assert result.returncode == 0 and "--video" in result.stdout
+
+@needs_apps
+def test_time_out_of_range_is_rejected_alike_by_both_commands(weights, capsys):
+    rc, _, err = run_cli(["--weights", weights["EDSC_m"], "--time", "1.5", "a.png", "b.png", "-o", "c.png"], capsys)
+    assert_one_line_error(rc, err, "argument --time: must be in (0, 1)")
+    rc = evaluate.main(["--weights", str(weights["EDSC_m"]), "--time", "1.5"])
+    _, err_eval = capsys.readouterr()
+    assert_one_line_error(rc, err_eval, "argument --time: must be in (0, 1)")
+    assert err.split("error:")[1] == err_eval.split("error:")[1]
 
 
-@pytest.mark.parametrize("name, factor, expected", [("EDSC_s", 2, 5), ("EDSC_s", 4, 9), ("EDSC_m", 3, 7)])
-def test_cli_video_folder_multiplies_the_frame_rate(tmp_path, gen, weights, name, factor, expected):
+def corrupt_png(path: Path, data: bytes) -> Path:
+    """A PNG whose IDAT bytes are flipped (the zlib stream is broken)."""
+    start = data.index(b"IDAT") + 4
+    broken = bytearray(data)
+    for i in range(start + 2, min(start + 40, len(data) - 16)):
+        broken[i] ^= 0xFF
+    path.write_bytes(bytes(broken))
+    return path
+
+
+@needs_apps
+def test_corrupt_truncated_and_foreign_images_are_named(tmp_path, weights, capsys):
+    first, second = write_pair(tmp_path / "in")
+    data = second.read_bytes()
+    text = tmp_path / "notes.png"
+    text.write_text("not an image\n")
+    truncated = tmp_path / "truncated.png"
+    truncated.write_bytes(data[: len(data) // 2])
+    for bad in (corrupt_png(tmp_path / "flipped.png", data), truncated, text):
+        rc, _, err = run_cli(["--weights", weights["EDSC_s"], first, bad, "-o", tmp_path / "o.png", "--device", "cpu"],
+                             capsys)
+        assert_one_line_error(rc, err, bad)
+
+
+@needs_apps
+def test_full_disk_in_pair_mode_leaves_no_file(tmp_path, weights, capsys, monkeypatch):
+    first, second = write_pair(tmp_path / "in")
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+
+    def disk_full(image, fileobj, fmt):
+        fileobj.write(b"\x89PNG partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(images, "_save", disk_full)
+    rc, _, err = run_cli(["--weights", weights["EDSC_s"], first, second, "-o", out_dir / "m.png", "--device", "cpu"],
+                         capsys)
+    assert_one_line_error(rc, err, "no space left", "m.png")
+    assert leftover_files(out_dir) == []
+
+
+BAD_WEIGHTS = ["text", "tensor", "foreign pickle", "truncated", "other keys", "missing", "folder"]
+
+
+def bad_weights(tmp: Path, kind: str, good: Path) -> Path:
+    path = tmp / f"{kind.replace(' ', '_')}.pth"
+    if kind == "text":
+        path.write_text("hello, this is not a checkpoint\n")
+    elif kind == "tensor":
+        torch.save(torch.randn(4), path)
+    elif kind == "foreign pickle":
+        path.write_bytes(pickle.dumps(argparse.Namespace(model_state={})))
+    elif kind == "truncated":
+        data = good.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+    elif kind == "other keys":
+        torch.save({"model_state": {"weight": torch.zeros(2)}}, path)
+    elif kind == "folder":
+        path.mkdir()
+    return path
+
+
+@needs_apps
+@pytest.mark.parametrize("kind", BAD_WEIGHTS)
+def test_bad_weights_are_one_line_naming_the_file_in_both_commands(tmp_path, weights, capsys, kind):
+    path = bad_weights(tmp_path, kind, weights["EDSC_s"])
+    first, second = write_pair(tmp_path / "in", 8, 8)
+    rc, _, err = run_cli(["--weights", path, first, second, "-o", tmp_path / "o.png", "--device", "cpu"], capsys)
+    assert_one_line_error(rc, err, path)
+    rc = evaluate.main(["--weights", str(path), "--data", str(tmp_path), "--device", "cpu", "--quiet"])
+    _, err = capsys.readouterr()
+    # (evaluate looks for its data first: an empty --data folder would be the error; so give it one)
+    if "Middlebury" not in err and "sequence" not in err:
+        assert_one_line_error(rc, err, path)
+
+
+@needs_apps
+@pytest.mark.parametrize("kind", BAD_WEIGHTS[:4])
+def test_evaluate_reports_bad_weights_in_one_line(tmp_path, weights, capsys, kind):
+    data = tmp_path / "mb" / "Seq"
+    data.mkdir(parents=True)
+    for name in ("frame10.png", "frame11.png", "frame10i11.png"):
+        Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(data / name)
+    path = bad_weights(tmp_path, kind, weights["EDSC_s"])
+    rc = evaluate.main(["--weights", str(path), "--data", str(tmp_path / "mb"), "--device", "cpu", "--quiet"])
+    assert_one_line_error(rc, capsys.readouterr().err, path)
+
+
+def test_cli_module_entry_points_help():
+    for module, needle in (("edsc_ext.interpolate", "--video"), ("edsc_ext.evaluate", "--weights")):
+        result = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0 and needle in result.stdout, result.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# The engine: EDSC_s bisection, batches, tiles.
+
+
+@needs_apps
+def test_edsc_s_bisection_shares_midpoints_and_batches_agree(weights, monkeypatch):
+    model = engine.load_model(weights["EDSC_s"])
+    gen = torch.Generator().manual_seed(3)
+    a, b = torch.rand(3, 32, 40, generator=gen), torch.rand(3, 32, 40, generator=gen)
+    calls = []
+    original = engine.Interpolator._network
+
+    def counted(self, first, second, times):
+        calls.append(first.shape[0])
+        return original(self, first, second, times)
+
+    monkeypatch.setattr(engine.Interpolator, "_network", counted)
+    quarter = engine.Interpolator(model).interpolate([(a, b, Fraction(k, 4)) for k in (1, 2, 3)])
+    assert calls == [1, 1, 1]  # the midpoint once, then the two quarter points
+    calls.clear()
+    batched = engine.Interpolator(model, batch=4).interpolate([(a, b, Fraction(k, 4)) for k in (1, 2, 3)])
+    assert calls == [1, 2]  # one call per level
+    for x, y in zip(quarter, batched):
+        assert torch.allclose(x, y, atol=1e-5)
+    mid = model.interpolate(a.flip(0), b.flip(0)).flip(0)
+    assert torch.allclose(quarter[1], mid, atol=1e-6)
+    with pytest.raises(ValueError, match="EDSC_m"):
+        engine.Interpolator(model).interpolate([(a, b, Fraction(1, 3))])
+
+
+@needs_apps
+def test_tile_weights_cover_the_frame_and_fade_out_at_inner_edges():
+    for length, tile, overlap, exact in ((192, 64, 32, True), (100, 64, 32, False), (64, 64, 32, True),
+                                         (1024, 256, 32, True), (1000, 256, 32, False)):
+        spans = engine.tile_spans(length, tile, overlap)
+        assert spans[0][0] == 0 and spans[-1][1] == length
+        assert all(b[0] - a[0] > 0 and a[1] - b[0] >= overlap for a, b in zip(spans, spans[1:]))
+        total = torch.zeros(length, dtype=torch.float64)
+        for j, ((start, end), w) in enumerate(zip(spans, engine._axis_weights(spans, length))):
+            total[start:end] += w
+            if j > 0:
+                assert w[0] < 0.05  # fades in from (almost) 0 where the core starts inside the frame
+            if j + 1 < len(spans):
+                assert w[-1] < 0.05
+        assert total.min() > 0.5  # the blend is divided by this sum: every pixel well covered
+        if exact:
+            assert torch.allclose(total, torch.ones(length, dtype=torch.float64))
+
+
+@needs_apps
+def test_tiled_equals_untiled_in_tile_interiors_and_at_seams(weights):
+    model = engine.load_model(weights["EDSC_s"])
+    gen = torch.Generator().manual_seed(5)
+    h, w = 128, 192
+    # Smooth content with detail, as frames are.
+    base = torch.nn.functional.interpolate(torch.rand(1, 3, h // 8, w // 8, generator=gen), size=(h, w),
+                                           mode="bilinear", align_corners=False)[0]
+    a = (base + 0.05 * torch.rand(3, h, w, generator=gen)).clamp(0, 1)
+    b = torch.roll(a, shifts=(1, 2), dims=(1, 2))
+    (whole,) = engine.Interpolator(model).interpolate([(a, b, Fraction(1, 2))])
+    tiler = engine.Interpolator(model, tile=64, margin=32, overlap=32)
+    (tiled,) = tiler.interpolate([(a, b, Fraction(1, 2))])
+    diff = (tiled - whole).abs()
+    spans_y, spans_x = engine.tile_spans(h, 64, 32), engine.tile_spans(w, 64, 32)
+    seams_x = sorted({s for s, _ in spans_x[1:]} | {e for _, e in spans_x[:-1]})
+    for x in seams_x:  # at every seam (the overlaps' edges), and everywhere
+        assert diff[..., max(0, x - 2):x + 2].max() <= 1e-3
+    assert diff.max() <= 1e-3, diff.max()
+    assert len(spans_y) * len(spans_x) == tiler.tiles_used == 15
+    # Without a margin the tiles lack context: the check above has teeth.
+    (no_margin,) = engine.Interpolator(model, tile=64, margin=0, overlap=32).interpolate([(a, b, Fraction(1, 2))])
+    assert (no_margin - whole).abs().max() > 1e-3
+
+
+@needs_apps
+def test_out_of_memory_on_a_whole_frame_falls_back_to_tiles(weights, monkeypatch, capsys):
+    model = engine.load_model(weights["EDSC_s"])
+    original = engine.Interpolator._network
+
+    def small_memory(self, first, second, times):
+        if first.shape[-1] * first.shape[-2] > 160 * 160:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return original(self, first, second, times)
+
+    monkeypatch.setattr(engine.Interpolator, "_network", small_memory)
+    a, b = torch.rand(3, 96, 300), torch.rand(3, 96, 300)
+    tiler = engine.Interpolator(model, margin=16)
+    (out,) = tiler.interpolate([(a, b, Fraction(1, 2))])
+    assert out.shape == (3, 96, 300) and tiler.tile == 128 and tiler.tiles_used > 1
+    assert "out of memory" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------
+# The time mapping.
+
+
+@needs_apps
+def test_schedule_positions_for_integer_and_fractional_rate_ratios():
+    def plan(times, end, **kw):
+        schedule = timing.Schedule(start=times[0], **kw)
+        outs = []
+        for i in range(len(times) - 1):
+            outs += schedule.between(i, times[i], times[i + 1])
+        return outs + schedule.after_last(len(times) - 1, times[-1], end)
+
+    # 25 -> 60 fps over 1 s: 60 frames at k/60; input frames where k/60 = i/25 (every 12th).
+    times = [Fraction(i, 25) for i in range(25)]
+    outs = plan(times, Fraction(1), fps=Fraction(60))
+    assert [o.time for o in outs] == [Fraction(k, 60) for k in range(60)]
+    # copies: where k/60 = i/25 (i = 0, 5, ..., 20), and after the last input frame (0.96 s) until 1 s
+    assert [k for k, o in enumerate(outs) if o.is_copy] == [0, 12, 24, 36, 48, 58, 59]
+    assert {o.position for o in outs if not o.is_copy} == {Fraction(j, 12) for j in range(1, 12)}
+    # 24000/1001 -> 60: positions are multiples of 1/1001*400 mod 1, never dyadic but at 0.
+    ntsc = Fraction(24000, 1001)
+    times = [i / ntsc for i in range(12)]
+    outs = plan(times, 12 / ntsc, fps=Fraction(60))
+    assert len(outs) == 31 == timing.constant_rate_count(12, ntsc, None, Fraction(60), True)
+    assert all(o.time == Fraction(k, 60) for k, o in enumerate(outs))
+    assert not any(engine.is_dyadic(o.position) for o in outs[1:] if not o.is_copy)
+    # --factor 2 on variable-rate timestamps: the midpoints of the intervals.
+    times = [Fraction(t, 1000) for t in (0, 40, 100, 120, 200)]
+    outs = plan(times, Fraction(240, 1000), factor=2)
+    assert [o.time * 1000 for o in outs] == [0, 20, 40, 70, 100, 110, 120, 160, 200, 220]
+    # A folder (no end): its last frame ends the output.
+    assert len(plan([Fraction(i, 25) for i in range(3)], None, factor=4)) == 9
+    assert timing.parse_rate("23.976") == Fraction(24000, 1001) and timing.parse_rate("60") == 60
+    assert timing.parse_rate("24000/1001") == ntsc and timing.parse_rate("12.5") == Fraction(25, 2)
+
+
+# --------------------------------------------------------------------------------------------
+# Video files.
+
+
+def video_argv(weights, name, source, target, *extra):
+    return ["--weights", weights[name], "--video", source, "-o", target, "--device", "cpu", "--quiet", *extra]
+
+
+@needs_apps
+@pytest.mark.parametrize("factor", [2, 4])
+def test_factor_frame_counts_timestamps_audio_and_cut(tmp_path, weights, clip, capsys, factor):
+    out = tmp_path / f"x{factor}.mp4"
+    rc, stdout, err = run_cli(video_argv(weights, "EDSC_s", clip, out, "--factor", factor), capsys)
+    assert rc == 0, err
+    assert "1 scene cut(s)" in stdout
+    src, got = read_clip(clip, frames=True), read_clip(out, frames=True)
+    assert (got["width"], got["height"], got["codec"], got["pix_fmt"]) == (64, 48, "h264", "yuv420p")
+    assert len(got["times"]) == 16 * factor
+    assert got["times"] == [Fraction(k, 24 * factor) for k in range(16 * factor)]
+    # The audio is copied: same codec, same packets, same start and end; the video lasts as long.
+    assert got["others"] == src["others"] and "audio" in got["others"]
+    _, start, end, _ = got["others"]["audio"]
+    assert abs((got["times"][-1] + Fraction(1, 24 * factor)) - src["times"][-1] - Fraction(1, 24)) < Fraction(1, 1000)
+    assert abs(end - Fraction(16, 24)) < Fraction(1, 20)
+    # Input frames stay in place; across the cut (frames 7 | 8) the new frames repeat frame 7.
+    for i in range(16):
+        assert np.abs(got["frames"][i * factor] - src["frames"][i]).mean() < 2 / 255
+    for j in range(1, factor):
+        assert np.abs(got["frames"][7 * factor + j] - src["frames"][7]).mean() < 2 / 255
+    # Elsewhere the random network's frames are something else.
+    assert np.abs(got["frames"][1] - src["frames"][0]).mean() > 10 / 255
+
+
+@needs_apps
+def test_no_scene_detect_interpolates_across_the_cut(tmp_path, weights, clip, capsys, blend_network):
+    out = tmp_path / "x2.mkv"
+    rc, stdout, err = run_cli(video_argv(weights, "EDSC_s", clip, out, "--no-scene-detect"), capsys)
+    assert rc == 0, err
+    assert "scene detection off" in stdout and len(blend_network) == 15
+    src, got = read_clip(clip, frames=True), read_clip(out, frames=True)
+    blend = (src["frames"][7] + src["frames"][8]) / 2
+    assert np.abs(got["frames"][15] - blend).mean() < 3 / 255
+    # A threshold above every score finds no cut either; one below the motion finds them all.
+    rc, stdout, _ = run_cli(video_argv(weights, "EDSC_s", clip, tmp_path / "t.mkv", "--scene-threshold", "99"), capsys)
+    assert rc == 0 and "0 scene cut(s)" in stdout
+    rc, stdout, _ = run_cli(video_argv(weights, "EDSC_s", clip, tmp_path / "u.mkv", "--scene-threshold", "0"), capsys)
+    assert rc == 0 and "15 scene cut(s)" in stdout and "(0 interpolated" in stdout
+
+
+@needs_apps
+@pytest.mark.parametrize("rate, fps, frames, expected", [
+    (Fraction(25), "60", 10, 24),  # 2.4x: 10 frames, 0.4 s
+    (Fraction(24000, 1001), "60", 12, 31),  # 23.976 -> 60: 0.5005 s
+    (Fraction(24), "59.94", 12, 30),  # to an NTSC rate: 0.5 s * 60000/1001 = 29.97
+])
+def test_fps_any_target_rate(tmp_path, weights, capsys, rate, fps, frames, expected, blend_network):
+    source = make_clip(tmp_path / "in.mp4", frames=frames, rate=rate)
+    out = tmp_path / "out.mp4"
+    rc, stdout, err = run_cli(video_argv(weights, "EDSC_m", source, out, "--fps", fps), capsys)
+    assert rc == 0, err
+    got = read_clip(out)
+    target = timing.parse_rate(fps)
+    assert len(got["times"]) == expected
+    for k, t in enumerate(got["times"]):
+        assert abs(t - Fraction(k) / target) <= got["time_base"], (k, t)
+    src = read_clip(source)
+    assert got["others"]["audio"] == src["others"]["audio"]
+    # EDSC_s cannot make these positions: an error before anything is written.
+    out_s = tmp_path / "s" / "out.mp4"
+    rc, _, err = run_cli(video_argv(weights, "EDSC_s", source, out_s, "--fps", fps), capsys)
+    assert_one_line_error(rc, err, "EDSC_m", "EDSC_s")
+    assert not out_s.parent.exists()
+
+
+@needs_apps
+def test_fps_with_edsc_s_when_the_ratio_is_a_power_of_two_and_decimation(tmp_path, weights, clip, capsys):
+    rc, stdout, err = run_cli(video_argv(weights, "EDSC_s", clip, tmp_path / "x4.mkv", "--fps", "96"), capsys)
+    assert rc == 0, err
+    times = read_clip(tmp_path / "x4.mkv")["times"]  # (Matroska shifts all streams by the audio's priming delay)
+    assert len(times) == 64  # (Matroska keeps milliseconds)
+    assert all(abs(t - times[0] - Fraction(k, 96)) <= Fraction(1, 1000) for k, t in enumerate(times))
+    rc, stdout, err = run_cli(video_argv(weights, "EDSC_s", clip, tmp_path / "half.mp4", "--fps", "12"), capsys)
+    assert rc == 0 and "(0 interpolated" in stdout, err
+    assert len(read_clip(tmp_path / "half.mp4")["times"]) == 8
+
+
+@needs_apps
+def test_variable_frame_rate_uses_the_timestamps(tmp_path, weights, capsys, blend_network):
+    times_ms = [0, 40, 100, 120, 200, 240, 320, 340]
+    source = make_clip(tmp_path / "vfr.mkv", frames=8, times_ms=times_ms)
+    assert video.probe(source).variable_rate
+    rc, _, err = run_cli(video_argv(weights, "EDSC_s", source, tmp_path / "x2.mkv", "--factor", "2"), capsys)
+    assert rc == 0, err
+    times = read_clip(tmp_path / "x2.mkv")["times"]
+    got = [(t - times[0]) * 1000 for t in times]
+    last = float(video.probe(source).end * 1000)
+    expected = [t for a, b in zip(times_ms, times_ms[1:]) for t in (a, (a + b) / 2)] + [340, (340 + last) / 2]
+    assert got == pytest.approx(expected, abs=1)
+    rc, _, err = run_cli(video_argv(weights, "EDSC_m", source, tmp_path / "50.mp4", "--fps", "50"), capsys)
+    assert rc == 0, err
+    got = read_clip(tmp_path / "50.mp4")["times"]
+    end = video.probe(source).end  # the last frame lasts its packet's duration (1/24 s here)
+    assert len(got) == math.ceil(end * 50) == 20
+    assert all(abs(t - Fraction(k, 50)) < Fraction(1, 1000) for k, t in enumerate(got))
+
+
+@needs_apps
+def test_codec_crf_and_pixel_format_follow_the_input_or_are_set(tmp_path, weights, clip, capsys, blend_network):
+    rc, stdout, err = run_cli(video_argv(weights, "EDSC_s", clip, tmp_path / "same.mp4"), capsys)
+    assert rc == 0 and "libx264 yuv420p crf 12" in stdout, stdout + err  # the CRF the input's x264 recorded
+    rc, stdout, err = run_cli(video_argv(weights, "EDSC_s", clip, tmp_path / "set.mkv", "--codec", "libx265", "--crf",
+                                         "30", "--pix-fmt", "yuv444p"), capsys)
+    assert rc == 0, err
+    got = read_clip(tmp_path / "set.mkv")
+    assert (got["codec"], got["pix_fmt"], got["width"], got["height"]) == ("hevc", "yuv444p", 64, 48)
+    # .webm takes neither H.264 nor AAC: VP9, and the audio is left out with a note.
+    rc, stdout, err = run_cli(video_argv(weights, "EDSC_s", clip, tmp_path / "v.webm")[:-1], capsys)
+    assert rc == 0, err
+    assert "audio stream" in err and "left out" in err
+    assert read_clip(tmp_path / "v.webm")["codec"] == "vp9"
+    for bad, needle in ((["--codec", "nope264"], "nope264"), (["--pix-fmt", "yuv999"], "yuv999"),
+                        (["--crf", "99"], "--crf"), (["--codec", "aac"], "not a video encoder")):
+        rc, _, err = run_cli(video_argv(weights, "EDSC_s", clip, tmp_path / "bad.mp4", *bad), capsys)
+        assert_one_line_error(rc, err, needle)
+        assert not (tmp_path / "bad.mp4").exists()
+
+
+@needs_apps
+@pytest.mark.parametrize("ext", [".m4v", ".mov", ".avi", ".gif"])
+def test_other_containers_keep_every_frame_and_the_size(tmp_path, weights, capsys, ext, blend_network):
+    source = make_clip(tmp_path / "odd.mp4", frames=6, w=50, h=30, audio=False)
+    out = tmp_path / "sub" / f"out{ext}"
+    rc, stdout, err = run_cli(video_argv(weights, "EDSC_s", source, out), capsys)
+    assert rc == 0, err
+    got = read_clip(out)
+    assert (got["width"], got["height"], len(got["times"])) == (50, 30, 12)
+    assert leftover_files(out.parent) == [out.name]
+
+
+@needs_apps
+def test_folder_of_frames_to_frames_and_to_a_video(tmp_path, weights, capsys):
     frames = tmp_path / "frames"
     frames.mkdir()
-    originals = [random_image(gen, 20, 24) for _ in range(3)]
+    rng = np.random.default_rng(1)
+    originals = [rng.integers(0, 256, (20, 24, 3), dtype=np.uint8) for _ in range(3)]
     for k, pixels in enumerate(originals):
-        _image.write_png(frames / f"{k:03d}.png", pixels)
+        Image.fromarray(pixels).save(frames / f"{k:03d}.png")
+    for name, factor, expected in (("EDSC_s", 2, 5), ("EDSC_s", 4, 9), ("EDSC_m", 3, 7)):
+        out = tmp_path / f"out_{name}_{factor}"
+        rc, _, err = run_cli(video_argv(weights, name, frames, out, "--factor", factor), capsys)
+        assert rc == 0, err
+        written = sorted(out.glob("*.png"))
+        assert len(written) == expected
+        for k, pixels in enumerate(originals):  # the input frames, unchanged, at every factor-th place
+            assert np.array_equal(images.read_array(written[k * factor]), pixels)
+    rc, _, err = run_cli(video_argv(weights, "EDSC_s", frames, tmp_path / "f.mp4", "--input-fps", "10"), capsys)
+    assert rc == 0, err
+    assert read_clip(tmp_path / "f.mp4")["times"] == [Fraction(k, 20) for k in range(5)]
+    # A video into a folder of frames.
+    rc, _, err = run_cli(video_argv(weights, "EDSC_s", tmp_path / "f.mp4", tmp_path / "back/"), capsys)
+    assert rc == 0, err
+    assert len(list((tmp_path / "back").glob("*.png"))) == 10
+
+
+@needs_apps
+def test_video_bad_inputs_are_one_line_and_write_nothing(tmp_path, weights, clip, capsys):
+    text = tmp_path / "notes.mp4"
+    text.write_text("this is text, not a video\n")
+    one = tmp_path / "one.png"
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(one)
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(mixed / "a.png")
+    Image.fromarray(np.zeros((9, 8, 3), np.uint8)).save(mixed / "b.png")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(broken / "a.png")
+    corrupt_png(broken / "b.png", (broken / "a.png").read_bytes())
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "keep.txt").write_text("mine")
     out = tmp_path / "out"
-    rc = interpolate.main(["--weights", str(weights[name]), "--video", str(frames), "-o", str(out),
-                           "--factor", str(factor), "--device", "cpu", "--quiet"])
-    assert rc == 0
-    written = sorted(out.glob("*.png"))
-    assert len(written) == expected
-    # The input frames are kept, in place, at every factor-th position.
-    for k, pixels in enumerate(originals):
-        assert torch.equal(_image.read_png(written[k * factor]), pixels)
-    assert all(_image.read_png(p).shape == (20, 24, 3) for p in written)
+    out.mkdir()
+    cases = [
+        (tmp_path / "nope.mp4", out / "o.mp4", [], ["nope.mp4", "no such"]),
+        (tmp_path / "nope_dir", out / "o.mp4", [], ["--video", "nope_dir", "no such file or folder"]),
+        (text, out / "o.mp4", [], [text, "not a video"]),
+        (one, out / "o.mp4", [], [one, "at least two"]),
+        (mixed, out / "o.mp4", [], [mixed / "a.png", mixed / "b.png", "8x8", "8x9"]),
+        (broken, out / "o.mp4", [], [broken / "b.png"]),
+        (clip, out / "newname.png", [], ["newname.png", "not one image"]),
+        (clip, out / "o.mp5", [], [".mp5"]),
+        (clip, full, [], [full, "not empty"]),
+        (clip, clip, [], ["is the input"]),
+        (clip, out / "o.mp4", ["--factor", "3"], ["--factor 3", "EDSC_m"]),
+        (clip, out / "o.mp4", ["--factor", "0"], ["--factor"]),
+        (clip, out / "o.mp4", ["--fps", "abc"], ["--fps", "abc"]),
+        (clip, out / "o.mp4", ["--input-fps", "10"], ["--input-fps"]),
+        (clip, out / "o.mp4", ["--half"], ["--half", "CUDA"]),
+        (clip, out / "o.mp4", ["--tile", "16"], ["--tile"]),
+    ]
+    for source, target, extra, needles in cases:
+        rc, _, err = run_cli(video_argv(weights, "EDSC_s", source, target, *extra), capsys)
+        assert_one_line_error(rc, err, *needles)
+    assert leftover_files(out) == [] and leftover_files(full) == ["keep.txt"]
+    assert not (out / "newname.png").exists()
+    # EDSC_s weights with an EDSC_m-only rate, a missing output folder: still nothing created.
+    rc, _, err = run_cli(video_argv(weights, "EDSC_s", clip, tmp_path / "new" / "o.mp4", "--fps", "60"), capsys)
+    assert_one_line_error(rc, err, "EDSC_m")
+    assert not (tmp_path / "new").exists()
 
 
-def test_cli_video_rejects_non_power_of_two_for_edsc_s(tmp_path, gen, weights):
-    frames = tmp_path / "frames"
-    write_pair(frames, gen, 8, 8)
-    assert interpolate.main(["--weights", str(weights["EDSC_s"]), "--video", str(frames), "-o",
-                             str(tmp_path / "o"), "--factor", "3", "--quiet"]) == 1
+@needs_apps
+def test_full_disk_mid_video_leaves_no_output(tmp_path, weights, clip, capsys, monkeypatch, blend_network):
+    written = []
+
+    def mux_until_full(container, packet):
+        written.append(packet)
+        if len(written) > 5:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        container.mux(packet)
+
+    monkeypatch.setattr(video, "_mux", mux_until_full)
+    out = tmp_path / "out"
+    out.mkdir()
+    rc, _, err = run_cli(video_argv(weights, "EDSC_s", clip, out / "x2.mp4"), capsys)
+    assert_one_line_error(rc, err, "no space left")
+    assert leftover_files(out) == []
+    # The same into a folder of frames: the half-written folder is removed too.
+    monkeypatch.setattr(video, "_save_png", lambda image, f: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
+    rc, _, err = run_cli(video_argv(weights, "EDSC_s", clip, out / "frames/"), capsys)
+    assert_one_line_error(rc, err, "no space left")
+    assert leftover_files(out) == []
+
+
+@needs_apps
+def test_the_queues_are_bounded():
+    produced = []
+
+    def frames():
+        for k in range(50):
+            produced.append(k)
+            yield k
+
+    import time
+
+    reader = video.Prefetch(frames, maxsize=3)
+    seen = []
+    for k in reader:
+        seen.append(k)
+        time.sleep(0.002)
+        assert len(produced) - len(seen) <= 3 + 1  # the queue, plus the one the thread holds
+    assert seen == list(range(50))
+
+    class Slow:
+        items = []
+
+        def write(self, item):
+            time.sleep(0.002)
+            self.items.append(item)
+
+        def finish(self):
+            self.items.append("end")
+
+        def abort(self):
+            pass
+
+    sink = Slow()
+    writer = video.BackgroundWriter(sink, maxsize=2)
+    for k in range(20):
+        writer.put(k)
+        assert k - len(sink.items) <= 2 + 1
+    writer.close()
+    assert sink.items == list(range(20)) + ["end"]
+
+
+@needs_apps
+def test_progress_bar_counts_when_quiet_and_shows_totals(capsys):
+    bar = interpolate.progress(total=3, desc="x", disable=True)
+    for _ in range(3):
+        bar.update(1)
+    bar.set_postfix_str("loss 1", refresh=False)
+    bar.close()
+    assert bar.n == bar.total == 3 and bar.postfix == "loss 1"
+    assert capsys.readouterr().err == ""
+    shown = interpolate.progress(total=2, desc="y", unit="frame")
+    shown.update(2)
+    shown.close()
+    assert "2/2" in capsys.readouterr().err
+
+
+@needs_apps
+@needs_video_data
+def test_real_clip_car_turn_x2_and_60_fps(tmp_path, weights, capsys, blend_network):
+    out = tmp_path / "car_x2.mp4"
+    rc, stdout, err = run_cli(video_argv(weights, "EDSC_s", CAR_TURN, out), capsys)
+    assert rc == 0, err
+    got = read_clip(out)
+    assert (got["width"], got["height"], got["codec"]) == (640, 360, "h264")  # not 640x368
+    assert got["times"] == [Fraction(k, 50) for k in range(162)]
+    assert "crf 23" in stdout  # the CRF car-turn's x264 recorded
+    rc, stdout, err = run_cli(video_argv(weights, "EDSC_m", CAR_TURN, tmp_path / "car_60.mkv", "--fps", "60",
+                                         "--batch", "4"), capsys)
+    assert rc == 0, err
+    got = read_clip(tmp_path / "car_60.mkv")
+    assert len(got["times"]) == 195 and (got["width"], got["height"]) == (640, 360)  # 3.24 s * 60 = 194.4
+    assert all(abs(t - got["times"][0] - Fraction(k, 60)) <= Fraction(1, 1000) for k, t in enumerate(got["times"]))
+
+
+@needs_apps
+@needs_video_data
+def test_real_clip_through_the_network_in_tiles(tmp_path, weights, capsys, monkeypatch):
+    # Three frames of car-turn, cropped to 96x160, through the random EDSC_s in 64-pixel tiles.
+    info = video.probe(CAR_TURN)
+    decoded = video.decode_frames(info)
+    frames = [a for _, (_, a) in zip(range(3), decoded)]
+    decoded.close()
+    folder = tmp_path / "car"
+    folder.mkdir()
+    for k, a in enumerate(frames):
+        Image.fromarray(a[100:196, 200:360]).save(folder / f"{k}.png")
+    rc, _, err = run_cli(video_argv(weights, "EDSC_s", folder, tmp_path / "tiled/", "--tile", "64", "--tile-margin",
+                                    "32"), capsys)
+    assert rc == 0, err
+    rc, _, err = run_cli(video_argv(weights, "EDSC_s", folder, tmp_path / "whole/"), capsys)
+    assert rc == 0, err
+    for k in range(5):
+        a = images.read_array(tmp_path / "tiled" / f"{k:08d}.png").astype(int)
+        b = images.read_array(tmp_path / "whole" / f"{k:08d}.png").astype(int)
+        assert np.abs(a - b).max() <= 1  # 8-bit rounding of values that differ by < 1e-3
 
 
 # --------------------------------------------------------------------------------------------
@@ -188,6 +859,7 @@ def test_metrics(gen):
     assert abs(evaluate.ssim(a, torch.rand(3, 24, 24, generator=gen, dtype=torch.float64))) < 0.2 < evaluate.ssim(a, b) < 1
 
 
+@needs_apps
 @needs_middlebury
 def test_evaluate_prints_a_table(weights, capsys):
     rc = evaluate.main(["--weights", str(weights["EDSC_s"]), "--data", str(MIDDLEBURY), "--sequences",
@@ -200,3 +872,6 @@ def test_evaluate_prints_a_table(weights, capsys):
     ssim_value = float(rows[1].split("|")[3])
     assert 0 < psnr_value < 60 and -1 <= ssim_value <= 1
     assert evaluate.find_middlebury(str(MIDDLEBURY)) == MIDDLEBURY
+    # EDSC_s at another time than the midpoint: one line, exit code 2.
+    rc = evaluate.main(["--weights", str(weights["EDSC_s"]), "--data", str(MIDDLEBURY), "--time", "0.25", "--quiet"])
+    assert_one_line_error(rc, capsys.readouterr().err, "EDSC_s", "EDSC_m")

@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from conftest import assert_close, needs_shared_data, shared_data_path
-from edsc_ext import _image, compat
+from edsc_ext import compat
+from edsc_ext.apps import images
 from edsc_ext.models import EDSC, EDSC_m, EDSC_s, load_checkpoint, pad_to_multiple, save_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
@@ -147,9 +148,9 @@ def test_short_training_run_on_middlebury_crops_lowers_the_loss(tmp_path):
     for name in ("RubberWhale", "Venus"):
         (data / name).mkdir(parents=True)
         for f in ("frame10.png", "frame10i11.png", "frame11.png"):
-            image = _image.read_png(MIDDLEBURY / name / f)
+            image = images.read_array(MIDDLEBURY / name / f)
             h, w = image.shape[:2]
-            _image.write_png(data / name / f, image[h // 2 - 16:h // 2 + 16, w // 2 - 16:w // 2 + 16].contiguous())
+            images.write_array(data / name / f, image[h // 2 - 16:h // 2 + 16, w // 2 - 16:w // 2 + 16])
     train = _load_train_script()
     out = tmp_path / "run"
     losses = train.main(["--data", str(data), "--out", str(out), "--crop", "32", "--batch-size", "2",
@@ -181,20 +182,20 @@ def _write_triplet_folders(root: Path, count: int, names=("im1.png", "im2.png", 
         folder = root / f"clip{index}"
         folder.mkdir(parents=True)
         for name in names:
-            _image.write_png(folder / name, torch.randint(0, 256, (32, 32, 3), dtype=torch.uint8, generator=generator))
+            images.write_array(folder / name, torch.randint(0, 256, (32, 32, 3), dtype=torch.uint8, generator=generator))
     return root
 
 
 class _RecordedProgress:
-    """Stands in for train.py's `progress`: makes the fallback bar (tqdm may be absent) and keeps each one."""
+    """Stands in for train.py's `progress`: makes its bar (tqdm) and keeps each one."""
 
     def __init__(self):
         self.bars = []
 
     def __call__(self, iterable=None, **kwargs):
-        from edsc_ext.interpolate import _SimpleProgress
+        from edsc_ext.interpolate import progress
 
-        self.bars.append(_SimpleProgress(iterable, **kwargs))
+        self.bars.append(progress(iterable, **kwargs))
         return self.bars[-1]
 
 
@@ -275,7 +276,7 @@ def _bad_train_inputs(tmp: Path):
     a_file.write_text("hello\n")
     no_samples = tmp / "no_samples"
     (no_samples / "clip").mkdir(parents=True)
-    _image.write_png(no_samples / "clip" / "photo.png", torch.zeros(32, 32, 3, dtype=torch.uint8))
+    images.write_array(no_samples / "clip" / "photo.png", torch.zeros(32, 32, 3, dtype=torch.uint8))
     vimeo = tmp / "vimeo"  # the listed sequence lacks im2.png and im3.png
     (vimeo / "sequences" / "00001" / "0001").mkdir(parents=True)
     (vimeo / "tri_trainlist.txt").write_text("00001/0001\n")

@@ -1,0 +1,277 @@
+"""Checkpoints with one-line errors, and the inference engine of ``edsc-interpolate``.
+
+:class:`Interpolator` takes jobs "the frame at time t between frames a and b" (RGB float tensors,
+(3, H, W) in [0, 1]) and returns the new frames:
+
+- **batches**: up to ``batch`` new frames per network call (EDSC_m takes one t per batch element);
+- **EDSC_s** only computes midpoints, so a time t = k / 2^L is reached by bisection (midpoints of
+  midpoints; shared midpoints are computed once). Other times need EDSC_m: :func:`check_times`
+  says so before any work;
+- **tiles** (``tile=SIZE``): the frame is cut into overlapping SIZE x SIZE cores; each core is run
+  with a ``margin`` of context on every side (cut away afterwards), its start aligned to the 32-pixel
+  grid of the network's five 2x poolings, so that the tile sees what the whole frame would have
+  shown it. Neighbouring cores overlap by ``overlap`` pixels, where their outputs are blended with
+  linear weights that sum to one, so no seam shows. The margin covers the kernels' reach (K//2
+  pixels plus the offsets) and the part of the U-Net's receptive field that matters in practice: its
+  theoretical reach is a few hundred pixels (3x3 convolutions down to 1/32 resolution), but its
+  influence falls off fast (with 32 pixels of margin a tile differs from the whole frame by < 1e-4
+  for a random network; the default margin is 64);
+- **CUDA out of memory** on a whole frame switches to tiles (halving their size until they fit);
+- ``half`` runs the network under CUDA autocast (float16), ``compile`` through ``torch.compile``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from fractions import Fraction
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from ..models import EDSC, SIZE_MULTIPLE, load_checkpoint
+from .common import UserError, describe_os_error, note
+
+__all__ = ["load_model", "default_device", "Interpolator", "check_times", "is_dyadic", "tile_spans",
+           "DEFAULT_MARGIN", "DEFAULT_OVERLAP", "MAX_BISECTION_DEPTH"]
+
+DEFAULT_MARGIN = 64
+DEFAULT_OVERLAP = 32
+# EDSC_s reaches t = k / 2^L by L levels of midpoints; deeper than this is not worth it.
+MAX_BISECTION_DEPTH = 8
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_model(weights, model_name: Optional[str] = None, sampling: str = "compat", device="cpu") -> EDSC:
+    """An EDSC network in eval mode on ``device`` with the checkpoint's weights. Any checkpoint that
+    is not an EDSC one (missing, a folder, text, a bare tensor, a foreign pickle, truncated, other
+    keys) is a :class:`UserError` naming the file; so is ``model_name`` ("EDSC_s"/"EDSC_m") not
+    matching the weights."""
+    path = Path(weights)
+    what = f"--weights {path}"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's notes on pickle protocols of foreign files
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except OSError as e:
+        raise UserError(f"{what}: {describe_os_error(e, path).split(': ', 1)[-1]}") from None
+    except Exception as e:  # noqa: BLE001 (text: KeyError, foreign pickle: UnpicklingError, truncated: RuntimeError)
+        reason = str(e).split("\n")[0].strip()
+        if "Weights only load failed" in reason or "Unsupported global" in str(e):
+            reason = "a pickle of other Python objects, not tensors"
+        elif isinstance(e, KeyError) or "invalid load key" in reason:
+            reason = "not a PyTorch file"
+        elif "central directory" in reason or isinstance(e, EOFError) or "truncated" in reason.lower():
+            reason = "truncated or damaged"
+        raise UserError(f"{what}: not a readable EDSC checkpoint ({reason[:120]})") from None
+    if not isinstance(checkpoint, dict):
+        raise UserError(f"{what}: not an EDSC checkpoint (it holds a {type(checkpoint).__name__}, not a dict of "
+                        "tensors)")
+    try:
+        model = load_checkpoint(checkpoint, sampling=sampling)
+    except Exception as e:  # noqa: BLE001 (other keys or shapes)
+        reason = str(e).split("\n")[0].strip()
+        raise UserError(f"{what}: not an EDSC checkpoint ({reason[:160]})") from None
+    if model_name is not None and model.name != model_name:
+        raise ValueError(f"--model {model_name} but the weights in {weights} are those of {model.name}")
+    return model.to(device).eval()
+
+
+def is_dyadic(t, max_depth: int = MAX_BISECTION_DEPTH) -> bool:
+    """Whether t (a Fraction, or a float) is k / 2^L with L <= max_depth, i.e. reachable by EDSC_s."""
+    f = Fraction(t).limit_denominator(1 << 20)
+    return f.denominator & (f.denominator - 1) == 0 and f.denominator <= (1 << max_depth)
+
+
+def check_times(model: EDSC, times: Iterable, what: str = "") -> None:
+    """Raises a UserError if EDSC_s cannot make a frame at one of ``times`` (only EDSC_m can)."""
+    if model.multiple:
+        return
+    for t in times:
+        if not is_dyadic(t):
+            raise UserError(f"EDSC_s only interpolates midpoints (t = 1/2, 1/4, 3/4, ...){what}, but a frame is "
+                            f"needed at t = {float(t):.4g}: use EDSC_m weights")
+
+
+def tile_spans(length: int, tile: int, overlap: int) -> List[Tuple[int, int]]:
+    """The [start, end) cores along one axis: ``tile`` long, overlapping by at least ``overlap``,
+    covering [0, length); starts on the 32-pixel grid where possible (the last core ends at length)."""
+    if length <= tile:
+        return [(0, length)]
+    stride = max(SIZE_MULTIPLE, (tile - overlap) // SIZE_MULTIPLE * SIZE_MULTIPLE)
+    spans = []
+    start = 0
+    while start + tile < length:
+        spans.append((start, start + tile))
+        start += stride
+    spans.append((length - tile, length))
+    return spans
+
+
+def _axis_weights(spans: List[Tuple[int, int]], length: int) -> List[Tensor]:
+    """Per core, 1D blending weights over its span: 1 inside, linear ramps down towards its edges
+    over the overlaps with its neighbours (towards 0 at an edge inside the frame, so the blend is
+    continuous: no seam). Where only two neighbours overlap the weights sum to 1; the caller
+    divides by the sum anyway (the last core may overlap more than its neighbour)."""
+    weights = []
+    for j, (start, end) in enumerate(spans):
+        w = torch.ones(end - start, dtype=torch.float64)
+        if j > 0:  # overlap with the previous core: [start, previous end)
+            width = spans[j - 1][1] - start
+            ramp = (torch.arange(width, dtype=torch.float64) + 0.5) / width
+            w[:width] = torch.minimum(w[:width], ramp)
+        if j + 1 < len(spans):  # overlap with the next core: [next start, end)
+            width = end - spans[j + 1][0]
+            ramp = 1 - (torch.arange(width, dtype=torch.float64) + 0.5) / width
+            w[end - start - width:] = torch.minimum(w[end - start - width:], ramp)
+        weights.append(w)
+    return weights
+
+
+class Interpolator:
+    """Runs an EDSC network on jobs (first, second, t), as the module's docstring describes."""
+
+    def __init__(self, model: EDSC, batch: int = 1, tile: Optional[int] = None, margin: int = DEFAULT_MARGIN,
+                 overlap: int = DEFAULT_OVERLAP, half: bool = False, compile: bool = False,
+                 quiet: bool = False):
+        self.model = model
+        self.device = next(model.parameters()).device
+        if batch < 1:
+            raise UserError(f"--batch must be >= 1, got {batch}")
+        if tile is not None and tile < 2 * SIZE_MULTIPLE:
+            raise UserError(f"--tile must be at least {2 * SIZE_MULTIPLE} pixels, got {tile}")
+        if margin < 0 or overlap < 0:
+            raise UserError("the tile margin and overlap cannot be negative")
+        if half and self.device.type != "cuda":
+            raise UserError("--half runs the network in float16 under CUDA autocast: it needs a CUDA device "
+                            f"(this run uses {self.device})")
+        self.batch, self.tile, self.margin, self.quiet = batch, tile, margin, quiet
+        self.overlap = min(overlap, tile // 2) if tile else overlap
+        self.half = half
+        self.tiles_used = 0
+        self._net = torch.compile(model) if compile else model
+
+    # ---- the network on model-ready tensors (N, 3, H, W), BGR, on the device ----
+
+    def _network(self, first: Tensor, second: Tensor, times: Optional[Tensor]) -> Tensor:
+        from ..models import pad_to_multiple
+
+        (first, second), (h, w) = pad_to_multiple((first, second), SIZE_MULTIPLE)
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16, enabled=self.half):
+            out = self._net(first, second, times if self.model.multiple else None)
+        return out[..., :h, :w].float().clamp_(0, 1)
+
+    def _tiled(self, first: Tensor, second: Tensor, times: Optional[Tensor], tile: int) -> Tensor:
+        n, c, h, w = first.shape
+        rows, cols = tile_spans(h, tile, self.overlap), tile_spans(w, tile, self.overlap)
+        row_w, col_w = _axis_weights(rows, h), _axis_weights(cols, w)
+        out = torch.zeros(n, c, h, w, device=first.device)
+        total = torch.zeros(h, w, dtype=torch.float64)
+        for (y0, y1), wy in zip(rows, row_w):
+            for (x0, x1), wx in zip(cols, col_w):
+                # The context: the margin around the core, its start on the network's 32-pixel grid.
+                ry0 = max(0, (y0 - self.margin) // SIZE_MULTIPLE * SIZE_MULTIPLE)
+                rx0 = max(0, (x0 - self.margin) // SIZE_MULTIPLE * SIZE_MULTIPLE)
+                ry1, rx1 = min(h, y1 + self.margin), min(w, x1 + self.margin)
+                part = self._network(first[..., ry0:ry1, rx0:rx1], second[..., ry0:ry1, rx0:rx1], times)
+                weight = (wy[:, None] * wx[None, :])
+                total[y0:y1, x0:x1] += weight
+                out[..., y0:y1, x0:x1] += part[..., y0 - ry0:y1 - ry0, x0 - rx0:x1 - rx0] * weight.to(out)
+                self.tiles_used += 1
+        return out / total.to(out)
+
+    def run(self, first: Tensor, second: Tensor, times: Optional[Tensor] = None) -> Tensor:
+        """The network on a batch of model-ready frames, whole or in tiles (falling back to tiles
+        when a whole frame runs out of CUDA memory)."""
+        h, w = first.shape[-2:]
+        while True:
+            tile = self.tile
+            try:
+                if tile is None or (h <= tile and w <= tile):
+                    return self._network(first, second, times)
+                return self._tiled(first, second, times, tile)
+            except torch.OutOfMemoryError:
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                smaller = _smaller_tile(tile if tile is not None else max(h, w))
+                if smaller is None:
+                    raise UserError(f"out of memory on {self.device} even with tiles of {tile} pixels "
+                                    "(try a smaller --batch)") from None
+                note(f"edsc-interpolate: out of memory on {self.device} for {w}x{h} frames"
+                     f"{f' in tiles of {tile}' if tile else ''}: using tiles of {smaller} pixels", self.quiet)
+                self.tile = smaller
+                self.overlap = min(self.overlap, smaller // 2)
+
+    # ---- jobs on RGB (3, H, W) frames ----
+
+    def _to_model(self, rgb: Tensor) -> Tensor:
+        return rgb.to(self.device, non_blocking=True).flip(-3)  # RGB -> the original's BGR
+
+    def _batched(self, pairs: List[Tuple[Tensor, Tensor]], times: List[float]) -> List[Tensor]:
+        """Model-space frames for model-space pairs at times, ``batch`` at a time."""
+        out: List[Tensor] = []
+        for i in range(0, len(pairs), self.batch):
+            chunk = pairs[i:i + self.batch]
+            first = torch.stack([a for a, _ in chunk])
+            second = torch.stack([b for _, b in chunk])
+            t = torch.tensor(times[i:i + self.batch], dtype=first.dtype, device=first.device)
+            out.extend(self.run(first, second, t).unbind(0))
+        return out
+
+    def interpolate(self, jobs: Sequence[Tuple[Tensor, Tensor, float]]) -> List[Tensor]:
+        """For each job (first, second, t), RGB (3, H, W) in [0, 1] (any device), the frame at time t
+        in (0, 1): RGB float on the engine's device. EDSC_s needs every t dyadic (k / 2^L)."""
+        if not jobs:
+            return []
+        converted: Dict[int, Tensor] = {}
+
+        def model_frame(x: Tensor) -> Tensor:
+            key = id(x)
+            if key not in converted:
+                converted[key] = self._to_model(x)
+            return converted[key]
+
+        pairs = [(model_frame(a), model_frame(b)) for a, b, _ in jobs]
+        times = [t for _, _, t in jobs]
+        if self.model.multiple:
+            frames = self._batched(pairs, [float(t) for t in times])
+        else:
+            check_times(self.model, times)
+            frames = self._bisect(pairs, [Fraction(t).limit_denominator(1 << MAX_BISECTION_DEPTH) for t in times])
+        return [f.flip(-3) for f in frames]
+
+    def _bisect(self, pairs: List[Tuple[Tensor, Tensor]], times: List[Fraction]) -> List[Tensor]:
+        """EDSC_s: the frames at dyadic times by levels of midpoints, each level one batched pass;
+        a midpoint several jobs need is computed once."""
+        known: Dict[Tuple[tuple, Fraction], Tensor] = {}
+        keys = [(id(a), id(b)) for a, b in pairs]  # jobs between the same two frames share midpoints
+        for key, (a, b) in zip(keys, pairs):
+            known[(key, Fraction(0))] = a
+            known[(key, Fraction(1))] = b
+        for depth in range(1, MAX_BISECTION_DEPTH + 1):
+            step = Fraction(1, 1 << depth)
+            needed = []  # (pair, midpoint time) at this depth whose interval holds a wanted time
+            for key, t in zip(keys, times):
+                if (key, t) in known or t.denominator < (1 << depth):
+                    continue
+                mid = (t // (2 * step)) * 2 * step + step  # the middle of the interval of length 2*step around t
+                if (key, mid) not in known and (key, mid) not in needed:
+                    needed.append((key, mid))
+            if not needed:
+                break
+            mids = self._batched([(known[(key, m - step)], known[(key, m + step)]) for key, m in needed],
+                                 [0.5] * len(needed))
+            for entry, frame in zip(needed, mids):
+                known[entry] = frame
+        return [known[(key, t)] for key, t in zip(keys, times)]
+
+
+def _smaller_tile(size: int) -> Optional[int]:
+    """The next tile size to try after running out of memory at ``size``: a multiple of 32 about
+    half as large, no smaller than 128."""
+    half = (size // 2) // SIZE_MULTIPLE * SIZE_MULTIPLE
+    return half if half >= 128 else None

@@ -1,0 +1,512 @@
+"""``edsc-interpolate``: frame interpolation with an EDSC checkpoint, for an image pair, a folder of
+frames or a video file.
+
+Pair of images (EDSC_s gives the midpoint; EDSC_m any ``--time`` in (0, 1))::
+
+    edsc-interpolate --weights EDSC_s.pth first.png second.png -o middle.png
+    edsc-interpolate --weights EDSC_m.pth --time 0.25 first.png second.png -o quarter.png
+
+Video (a video file FFmpeg reads, or a folder of frames sorted by name)::
+
+    edsc-interpolate --weights EDSC_s.pth --video clip.mp4 -o clip_x2.mp4             # --factor 2
+    edsc-interpolate --weights EDSC_m.pth --video clip.mp4 -o clip_60.mp4 --fps 60
+    edsc-interpolate --weights EDSC_s.pth --video frames/ -o frames_x4/ --factor 4
+
+Frames stream through a decode thread, the network (main thread) and an encode thread, joined by
+bounded queues; see :mod:`edsc_ext.apps.timing` for where the output frames sit and the scene-cut
+measure, :mod:`edsc_ext.apps.engine` for batches and tiles, :mod:`edsc_ext.apps.video` for the
+codec, CRF, pixel format and the copied audio. Outputs are written under a temporary name and
+renamed at the end; a missing output folder is created (and said so). Bad input is one line on
+stderr and exit code 2. Also runnable as ``python -m edsc_ext.interpolate``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..models import MODEL_NAMES, SAMPLINGS, EDSC
+from . import images, video
+from .common import (UserError, OneLineParser, atomic_path, describe_os_error, ensure_output_folder, note, progress,
+                     time_in_unit_interval)
+from .engine import (DEFAULT_MARGIN, MAX_BISECTION_DEPTH, Interpolator, check_times, default_device, is_dyadic,
+                     load_model)
+from .timing import DEFAULT_SCENE_THRESHOLD, Schedule, luma_thumbnail, parse_rate, scene_score
+
+__all__ = ["main", "build_parser", "load_model", "interpolate_frames", "interpolate_video", "progress", "read_frames",
+           "VideoResult", "default_device"]
+
+PROG = "edsc-interpolate"
+QUEUE_SIZE = 4  # frames waiting between the decode thread, the network and the encode thread
+
+
+# --------------------------------------------------------------------------------------------
+# Pairs of frames (the library API).
+
+
+def interpolate_frames(model: EDSC, first: Tensor, second: Tensor, factor: int = 2,
+                       times: Optional[Sequence[float]] = None) -> List[Tensor]:
+    """New frames between two RGB frames (3, H, W) in [0, 1], as float tensors on the CPU.
+
+    By default the ``factor - 1`` frames at times k/factor. EDSC_m computes each time directly;
+    EDSC_s needs them dyadic (``factor`` a power of two) and bisects. ``times`` overrides the schedule.
+    """
+    if times is None:
+        if factor < 1:
+            raise ValueError(f"factor must be >= 1, got {factor}")
+        if not model.multiple and factor & (factor - 1):
+            raise ValueError(f"EDSC_s can multiply the frame rate by a power of two only, got {factor}")
+        times = [Fraction(k, factor) for k in range(1, factor)]
+    if not model.multiple and any(not is_dyadic(t) for t in times):
+        raise ValueError("EDSC_s interpolates midpoints only (t = 1/2, 1/4, ...): use EDSC_m weights for other times")
+    engine = Interpolator(model)
+    return [f.float().cpu() for f in engine.interpolate([(first, second, t) for t in times])]
+
+
+# --------------------------------------------------------------------------------------------
+# Sources: a video file or a folder of frames, as (time, (H, W, 3) array) items.
+
+
+@dataclass
+class Source:
+    path: Path
+    width: int
+    height: int
+    times: List[Fraction]  # the frames' times (seconds)
+    end: Optional[Fraction]  # when the last frame ends (None: a folder, whose last frame is the end)
+    rate: Fraction
+    time_base: Fraction
+    info: Optional[video.VideoInfo] = None  # a video file's
+    files: List[Path] = field(default_factory=list)  # a folder's
+
+    def frames(self):
+        if self.info is not None:
+            return video.decode_frames(self.info)
+        return ((t, images.read_array(f)) for t, f in zip(self.times, self.files))
+
+
+def _folder_source(folder: Path, rate: Fraction) -> Source:
+    try:
+        files = sorted(p for p in folder.iterdir() if p.is_file() and images.is_image_name(p))
+    except OSError as e:
+        raise UserError(describe_os_error(e, folder)) from None
+    if len(files) < 2:
+        raise UserError(f"--video {folder}: the folder holds {len(files)} image file(s) "
+                        f"({', '.join(images.IMAGE_EXTENSIONS)}); a video needs at least two frames")
+    first_size = images.image_size(files[0])
+    for f in files[1:]:
+        size = images.image_size(f)
+        if size != first_size:
+            raise UserError(f"frames differ in size: {files[0]} is {first_size[0]}x{first_size[1]}, {f} is "
+                            f"{size[0]}x{size[1]}")
+    times = [Fraction(k) / rate for k in range(len(files))]
+    return Source(path=folder, width=first_size[0], height=first_size[1], times=times, end=None, rate=rate,
+                  time_base=1 / rate, files=files)
+
+
+def open_source(path, input_fps: Optional[Fraction] = None) -> Source:
+    """A folder of frames or a video file, checked (readable, two frames or more, one size)."""
+    path = Path(path)
+    if path.is_dir():
+        return _folder_source(path, input_fps or Fraction(25))
+    if not path.exists():
+        raise UserError(f"--video {path}: no such file or folder")
+    if input_fps is not None:
+        raise UserError("--input-fps is for a folder of frames (a video file has its own timestamps)")
+    info = video.probe(path)
+    return Source(path=path, width=info.width, height=info.height, times=info.times, end=info.end, rate=info.rate,
+                  time_base=info.time_base, info=info)
+
+
+def read_frames(source) -> tuple:
+    """(iterator of RGB (3, H, W) float tensors, number of frames, frame rate) of a folder of images
+    or a video file."""
+    src = open_source(source)
+    return ((images.array_to_tensor(a) for _, a in src.frames()), len(src.times), float(src.rate))
+
+
+# --------------------------------------------------------------------------------------------
+# Outputs.
+
+
+def _output_kind(raw: str) -> str:
+    """'folder' or 'video' for the -o of video mode; a UserError for anything else."""
+    path = Path(raw)
+    if raw.endswith(("/", os.sep)) or path.is_dir() or not path.suffix:
+        return "folder"
+    if video.is_video_name(path):
+        return "video"
+    if images.is_image_name(path):
+        raise UserError(f"-o {raw}: in video mode the output is a video file ({', '.join(video.VIDEO_EXTENSIONS)}) or "
+                        "a folder of frames, not one image")
+    raise UserError(f"-o {raw}: unknown video extension {path.suffix!r} (use {', '.join(video.VIDEO_EXTENSIONS)}, or "
+                    "a folder name ending in /)")
+
+
+@dataclass
+class VideoResult:
+    """What :func:`interpolate_video` did."""
+
+    frames: int  # written
+    interpolated: int  # of which synthesised
+    cuts: int  # scene cuts found (None: detection off)
+    width: int
+    height: int
+    rate: Fraction
+    target: Path
+    kind: str  # 'video' or 'folder'
+    encoding: str = ""
+    copied: List[str] = field(default_factory=list)
+    tiles: int = 0
+
+
+def _plan(source: Source, factor: Optional[int], fps: Optional[Fraction], tolerance: Fraction,
+          snap: Optional[int]) -> tuple:
+    """A dry run of the schedule over the source's timestamps: (number of output frames, the
+    positions to interpolate at, whether every output time is on the grid of the output rate)."""
+    schedule = Schedule(factor=factor, fps=fps, start=source.times[0], tolerance=tolerance, snap_depth=snap)
+    rate = fps if fps is not None else source.rate * factor
+    count, positions, on_grid = 0, set(), True
+    outputs = []
+    for i in range(len(source.times) - 1):
+        outputs = schedule.between(i, source.times[i], source.times[i + 1])
+        count += len(outputs)
+        for out in outputs:
+            on_grid = on_grid and ((out.time - source.times[0]) * rate).denominator == 1
+            if not out.is_copy:
+                positions.add(out.position)
+    tail = schedule.after_last(len(source.times) - 1, source.times[-1], source.end)
+    on_grid = on_grid and all(((out.time - source.times[0]) * rate).denominator == 1 for out in tail)
+    return count + len(tail), positions, on_grid
+
+
+def interpolate_video(model: EDSC, source, target, factor: Optional[int] = None, fps=None, *,
+                      input_fps=None, scene_threshold: Optional[float] = DEFAULT_SCENE_THRESHOLD,
+                      tile: Optional[int] = None, margin: int = DEFAULT_MARGIN, batch: int = 1, half: bool = False,
+                      compile: bool = False, codec: Optional[str] = None, crf: Optional[float] = None,
+                      pix_fmt: Optional[str] = None, audio: bool = True, show_progress: bool = True,
+                      quiet: bool = False) -> VideoResult:
+    """Converts ``source`` (a video file or a folder of frames) into ``target`` (a video file, or a
+    folder of numbered PNGs) at ``factor`` times its frame rate, or at ``fps``. Every check (the
+    input, the output name, EDSC_s positions) comes before anything is written; the output appears
+    under its name only when complete. ``scene_threshold=None`` turns scene detection off."""
+    if factor is not None and fps is not None:
+        raise UserError("give --factor or --fps, not both")
+    if factor is None and fps is None:
+        factor = 2
+    fps = parse_rate(str(fps)) if fps is not None and not isinstance(fps, Fraction) else fps
+    input_fps = parse_rate(str(input_fps)) if input_fps is not None and not isinstance(input_fps, Fraction) \
+        else input_fps
+    if factor is not None and factor < 1:
+        raise UserError(f"--factor must be >= 1, got {factor}")
+    target_raw = str(target)
+    kind = _output_kind(target_raw)
+    target = Path(target)
+    src = source if isinstance(source, Source) else open_source(source, input_fps)
+    if kind == "video" and target.exists() and target.resolve() == src.path.resolve():
+        raise UserError(f"-o {target}: is the input; choose another name")
+    if kind == "folder" and target.exists():
+        if not target.is_dir():
+            raise UserError(f"-o {target}: exists and is not a folder")
+        if any(target.iterdir()):
+            raise UserError(f"-o {target}: the folder exists and is not empty (frames are written into a new or empty "
+                            "folder)")
+
+    # Where the output frames sit; EDSC_s must be able to make all of them (checked before any output).
+    tolerance = src.time_base / 2
+    snap = None if model.multiple else MAX_BISECTION_DEPTH
+    if not model.multiple and factor is not None and factor & (factor - 1):
+        raise UserError(f"EDSC_s only interpolates midpoints: --factor {factor} needs EDSC_m weights (EDSC_s takes "
+                        "--factor 2, 4, 8, ...)")
+    total, positions, on_grid = _plan(src, factor, fps, tolerance, snap)
+    if not model.multiple:
+        bad = sorted(p for p in positions if not is_dyadic(p))
+        if bad:
+            rate_text = f"--fps {_rate_text(fps)} from {_rate_text(src.rate)} fps" if fps is not None \
+                else f"--factor {factor}"
+            raise UserError(f"EDSC_s only interpolates midpoints (t = 1/2, 1/4, 3/4, ...), but {rate_text} needs frames "
+                            f"at t = {float(bad[0]):.4g} (one of {len(bad)} such positions): use EDSC_m weights")
+    engine = Interpolator(model, batch=batch, tile=tile, margin=margin, half=half, compile=compile, quiet=quiet)
+
+    out_rate = fps if fps is not None else src.rate * factor
+    # Constant-rate output: the time base 1/rate (containers such as AVI want it); else (variable-rate
+    # input with --factor) the input's time base divided by the factor, which holds every time exactly.
+    out_base = 1 / out_rate if on_grid else src.time_base / factor
+    ensure_output_folder(target, quiet=quiet, prog=PROG)  # the folder the output goes into
+    device = engine.device
+    deep = src.info is not None and src.info.deep
+    scale = 65535.0 if deep else 255.0
+    detect = scene_threshold is not None
+    written = interpolated = cuts = 0
+    result = VideoResult(frames=0, interpolated=0, cuts=0 if detect else None, width=src.width, height=src.height,
+                         rate=out_rate, target=target, kind=kind)
+
+    def to_device(array: np.ndarray) -> Tensor:
+        t = torch.from_numpy(array.astype(np.int32) if array.dtype == np.uint16 else array)
+        if device.type == "cuda":
+            t = t.pin_memory()
+        return t.to(device, non_blocking=True).permute(2, 0, 1).float().div_(scale)
+
+    def to_array(frame: Tensor) -> np.ndarray:
+        pixels = frame.clamp(0, 1).mul(scale).round_().permute(1, 2, 0)
+        if deep:
+            return pixels.to(torch.int32).cpu().numpy().astype(np.uint16)
+        return pixels.to(torch.uint8).contiguous().cpu().numpy()
+
+    with atomic_path(target, folder=(kind == "folder")) as tmp:
+        if kind == "video":
+            sink = video.VideoSink(tmp, target, src.width, src.height, out_rate, out_base, info=src.info, codec=codec,
+                                   crf=crf, pix_fmt=pix_fmt, copy_streams=audio, quiet=quiet,
+                                   rate_change=out_rate / src.rate)
+            result.encoding = f"{sink.encoder} {sink.pix_fmt}" + (f" crf {sink.options['crf']}"
+                                                                  if "crf" in sink.options else "")
+            result.copied = sink.copied_streams
+        else:
+            sink = video.FolderSink(tmp)
+        writer = video.BackgroundWriter(sink, QUEUE_SIZE)
+        reader = video.Prefetch(src.frames, QUEUE_SIZE)
+        bar = progress(total=total, desc="interpolating", unit="frame", disable=not show_progress or quiet)
+        schedule = Schedule(factor=factor, fps=fps, start=src.times[0], tolerance=tolerance, snap_depth=snap)
+        pending: list = []  # [array or None, time, job index] in output order
+        jobs: list = []
+
+        def flush():
+            nonlocal written, interpolated
+            made = engine.interpolate(jobs) if jobs else []
+            for array, time, job in pending:
+                if array is None:
+                    array = to_array(made[job])
+                    interpolated += 1
+                writer.put((array, time))
+                written += 1
+                bar.update(1)
+            pending.clear()
+            jobs.clear()
+
+        try:
+            previous = None  # (index, time, array, tensor, thumbnail)
+            index = -1
+            for index, (time, array) in enumerate(reader):
+                if array.shape[:2] != (src.height, src.width):
+                    raise UserError(f"{src.path}: frame {index + 1} is {array.shape[1]}x{array.shape[0]}, the first "
+                                    f"{src.width}x{src.height} (a size change mid-stream is not supported)")
+                tensor = to_device(array)
+                thumb = luma_thumbnail(tensor) if detect else None
+                if previous is not None:
+                    p_index, p_time, p_array, p_tensor, p_thumb = previous
+                    cut = detect and scene_score(p_thumb, thumb) > scene_threshold
+                    cuts += cut
+                    for out in schedule.between(p_index, p_time, time):
+                        if out.is_copy or cut:
+                            pending.append([p_array, out.time, None])
+                        else:
+                            jobs.append((p_tensor, tensor, out.position))
+                            pending.append([None, out.time, len(jobs) - 1])
+                    if len(jobs) >= batch or not jobs:
+                        flush()
+                previous = (index, time, array, tensor, thumb)
+            if previous is None:
+                raise UserError(f"{src.path}: no frames could be decoded")
+            for out in schedule.after_last(previous[0], previous[1], src.end):
+                pending.append([previous[2], out.time, None])
+            flush()
+            bar.close()
+            writer.close()
+        except BaseException:
+            bar.close()
+            reader.close()
+            writer.abort()
+            raise
+        reader.close()
+    result.frames, result.interpolated, result.cuts = written, interpolated, cuts if detect else None
+    result.tiles = engine.tiles_used
+    return result
+
+
+def _rate_text(rate) -> str:
+    rate = Fraction(rate)
+    return str(rate.numerator) if rate.denominator == 1 else f"{rate.numerator}/{rate.denominator} (~{float(rate):.3f})"
+
+
+# --------------------------------------------------------------------------------------------
+# Command line.
+
+
+def _positive_int(text: str) -> int:
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _rate(text: str) -> Fraction:
+    import argparse
+
+    try:
+        return parse_rate(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def build_parser() -> OneLineParser:
+    import argparse
+
+    parser = OneLineParser(
+        prog=PROG, description="Interpolate frames with EDSC: an image pair, a folder of frames or a video file.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+               "  edsc-interpolate --weights EDSC_s.pth first.png second.png -o middle.png\n"
+               "  edsc-interpolate --weights EDSC_m.pth --time 0.25 a.png b.png -o quarter.png\n"
+               "  edsc-interpolate --weights EDSC_s.pth --video clip.mp4 -o clip_x2.mp4\n"
+               "  edsc-interpolate --weights EDSC_m.pth --video clip.mp4 -o clip_60.mp4 --fps 60\n"
+               "  edsc-interpolate --weights EDSC_s.pth --video frames/ -o frames_x4/ --factor 4\n"
+               "\nBad input is reported in one line, exit code 2. Needs: pip install \"edsc-ext[apps]\"")
+    parser.add_argument("frames", nargs="*", metavar="FRAME", help="the two input images (pair mode)")
+    parser.add_argument("-o", "--output", required=True,
+                        help="output image (pair mode), or video file / folder of frames (--video); a missing "
+                             "folder is created")
+    parser.add_argument("--weights", required=True, help="EDSC checkpoint ({'model_state': ...} as released, or a state "
+                        "dict)")
+    parser.add_argument("--model", choices=MODEL_NAMES, default=None,
+                        help="EDSC_s or EDSC_m (default: read off the weights)")
+    parser.add_argument("--time", type=time_in_unit_interval, default=0.5,
+                        help="pair mode: time of the new frame in (0, 1) (EDSC_s: 0.5 only; default 0.5)")
+    video_group = parser.add_argument_group("video")
+    video_group.add_argument("--video", metavar="INPUT", default=None,
+                             help="video mode: a video file (anything FFmpeg reads) or a folder of frames")
+    rate = video_group.add_mutually_exclusive_group()
+    rate.add_argument("--factor", type=_positive_int, default=None,
+                      help="multiply the frame rate by N (default 2; EDSC_s: 2, 4, 8, ...)")
+    rate.add_argument("--fps", type=_rate, default=None,
+                      help="output frame rate, e.g. 60, 59.94, 24000/1001 (other than a power-of-two factor: EDSC_m)")
+    video_group.add_argument("--input-fps", type=_rate, default=None,
+                             help="frame rate of a folder of frames (default 25)")
+    video_group.add_argument("--scene-threshold", type=float, default=DEFAULT_SCENE_THRESHOLD,
+                             help="scene-cut score (mean absolute luma difference, in percent, of 64-pixel "
+                                  f"thumbnails) above which no frame is synthesised (default {DEFAULT_SCENE_THRESHOLD:g})")
+    video_group.add_argument("--no-scene-detect", action="store_true", help="interpolate across scene cuts too")
+    video_group.add_argument("--codec", default=None,
+                             help="video encoder (default: the input's, else the container's; e.g. libx264, libx265, "
+                                  "libvpx-vp9)")
+    video_group.add_argument("--crf", type=float, default=None,
+                             help="encoder quality (default: the input's where its encoder recorded it, else the "
+                                  "encoder's default)")
+    video_group.add_argument("--pix-fmt", default=None, help="pixel format (default: the input's, e.g. yuv420p)")
+    video_group.add_argument("--no-audio", action="store_true", help="do not copy the audio and subtitle streams")
+    speed = parser.add_argument_group("speed and memory")
+    speed.add_argument("--tile", type=int, default=None, metavar="SIZE",
+                       help="run the network on overlapping SIZE x SIZE tiles (default: whole frames, tiles on CUDA "
+                            "out-of-memory)")
+    speed.add_argument("--tile-margin", type=int, default=DEFAULT_MARGIN, metavar="PX",
+                       help=f"context around each tile (default {DEFAULT_MARGIN})")
+    speed.add_argument("--batch", type=_positive_int, default=1, help="new frames per network call (default 1)")
+    speed.add_argument("--half", action="store_true", help="float16 (CUDA autocast; CUDA only)")
+    speed.add_argument("--compile", action="store_true", help="torch.compile the network")
+    parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    parser.add_argument("--sampling", choices=SAMPLINGS, default="compat",
+                        help="'compat': the original layer (for released weights, default); 'clean': centred taps")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar and no notes")
+    return parser
+
+
+def _device(name: Optional[str]) -> torch.device:
+    try:
+        device = torch.device(name or default_device())
+    except RuntimeError as e:
+        raise UserError(f"--device {name}: {e}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {name}: no CUDA GPU is available")
+    return device
+
+
+def _run_pair(args) -> None:
+    output = Path(args.output)
+    images.check_writable_image_name(output)
+    first_path, second_path = (Path(f) for f in args.frames)
+    first, second = images.read_image(first_path), images.read_image(second_path)
+    if first.shape != second.shape:
+        raise UserError(f"the frames differ in size: {first_path} is {first.shape[2]}x{first.shape[1]}, {second_path} "
+                        f"is {second.shape[2]}x{second.shape[1]}")
+    model = load_model(args.weights, args.model, args.sampling, _device(args.device))
+    if not model.multiple and args.time != 0.5:
+        raise UserError(f"EDSC_s interpolates the midpoint only (--time 0.5), got --time {args.time}: use EDSC_m weights")
+    engine = Interpolator(model, batch=1, tile=args.tile, margin=args.tile_margin, half=args.half,
+                          compile=args.compile, quiet=args.quiet)
+    (middle,) = engine.interpolate([(first, second, Fraction(args.time) if not model.multiple else args.time)])
+    ensure_output_folder(output, quiet=args.quiet, prog=PROG)
+    images.write_image(output, middle.float().cpu())
+    print(f"wrote {output} ({middle.shape[2]}x{middle.shape[1]}, t={args.time})")
+
+
+def _run_video(args) -> None:
+    if args.frames:
+        raise UserError("--video takes no positional frames")
+    # The input and the output name first: they are quick to check, the model is not.
+    _output_kind(args.output)
+    source = open_source(args.video, args.input_fps)
+    model = load_model(args.weights, args.model, args.sampling, _device(args.device))
+    result = interpolate_video(
+        model, source, args.output, factor=args.factor, fps=args.fps, input_fps=args.input_fps,
+        scene_threshold=None if args.no_scene_detect else args.scene_threshold, tile=args.tile,
+        margin=args.tile_margin, batch=args.batch, half=args.half, compile=args.compile, codec=args.codec,
+        crf=args.crf, pix_fmt=args.pix_fmt, audio=not args.no_audio, show_progress=not args.quiet, quiet=args.quiet)
+    cuts = "scene detection off" if result.cuts is None else f"{result.cuts} scene cut(s) found"
+    extra = [cuts]
+    if result.encoding:
+        extra.append(result.encoding)
+    if result.copied:
+        extra.append("copied " + ", ".join(result.copied))
+    if result.tiles:
+        extra.append(f"{result.tiles} tiles")
+    print(f"wrote {result.frames} frames ({result.interpolated} interpolated; {result.width}x{result.height} at "
+          f"{_rate_text(result.rate)} fps) to {result.target}: {'; '.join(extra)}")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    try:  # usage errors: one line and exit code 2, returned (not raised) like every other error
+        args = parser.parse_args(argv)
+        if args.video is None and len(args.frames) != 2:
+            parser.error("give two input frames (or --video INPUT)")
+        if args.video is None and (args.factor is not None or args.fps is not None or args.input_fps is not None):
+            parser.error("--factor, --fps and --input-fps are for --video")
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 2
+    try:
+        if args.video is None:
+            _run_pair(args)
+        else:
+            _run_video(args)
+    except (UserError, ValueError) as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"{PROG}: error: {describe_os_error(e)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted (no output written)", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001
+        av = sys.modules.get("av")
+        if av is not None and isinstance(e, av.error.FFmpegError):  # e.g. an encoder refusing its settings
+            print(f"{PROG}: error: FFmpeg: {e}", file=sys.stderr)
+            return 2
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,517 @@
+"""Video files through PyAV (FFmpeg's libraries), and the threads that stream frames.
+
+- :func:`probe`: what a video file holds, from one demuxing pass over its video packets (no
+  decoding): size, codec, pixel format, frame rate, every frame's timestamp, where it ends, the CRF
+  its x264/x265 encoder wrote into the stream (if it did), and the audio/subtitle streams.
+- :func:`decode_frames`: the frames as (time in seconds, H x W x 3 array) in presentation order,
+  8-bit RGB (``rgb24``), or 16-bit (``rgb48le``) when the input has more than 8 bits per sample.
+- :class:`VideoSink`: encodes frames into a video file and copies the audio and subtitle packets
+  of the input into it untouched (remuxed, interleaved by time through a second demuxer of the
+  input, so nothing is buffered), in sync: the frames keep the input's clock. The codec, CRF and
+  pixel format follow the input unless set (see :func:`choose_encoding`).
+- :class:`FolderSink`: numbered PNG frames.
+- :class:`Prefetch` and :class:`BackgroundWriter`: a decode thread and an encode thread joined to
+  the main thread by bounded queues, so decoding, the network and encoding overlap and memory does
+  not grow with the clip's length.
+"""
+
+from __future__ import annotations
+
+import queue
+import re
+import threading
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Callable, Iterator, List, Optional, Tuple
+
+import numpy as np
+
+from .common import UserError, describe_os_error, note, require
+
+__all__ = ["VIDEO_EXTENSIONS", "VideoInfo", "probe", "decode_frames", "choose_encoding", "VideoSink", "FolderSink",
+           "Prefetch", "BackgroundWriter", "is_video_name"]
+
+# Output containers (any input FFmpeg reads is accepted).
+VIDEO_EXTENSIONS = (".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".gif", ".ts", ".flv", ".ogv")
+# The encoder of each codec (FFmpeg's own ones where it has none better).
+ENCODER_OF = {"h264": "libx264", "hevc": "libx265", "vp9": "libvpx-vp9", "vp8": "libvpx", "av1": "libsvtav1"}
+# Encoders that take a CRF: (lowest, highest, default).
+CRF_RANGE = {"libx264": (0, 51, 23), "libx265": (0, 51, 28), "libvpx-vp9": (0, 63, 31), "libvpx": (4, 63, 10),
+             "libsvtav1": (0, 63, 35)}
+
+
+def _av():
+    return require("av", "reading and writing video files")
+
+
+def is_video_name(path) -> bool:
+    return Path(path).suffix.lower() in VIDEO_EXTENSIONS
+
+
+@dataclass
+class VideoInfo:
+    """What :func:`probe` found in a video file."""
+
+    path: Path
+    width: int
+    height: int
+    codec: str
+    pix_fmt: str
+    rate: Fraction  # the average frame rate
+    time_base: Fraction
+    times: List[Fraction]  # every frame's presentation time (seconds), sorted
+    end: Fraction  # when the last frame ends (its time plus its duration)
+    crf: Optional[float] = None  # the CRF x264/x265 wrote into the stream
+    bit_rate: Optional[int] = None
+    deep: bool = False  # more than 8 bits per sample
+    copied: List[Tuple[int, str, str]] = field(default_factory=list)  # (stream index, type, codec name)
+
+    @property
+    def duration(self) -> Fraction:
+        return self.end - self.times[0]
+
+    @property
+    def variable_rate(self) -> bool:
+        steps = {b - a for a, b in zip(self.times, self.times[1:])}
+        return len(steps) > 1 and (max(steps) - min(steps)) > self.time_base
+
+
+def _open_input(path: Path):
+    av = _av()
+    if path.is_dir():
+        raise UserError(f"{path}: is a folder (a folder of frames is read as frames, not as a video file)")
+    if not path.exists():
+        raise UserError(f"{path}: no such file")
+    try:
+        return av.open(str(path), "r")
+    except av.error.InvalidDataError:
+        raise UserError(f"{path}: not a video file (FFmpeg cannot read it)") from None
+    except OSError as e:
+        raise UserError(describe_os_error(e, path)) from None
+    except av.error.FFmpegError as e:
+        raise UserError(f"{path}: cannot open it as a video ({e})") from None
+
+
+def probe(path) -> VideoInfo:
+    """Reads a video file's layout and timestamps (one demuxing pass, no decoding)."""
+    av = _av()
+    path = Path(path)
+    container = _open_input(path)
+    try:
+        if not container.streams.video:
+            raise UserError(f"{path}: has no video stream")
+        stream = container.streams.video[0]
+        ctx = stream.codec_context
+        time_base = Fraction(stream.time_base) if stream.time_base else Fraction(1, 90000)
+        rate = Fraction(stream.average_rate or stream.guessed_rate or 25)
+        pts, ends, crf = [], [], None
+        try:
+            for packet in container.demux(stream):
+                if packet.size == 0:
+                    continue  # the demuxer's flush packet
+                if crf is None and len(pts) < 2:
+                    found = re.search(rb"crf=([0-9]+(?:\.[0-9]+)?)", bytes(packet))
+                    if found:
+                        crf = float(found.group(1))
+                if packet.pts is not None:
+                    pts.append(packet.pts)
+                    ends.append(packet.pts + (packet.duration or 0))
+                else:
+                    pts.append(None)
+        except av.error.FFmpegError as e:
+            raise UserError(f"{path}: damaged video ({e})") from None
+        if len(pts) < 2:
+            raise UserError(f"{path}: has {len(pts)} video frame(s); interpolation needs at least two")
+        if any(p is None for p in pts):  # no timestamps (raw streams): the nominal rate
+            times = [Fraction(k) / rate for k in range(len(pts))]
+            end = times[-1] + 1 / rate
+        else:
+            times = sorted(Fraction(p) * time_base for p in pts)
+            end = max(Fraction(e) * time_base for e in ends)
+            if end <= times[-1]:  # no packet durations: the last frame lasts one average period
+                end = times[-1] + 1 / rate
+        fmt = av.VideoFormat(ctx.pix_fmt) if ctx.pix_fmt else None
+        deep = bool(fmt and fmt.components and max(c.bits for c in fmt.components) > 8)
+        copied = [(s.index, s.type, s.codec_context.name) for s in container.streams
+                  if s.type in ("audio", "subtitle") and s.codec_context is not None]
+        return VideoInfo(path=path, width=ctx.width, height=ctx.height, codec=ctx.name, pix_fmt=ctx.pix_fmt or "yuv420p",
+                         rate=rate, time_base=time_base, times=times, end=end, crf=crf,
+                         bit_rate=stream.bit_rate or ctx.bit_rate or None, deep=deep, copied=copied)
+    finally:
+        container.close()
+
+
+def decode_frames(info: VideoInfo) -> Iterator[Tuple[Fraction, np.ndarray]]:
+    """(time in seconds, (H, W, 3) uint8 or uint16 RGB array) of every frame, in presentation order.
+    Frames with a timestamp not after the previous one's are skipped."""
+    av = _av()
+    container = _open_input(info.path)
+    try:
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        fmt = "rgb48le" if info.deep else "rgb24"
+        index, last = 0, None
+        try:
+            for frame in container.decode(stream):
+                time = (Fraction(frame.pts) * info.time_base if frame.pts is not None
+                        else Fraction(index) / info.rate)
+                index += 1
+                if last is not None and time <= last:
+                    continue
+                last = time
+                yield time, frame.to_ndarray(format=fmt)
+        except av.error.FFmpegError as e:
+            raise UserError(f"{info.path}: cannot decode frame {index + 1} ({e})") from None
+    finally:
+        container.close()
+
+
+def _encoder(av, name: str):
+    try:
+        return av.codec.Codec(ENCODER_OF.get(name, name), "w")
+    except Exception:  # noqa: BLE001 (UnknownCodecError)
+        return None
+
+
+def choose_encoding(container, target: Path, info: Optional[VideoInfo], codec: Optional[str], crf: Optional[float],
+                    pix_fmt: Optional[str], width: int, height: int) -> Tuple[str, str, dict]:
+    """(encoder, pixel format, encoder options) for the output ``container``.
+
+    Codec: ``codec`` if given, else the input's when the output container takes it, else the
+    container's default (e.g. VP9 for .webm). CRF: ``crf`` if given, else the CRF the input's
+    x264/x265 encoder recorded, else the encoder's default (x264: 23, x265: 28, VP9: 31, ...);
+    encoders without a CRF get the input's bit rate (scaled by the frame-rate change by the caller).
+    Pixel format: ``pix_fmt`` if given, else the input's when the encoder takes it (and, for 4:2:0,
+    the size is even), else the encoder's first."""
+    av = _av()
+    supported = container.supported_codecs
+    ext = target.suffix.lower()
+    if codec is not None:
+        encoder = _encoder(av, codec)
+        if encoder is None:
+            raise UserError(f"--codec {codec}: no such encoder in this FFmpeg (try libx264, libx265, libvpx-vp9, "
+                            "mpeg4, ffv1)")
+        if encoder.type != "video":
+            raise UserError(f"--codec {codec}: not a video encoder")
+        if encoder.canonical_name not in supported:
+            raise UserError(f"--codec {codec}: a {ext} file cannot hold {encoder.canonical_name} video")
+    else:
+        encoder = None
+        if info is not None and info.codec in supported:
+            encoder = _encoder(av, info.codec)
+        if encoder is None:
+            encoder = _encoder(av, container.default_video_codec)
+        if encoder is None:
+            raise UserError(f"-o {target}: no video encoder for {ext} files in this FFmpeg (use .mp4 or .mkv)")
+    formats = [f.name for f in (encoder.video_formats or [])]
+    if pix_fmt is not None:
+        if formats and pix_fmt not in formats:
+            raise UserError(f"--pix-fmt {pix_fmt}: {encoder.name} takes {', '.join(formats[:12])}")
+        chosen = pix_fmt
+    else:
+        odd = width % 2 or height % 2
+        candidates = [info.pix_fmt] if info is not None else []
+        candidates += ["yuv420p", "yuv444p", "rgb24"]
+        chosen = next((f for f in candidates if (not formats or f in formats) and not (odd and _subsampled(av, f))),
+                      formats[0] if formats else "yuv420p")
+    if _subsampled(av, chosen) and (width % 2 or height % 2):
+        raise UserError(f"{width}x{height} frames cannot be encoded as {chosen} (it needs an even width and height): "
+                        "give --pix-fmt yuv444p")
+    options = {}
+    if encoder.name in CRF_RANGE:
+        low, high, default = CRF_RANGE[encoder.name]
+        if crf is not None and not low <= crf <= high:
+            raise UserError(f"--crf {crf:g}: {encoder.name} takes {low}..{high}")
+        value = crf if crf is not None else (info.crf if info is not None and info.crf is not None
+                                             and encoder.canonical_name == info.codec else default)
+        options["crf"] = f"{value:g}"
+        if encoder.name in ("libvpx-vp9", "libvpx"):
+            options["b"] = "0"  # constant quality
+    elif crf is not None:
+        raise UserError(f"--crf: {encoder.name} has no CRF (use libx264, libx265, libvpx-vp9 or libsvtav1)")
+    return encoder.name, chosen, options
+
+
+def _subsampled(av, pix_fmt: str) -> bool:
+    """Whether ``pix_fmt`` stores chroma at a lower resolution (4:2:0, 4:2:2, ...)."""
+    try:
+        fmt = av.VideoFormat(pix_fmt, 4, 4)
+    except Exception:  # noqa: BLE001 (an unknown name: the encoder reports it)
+        return False
+    return any(c.width != 4 or c.height != 4 for c in fmt.components)
+
+
+def _mux(container, packets) -> None:
+    """Writes packets into the output (the one place the video output is written: tests make it fail)."""
+    container.mux(packets)
+
+
+class VideoSink:
+    """Encodes RGB frames (H, W, 3 arrays, with their time in seconds) into a video file at
+    ``path`` (a temporary name: the caller renames it), copying the input's audio and subtitle
+    streams in sync. Writes happen in the encode thread (:class:`BackgroundWriter`)."""
+
+    def __init__(self, path: Path, target: Path, width: int, height: int, rate: Fraction, time_base: Fraction,
+                 info: Optional[VideoInfo] = None, codec: Optional[str] = None, crf: Optional[float] = None,
+                 pix_fmt: Optional[str] = None, copy_streams: bool = True, quiet: bool = False,
+                 rate_change: Fraction = Fraction(1)):
+        av = _av()
+        self.av, self.path, self.target, self.time_base = av, path, target, time_base
+        self.frames = 0
+        self.copied_streams: List[str] = []
+        fmt = av.format.ContainerFormat(_format_name(av, target), "w") if _format_name(av, target) else None
+        try:
+            self.container = av.open(str(path), "w", format=fmt.name if fmt else None)
+        except Exception as e:  # noqa: BLE001
+            raise UserError(f"-o {target}: cannot write a video file of this kind ({e})") from None
+        try:
+            encoder, pix, options = choose_encoding(self.container, target, info, codec, crf, pix_fmt, width, height)
+            self.stream = self.container.add_stream(encoder, rate=rate, options=options)
+            self.stream.width, self.stream.height, self.stream.pix_fmt = width, height, pix
+            self.stream.time_base = time_base
+            self.stream.codec_context.time_base = time_base
+            if encoder not in CRF_RANGE and info is not None and info.bit_rate and encoder != "gif":
+                self.stream.bit_rate = int(info.bit_rate * rate_change)
+            self.encoder, self.pix_fmt, self.options = encoder, pix, options
+            self._copier = _PacketCopier(av, info, self.container, target, quiet) if (info and copy_streams) else None
+            if self._copier is not None:
+                self.copied_streams = self._copier.names
+        except BaseException:
+            self.container.close()
+            raise
+        self._input_format = None
+
+    def write(self, item) -> None:
+        array, time = item
+        if self._input_format is None:
+            self._input_format = "rgb48le" if array.dtype == np.uint16 else "rgb24"
+        frame = self.av.VideoFrame.from_ndarray(array, format=self._input_format)
+        frame = frame.reformat(format=self.pix_fmt)
+        frame.pts = int(round(time / self.time_base))
+        frame.time_base = self.time_base
+        self._mux_video(self.stream.encode(frame))
+        self.frames += 1
+
+    def _mux_video(self, packets) -> None:
+        for packet in packets:
+            if self._copier is not None and packet.dts is not None:
+                self._copier.mux_until(Fraction(packet.dts) * self.time_base)
+            _mux(self.container, packet)
+
+    def finish(self) -> None:
+        self._mux_video(self.stream.encode(None))
+        if self._copier is not None:
+            self._copier.mux_until(None)
+        self.container.close()
+
+    def abort(self) -> None:
+        try:
+            if self._copier is not None:
+                self._copier.close()
+            self.container.close()
+        except Exception:  # noqa: BLE001 (the file is being thrown away)
+            pass
+
+
+def _format_name(av, target: Path) -> Optional[str]:
+    # .m4v is MP4 (FFmpeg would pick its 'ipod' variant, which takes fewer codecs).
+    return {".m4v": "mp4", ".ogv": "ogg"}.get(target.suffix.lower())
+
+
+class _PacketCopier:
+    """The input's audio and subtitle packets, from a demuxer of their own, muxed unchanged into the
+    output as the video's time reaches theirs."""
+
+    def __init__(self, av, info: VideoInfo, output, target: Path, quiet: bool):
+        self.input = _open_input(info.path)
+        self.output, self.map, self.names = output, {}, []
+        supported = output.supported_codecs
+        for index, kind, codec in info.copied:
+            source = self.input.streams[index]
+            if codec not in supported:
+                note(f"edsc-interpolate: the {kind} stream {index} ({codec}) cannot go into a {target.suffix} file: "
+                     "left out (a .mkv output takes it)", quiet)
+                continue
+            try:
+                self.map[index] = output.add_stream_from_template(source)
+            except Exception as e:  # noqa: BLE001
+                note(f"edsc-interpolate: the {kind} stream {index} ({codec}) cannot be copied ({e}): left out", quiet)
+                continue
+            self.names.append(f"{kind} ({codec})")
+        streams = [self.input.streams[i] for i in self.map]
+        self._packets = self.input.demux(*streams) if streams else iter(())
+        self._pending = None
+
+    def mux_until(self, time: Optional[Fraction]) -> None:
+        """Muxes the copied packets up to ``time`` (seconds; None: all that are left)."""
+        while True:
+            packet = self._pending if self._pending is not None else next(self._packets, None)
+            self._pending = None
+            if packet is None:
+                if time is None:
+                    self.close()
+                return
+            if packet.dts is None and packet.pts is None:
+                continue  # the demuxer's flush packet
+            stamp = packet.dts if packet.dts is not None else packet.pts
+            if time is not None and Fraction(stamp) * Fraction(packet.time_base) > time:
+                self._pending = packet
+                return
+            packet.stream = self.map[packet.stream_index]
+            _mux(self.output, packet)
+
+    def close(self) -> None:
+        self.input.close()
+
+
+class FolderSink:
+    """Writes frames as numbered PNGs (00000000.png, ...) into a folder."""
+
+    def __init__(self, folder: Path):
+        self.folder, self.frames = folder, 0
+
+    def write(self, item) -> None:
+        from PIL import Image
+
+        array, _ = item
+        if array.dtype == np.uint16:
+            array = (array.astype(np.float32) / 257.0).round().astype(np.uint8)
+        path = self.folder / f"{self.frames:08d}.png"
+        with open(path, "wb") as f:
+            _save_png(Image.fromarray(array), f)
+        self.frames += 1
+
+    def finish(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+
+def _save_png(image, fileobj) -> None:
+    image.save(fileobj, format="PNG", compress_level=1)
+
+
+# --------------------------------------------------------------------------------------------
+# Threads.
+
+
+class _Failure:
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+_END = object()
+
+
+class Prefetch:
+    """Runs ``make_iterator()`` in a thread, handing its items over through a queue of at most
+    ``maxsize`` items (the decode thread). Errors are raised where the items are taken."""
+
+    def __init__(self, make_iterator: Callable[[], Iterator], maxsize: int = 4, name: str = "decode"):
+        self._queue: "queue.Queue" = queue.Queue(maxsize)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(make_iterator,), name=f"edsc-{name}", daemon=True)
+        self._thread.start()
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self, make_iterator) -> None:
+        iterator = None
+        try:
+            iterator = make_iterator()
+            for item in iterator:
+                if not self._put(item):
+                    return
+            self._put(_END)
+        except BaseException as e:  # noqa: BLE001 (handed to the main thread)
+            self._put(_Failure(e))
+        finally:
+            close = getattr(iterator, "close", None)
+            if close is not None:
+                close()
+
+    def __iter__(self):
+        while True:
+            item = self._queue.get()
+            if item is _END:
+                return
+            if isinstance(item, _Failure):
+                raise item.error
+            yield item
+
+    def close(self) -> None:
+        self._stop.set()
+        while self._thread.is_alive():
+            try:
+                self._queue.get(timeout=0.05)
+            except queue.Empty:
+                pass
+        self._thread.join()
+
+
+class BackgroundWriter:
+    """Hands items to ``sink.write`` in a thread (the encode thread), through a queue of at most
+    ``maxsize`` items; :meth:`close` waits for the end and calls ``sink.finish()``. An error in the
+    thread is raised by the next :meth:`put` or by :meth:`close`."""
+
+    def __init__(self, sink, maxsize: int = 4, name: str = "encode"):
+        self.sink = sink
+        self._queue: "queue.Queue" = queue.Queue(maxsize)
+        self._error: Optional[BaseException] = None
+        self._aborted = False
+        self._thread = threading.Thread(target=self._run, name=f"edsc-{name}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        ended = False
+        try:
+            while True:
+                item = self._queue.get()
+                if item is _END:
+                    ended = True
+                    if not self._aborted:
+                        self.sink.finish()
+                    return
+                if not self._aborted:
+                    self.sink.write(item)
+        except BaseException as e:  # noqa: BLE001 (raised in the main thread)
+            self._error = e
+            # Keep taking items until the end, so that the main thread never blocks on a full queue.
+            while not ended and self._queue.get() is not _END:
+                pass
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def put(self, item) -> None:
+        self._check()
+        while True:
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                self._check()
+
+    def close(self) -> None:
+        """Ends the stream (the sink finishes the file) and raises the thread's error, if any."""
+        self._queue.put(_END)
+        self._thread.join()
+        self._check()
+
+    def abort(self) -> None:
+        """Stops after an error elsewhere: the thread skips what is queued, the sink lets go of its file."""
+        self._aborted = True
+        if self._thread.is_alive():
+            self._queue.put(_END)
+            self._thread.join()
+        self.sink.abort()
