@@ -875,3 +875,66 @@ def test_evaluate_prints_a_table(weights, capsys):
     # EDSC_s at another time than the midpoint: one line, exit code 2.
     rc = evaluate.main(["--weights", str(weights["EDSC_s"]), "--data", str(MIDDLEBURY), "--time", "0.25", "--quiet"])
     assert_one_line_error(rc, capsys.readouterr().err, "EDSC_s", "EDSC_m")
+
+
+# --------------------------------------------------------------------------------------------
+# More than 8 bits, and the --compile switch.
+
+
+@needs_apps
+def test_ten_bit_video_stays_ten_bit(tmp_path, weights, capsys, blend_network):
+    source = tmp_path / "deep.mkv"
+    out = av.open(str(source), "w")
+    stream = out.add_stream("libx264", rate=24, options={"crf": "10"})
+    stream.width, stream.height, stream.pix_fmt = 32, 32, "yuv420p10le"
+    for k in range(4):
+        ramp = (np.linspace(0, 65535, 32 * 32 * 3).reshape(32, 32, 3) + k * 500) % 65535
+        frame = av.VideoFrame.from_ndarray(ramp.astype(np.uint16), format="rgb48le")
+        frame.pts = k
+        out.mux(stream.encode(frame))
+    out.mux(stream.encode(None))
+    out.close()
+    assert video.probe(source).deep
+    rc, stdout, err = run_cli(video_argv(weights, "EDSC_s", source, tmp_path / "x2.mkv"), capsys)
+    assert rc == 0, err
+    got = read_clip(tmp_path / "x2.mkv")
+    assert got["pix_fmt"] == "yuv420p10le" and len(got["times"]) == 8
+
+
+@needs_apps
+def test_compile_flag_compiles_the_network(tmp_path, weights, clip, capsys, monkeypatch):
+    compiled = []
+
+    def fake_compile(model, **kwargs):
+        compiled.append(type(model).__name__)
+        return model
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    first, second = write_pair(tmp_path / "in", 16, 16)
+    rc, _, err = run_cli(["--weights", weights["EDSC_s"], "--compile", first, second, "-o", tmp_path / "m.png",
+                          "--device", "cpu"], capsys)
+    assert rc == 0 and compiled == ["EDSC"], err
+
+
+@needs_apps
+def test_colour_tags_of_the_input_are_kept(tmp_path, weights, capsys, blend_network):
+    source = tmp_path / "bt709.mp4"
+    out = av.open(str(source), "w")
+    stream = out.add_stream("libx264", rate=24, options={"crf": "10"})
+    stream.width, stream.height, stream.pix_fmt = 32, 32, "yuv420p"
+    stream.codec_context.colorspace, stream.codec_context.color_range = 1, 1  # BT.709, limited range
+    for k in range(3):
+        rgb = np.full((32, 32, 3), 40 * k + 30, np.uint8)
+        frame = av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(format="yuv420p", dst_colorspace=1,
+                                                                          dst_color_range=1)
+        frame.pts = k
+        out.mux(stream.encode(frame))
+    out.mux(stream.encode(None))
+    out.close()
+    rc, _, err = run_cli(video_argv(weights, "EDSC_s", source, tmp_path / "x2.mp4"), capsys)
+    assert rc == 0, err
+    with av.open(str(tmp_path / "x2.mp4")) as container:
+        ctx = container.streams.video[0].codec_context
+        assert (int(ctx.colorspace), int(ctx.color_range)) == (1, 1)
+        first = next(container.decode(video=0)).to_ndarray(format="rgb24").astype(int)
+    assert np.abs(first - 30).max() <= 2

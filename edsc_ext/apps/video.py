@@ -66,6 +66,12 @@ class VideoInfo:
     bit_rate: Optional[int] = None
     deep: bool = False  # more than 8 bits per sample
     copied: List[Tuple[int, str, str]] = field(default_factory=list)  # (stream index, type, codec name)
+    # FFmpeg's colour tags (AVColorSpace, AVColorRange, primaries, transfer): the output keeps them,
+    # and its RGB -> YUV conversion uses the input's matrix and range.
+    colorspace: int = 2
+    color_range: int = 0
+    color_primaries: int = 2
+    color_trc: int = 2
 
     @property
     def duration(self) -> Fraction:
@@ -137,9 +143,18 @@ def probe(path) -> VideoInfo:
                   if s.type in ("audio", "subtitle") and s.codec_context is not None]
         return VideoInfo(path=path, width=ctx.width, height=ctx.height, codec=ctx.name, pix_fmt=ctx.pix_fmt or "yuv420p",
                          rate=rate, time_base=time_base, times=times, end=end, crf=crf,
-                         bit_rate=stream.bit_rate or ctx.bit_rate or None, deep=deep, copied=copied)
+                         bit_rate=stream.bit_rate or ctx.bit_rate or None, deep=deep, copied=copied,
+                         colorspace=_tag(ctx, "colorspace", 2), color_range=_tag(ctx, "color_range", 0),
+                         color_primaries=_tag(ctx, "color_primaries", 2), color_trc=_tag(ctx, "color_trc", 2))
     finally:
         container.close()
+
+
+def _tag(ctx, name: str, default: int) -> int:
+    try:
+        return int(getattr(ctx, name))
+    except (AttributeError, TypeError, ValueError):
+        return default
 
 
 def decode_frames(info: VideoInfo) -> Iterator[Tuple[Fraction, np.ndarray]]:
@@ -274,6 +289,20 @@ class VideoSink:
             if encoder not in CRF_RANGE and info is not None and info.bit_rate and encoder != "gif":
                 self.stream.bit_rate = int(info.bit_rate * rate_change)
             self.encoder, self.pix_fmt, self.options = encoder, pix, options
+            self._colour = {}
+            if info is not None and not self.av.VideoFormat(pix).is_rgb and encoder != "gif":
+                ctx = self.stream.codec_context
+                for name in ("colorspace", "color_range", "color_primaries", "color_trc"):
+                    value = getattr(info, name)
+                    if value not in (2, 0) or (name == "color_range" and value):
+                        try:
+                            setattr(ctx, name, value)
+                        except Exception:  # noqa: BLE001 (an older PyAV without that attribute)
+                            pass
+                if info.colorspace != 2:
+                    self._colour["dst_colorspace"] = info.colorspace
+                if info.color_range:
+                    self._colour["dst_color_range"] = info.color_range
             self._copier = _PacketCopier(av, info, self.container, target, quiet) if (info and copy_streams) else None
             if self._copier is not None:
                 self.copied_streams = self._copier.names
@@ -287,7 +316,7 @@ class VideoSink:
         if self._input_format is None:
             self._input_format = "rgb48le" if array.dtype == np.uint16 else "rgb24"
         frame = self.av.VideoFrame.from_ndarray(array, format=self._input_format)
-        frame = frame.reformat(format=self.pix_fmt)
+        frame = frame.reformat(format=self.pix_fmt, **self._colour)
         frame.pts = int(round(time / self.time_base))
         frame.time_base = self.time_base
         self._mux_video(self.stream.encode(frame))
