@@ -938,3 +938,19 @@ def test_colour_tags_of_the_input_are_kept(tmp_path, weights, capsys, blend_netw
         assert (int(ctx.colorspace), int(ctx.color_range)) == (1, 1)
         first = next(container.decode(video=0)).to_ndarray(format="rgb24").astype(int)
     assert np.abs(first - 30).max() <= 2
+
+
+@needs_apps
+@pytest.mark.parametrize("module", ["av", "PIL", "tqdm"])
+def test_a_missing_apps_package_is_one_line_naming_the_extra(tmp_path, weights, clip, capsys, monkeypatch, module):
+    first, second = write_pair(tmp_path / "in", 8, 8)
+    for name in [m for m in sys.modules if m == module or m.startswith(module + ".")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, module, None)  # import fails
+    if module == "PIL":
+        monkeypatch.setitem(sys.modules, "PIL.Image", None)
+    argv = {"av": video_argv(weights, "EDSC_s", clip, tmp_path / "o.mp4"),
+            "PIL": ["--weights", weights["EDSC_s"], first, second, "-o", tmp_path / "o.png", "--device", "cpu"],
+            "tqdm": video_argv(weights, "EDSC_s", clip, tmp_path / "o.mp4")[:-1]}[module]
+    rc, _, err = run_cli(argv, capsys)
+    assert_one_line_error(rc, err, f"'{module}' package", 'pip install "edsc-ext[apps]"')
