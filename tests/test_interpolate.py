@@ -954,3 +954,32 @@ def test_a_missing_apps_package_is_one_line_naming_the_extra(tmp_path, weights, 
             "tqdm": video_argv(weights, "EDSC_s", clip, tmp_path / "o.mp4")[:-1]}[module]
     rc, _, err = run_cli(argv, capsys)
     assert_one_line_error(rc, err, f"'{module}' package", 'pip install "edsc-ext[apps]"')
+
+
+@needs_apps
+def test_subtitles_are_copied_where_the_container_takes_them(tmp_path, weights, capsys, blend_network):
+    source = tmp_path / "subs.mkv"
+    out = av.open(str(source), "w")
+    stream = out.add_stream("libx264", rate=24)
+    stream.width, stream.height, stream.pix_fmt = 32, 32, "yuv420p"
+    subs = out.add_mux_stream("subrip", time_base=Fraction(1, 1000))
+    for k in range(6):
+        frame = av.VideoFrame.from_ndarray(scene(k, 32, 32, False), format="rgb24")
+        frame.pts = k
+        out.mux(stream.encode(frame))
+        if k == 2:
+            packet = av.Packet(b"Hello there")
+            packet.stream, packet.time_base = subs, Fraction(1, 1000)
+            packet.pts = packet.dts = 83
+            packet.duration = 100
+            out.mux(packet)
+    out.mux(stream.encode(None))
+    out.close()
+    rc, stdout, err = run_cli(video_argv(weights, "EDSC_s", source, tmp_path / "x2.mkv"), capsys)
+    assert rc == 0 and "copied subtitle" in stdout, err
+    with av.open(str(tmp_path / "x2.mkv")) as container:
+        copied = [(bytes(p), p.pts, p.duration) for p in container.demux(container.streams.subtitles[0]) if p.size]
+    assert copied == [(b"Hello there", 83, 100)]
+    # MP4 takes no SubRip: left out, with a note (not an error).
+    rc, _, err = run_cli(video_argv(weights, "EDSC_s", source, tmp_path / "x2.mp4")[:-1], capsys)
+    assert rc == 0 and "subtitle stream" in err and "left out" in err
