@@ -881,19 +881,26 @@ def test_evaluate_prints_a_table(weights, capsys):
 # More than 8 bits, and the --compile switch.
 
 
-@needs_apps
-def test_ten_bit_video_stays_ten_bit(tmp_path, weights, capsys, blend_network):
-    source = tmp_path / "deep.mkv"
-    out = av.open(str(source), "w")
+def write_x264_clip(path: Path, frames, pix_fmt: str, colorspace=None, color_range=None) -> Path:
+    """A 32x32, 24 fps, near-lossless (CRF 10) H.264 clip of the given av.VideoFrames."""
+    out = av.open(str(path), "w")
     stream = out.add_stream("libx264", rate=24, options={"crf": "10"})
-    stream.width, stream.height, stream.pix_fmt = 32, 32, "yuv420p10le"
-    for k in range(4):
-        ramp = (np.linspace(0, 65535, 32 * 32 * 3).reshape(32, 32, 3) + k * 500) % 65535
-        frame = av.VideoFrame.from_ndarray(ramp.astype(np.uint16), format="rgb48le")
+    stream.width, stream.height, stream.pix_fmt = 32, 32, pix_fmt
+    if colorspace is not None:
+        stream.codec_context.colorspace, stream.codec_context.color_range = colorspace, color_range
+    for k, frame in enumerate(frames):
         frame.pts = k
         out.mux(stream.encode(frame))
     out.mux(stream.encode(None))
     out.close()
+    return path
+
+
+@needs_apps
+def test_ten_bit_video_stays_ten_bit(tmp_path, weights, capsys, blend_network):
+    ramps = [(np.linspace(0, 65535, 32 * 32 * 3).reshape(32, 32, 3) + k * 500) % 65535 for k in range(4)]
+    source = write_x264_clip(tmp_path / "deep.mkv", [av.VideoFrame.from_ndarray(r.astype(np.uint16), format="rgb48le")
+                                                      for r in ramps], "yuv420p10le")
     assert video.probe(source).deep
     rc, stdout, err = run_cli(video_argv(weights, "EDSC_s", source, tmp_path / "x2.mkv"), capsys)
     assert rc == 0, err
@@ -918,19 +925,9 @@ def test_compile_flag_compiles_the_network(tmp_path, weights, clip, capsys, monk
 
 @needs_apps
 def test_colour_tags_of_the_input_are_kept(tmp_path, weights, capsys, blend_network):
-    source = tmp_path / "bt709.mp4"
-    out = av.open(str(source), "w")
-    stream = out.add_stream("libx264", rate=24, options={"crf": "10"})
-    stream.width, stream.height, stream.pix_fmt = 32, 32, "yuv420p"
-    stream.codec_context.colorspace, stream.codec_context.color_range = 1, 1  # BT.709, limited range
-    for k in range(3):
-        rgb = np.full((32, 32, 3), 40 * k + 30, np.uint8)
-        frame = av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(format="yuv420p", dst_colorspace=1,
-                                                                          dst_color_range=1)
-        frame.pts = k
-        out.mux(stream.encode(frame))
-    out.mux(stream.encode(None))
-    out.close()
+    frames = [av.VideoFrame.from_ndarray(np.full((32, 32, 3), 40 * k + 30, np.uint8), format="rgb24").reformat(
+        format="yuv420p", dst_colorspace=1, dst_color_range=1) for k in range(3)]
+    source = write_x264_clip(tmp_path / "bt709.mp4", frames, "yuv420p", colorspace=1, color_range=1)  # BT.709, limited
     rc, _, err = run_cli(video_argv(weights, "EDSC_s", source, tmp_path / "x2.mp4"), capsys)
     assert rc == 0, err
     with av.open(str(tmp_path / "x2.mp4")) as container:
