@@ -196,7 +196,7 @@ def default_jobs():
 # together; the host side of all CUDA units; their device code per architecture (SASS and PTX of one
 # architecture share one front end). Only for the estimate a build prints.
 COMPILE_SECONDS_CPU = 180
-COMPILE_SECONDS_CUDA_HOST = 120
+COMPILE_SECONDS_CUDA_HOST = 240
 COMPILE_SECONDS_CUDA_PER_ARCH = 270
 
 
