@@ -49,13 +49,14 @@ _version = _load_by_path("_edsc_ext_version", os.path.join(ROOT, "edsc_ext", "_v
 BASE_VERSION = _version.__version__
 WHEEL_INDEX = os.environ.get("EDSC_EXT_WHEEL_INDEX") or _version.WHEEL_INDEX
 
+# The setuptools commands that compile (pip's build_wheel / build_editable hooks run bdist_wheel /
+# editable_wheel).
+BUILD_COMMANDS = ("bdist_wheel", "build", "build_ext", "install", "develop", "editable_wheel")
 # An sdist is sources only: it needs neither torch nor a compiler, and carries no local label.
 SDIST_ONLY = any(cmd in sys.argv[1:] for cmd in ("sdist", "egg_info")) and not any(
-    cmd in sys.argv[1:] for cmd in ("bdist_wheel", "build", "build_ext", "install", "develop", "editable_wheel"))
+    cmd in sys.argv[1:] for cmd in BUILD_COMMANDS)
 
-# A run that compiles (pip's build_wheel / build_editable hooks run bdist_wheel / editable_wheel).
-COMPILES = not SDIST_ONLY and any(cmd in sys.argv[1:] for cmd in (
-    "bdist_wheel", "build", "build_ext", "install", "develop", "editable_wheel"))
+COMPILES = not SDIST_ONLY and any(cmd in sys.argv[1:] for cmd in BUILD_COMMANDS)
 
 FORCE_CUDA = bs.flag("EDSC_EXT_FORCE_CUDA")
 CPU_ONLY = bs.flag("EDSC_EXT_CPU_ONLY")

@@ -32,11 +32,7 @@ PYPI_NAME = "edsc-ext"
 
 def read_build_meta():
     """The build facts written by setup.py (dict, lower-case keys), or None when absent."""
-    try:
-        meta = importlib.import_module(f"{__package__}._build_meta")
-    except ImportError:
-        return None
-    return {k.lower(): v for k, v in vars(meta).items() if k.isupper()}
+    return _read_meta_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "_build_meta.py"))
 
 
 def _describe_torch(version, cuda):
