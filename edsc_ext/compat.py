@@ -21,18 +21,19 @@ which the original never computed). Its forward is the original's, which differs
   along that axis (four times in a corner). Inside ``[0, size-1)`` it is plain bilinear sampling.
 
 So the original's sample is ``a(py) * a(px) * S_border(py, px)``, with ``S_border`` the op's
-``padding_mode="border"`` sample and ``a(p) = 2`` where ``p < 0 or p >= size-1`` (else 1). This
-module folds the shift ``s`` into the offsets and the factor ``a(py) * a(px)`` (a piecewise
-constant, computed without gradient) into the mask and calls the core op: no second kernel. The
-gradients are then the exact derivatives of the original forward: the offset gradient is the
-bilinear derivative inside the frame and 0 where the original clamps (where its output does not
-depend on the offset); only on the measure-zero set of coordinates exactly at ``0`` or ``size-1``,
-where the original forward jumps, is the derivative undefined, and the op reports 0 there.
+``padding_mode="border"`` sample and ``a(p) = 2`` where ``p < 0 or p >= size-1`` (else 1). The
+core op computes exactly this as ``padding_mode="edsc"`` (the tap shift, the border sampling and
+the doubling, in the kernels of every backend, dtype and layout), reading ``offset_x`` and
+``offset_y`` where they are as split offsets: this layer makes no copy and no elementwise pass of
+the per-pixel tensors. The gradients are the exact derivatives of the original forward: the
+offset gradient is the bilinear derivative inside the frame and 0 where the original clamps
+(where its output does not depend on the offset); only on the measure-zero set of coordinates
+exactly at ``0`` or ``size-1``, where the original forward jumps, is the derivative undefined,
+and the op reports 0 there.
 """
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 from .ops import deform_sepconv
@@ -84,33 +85,10 @@ def compat_deform_sepconv(input: Tensor, vertical: Tensor, horizontal: Tensor, o
     padded copy and gives the same values and gradients (the input gradient then lands on the
     unpadded frame, as backpropagating through ``F.pad`` would). See the module docstring.
     """
-    k = _check(input, vertical, horizontal, offset_x, offset_y, mask, padding)
-    n, taps, h_out, w_out = mask.shape
-    s = tap_shift(k)
-    # Padded-frame size: where the original clamps.
-    h_pad, w_pad = input.shape[2] + 2 * padding, input.shape[3] + 2 * padding
-    # The op samples (y - padding + i + dy, x - padding + j + dx) in the frame it is given; in the
-    # padded frame's coordinates that is (y + i + dy, x + j + dx), so dy = offset_x + s.
-    dy = offset_x + s
-    dx = offset_y + s
-    with torch.no_grad():
-        # The original's doubling at the borders, decided on the coordinate exactly as the op
-        # computes it (integer base converted to the compute dtype, plus the offset).
-        work = torch.float32 if dy.dtype in (torch.float16, torch.bfloat16) else dy.dtype
-        taps_i = torch.arange(k, device=input.device).repeat_interleave(k).view(1, taps, 1, 1)
-        taps_j = torch.arange(k, device=input.device).repeat(k).view(1, taps, 1, 1)
-        rows = torch.arange(h_out, device=input.device).view(1, 1, h_out, 1)
-        cols = torch.arange(w_out, device=input.device).view(1, 1, 1, w_out)
-        py = (rows + taps_i - padding).to(work) + dy.to(work)
-        px = (cols + taps_j - padding).to(work) + dx.to(work)
-        # Positions in the padded frame.
-        py_pad, px_pad = py + padding, px + padding
-        twice_y = (py_pad < 0) | (py_pad >= h_pad - 1)
-        twice_x = (px_pad < 0) | (px_pad >= w_pad - 1)
-        factor = (1 + twice_y.to(mask.dtype)) * (1 + twice_x.to(mask.dtype))
-    offset = torch.stack((dy, dx), dim=2).reshape(n, 2 * taps, h_out, w_out)
-    return deform_sepconv(input, vertical, horizontal, offset, mask * factor,
-                          padding=padding, padding_mode="border")
+    _check(input, vertical, horizontal, offset_x, offset_y, mask, padding)
+    # offset_x displaces the vertical coordinate: it is the dy of the op's split offsets.
+    return deform_sepconv(input, vertical, horizontal, (offset_x, offset_y), mask, padding=padding,
+                          padding_mode="edsc")
 
 
 def FunctionDSepconv(input: Tensor, vertical: Tensor, horizontal: Tensor, offset_x: Tensor,

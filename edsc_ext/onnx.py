@@ -32,7 +32,8 @@ __all__ = ["export", "translation_table", "dynamic_shapes_for", "OPSET"]
 # GridSample's mode "linear" (and N-D grids) came with opset 20; opset 16 had "bilinear".
 OPSET = 20
 # padding_mode codes of the op (edsc_ext.ops.PADDING_MODES) -> GridSample padding_mode.
-_GRID_PADDING = {0: "zeros", 1: "border"}
+_GRID_PADDING = {0: "zeros", 1: "border", 2: "border"}
+_EDSC = 2
 
 
 def _require(name: str):
@@ -44,7 +45,8 @@ def _require(name: str):
 
 
 def _deform_sepconv_forward_onnx(input, vertical, horizontal, offset, mask, kernel_h: int, kernel_w: int,
-                                 pad_h: int, pad_w: int, dilation_h: int, dilation_w: int, padding_mode: int):
+                                 pad_h: int, pad_w: int, dilation_h: int, dilation_w: int, padding_mode: int,
+                                 offset_dx=None):
     """``edsc_ext::deform_sepconv_forward`` in ONNX operators (traced by onnxscript: the Python
     control flow below runs at export time, on the op's constant arguments and on which optional
     tensors are present)."""
@@ -53,6 +55,10 @@ def _deform_sepconv_forward_onnx(input, vertical, horizontal, offset, mask, kern
     kh, kw = int(kernel_h), int(kernel_w)
     taps = kh * kw
     mode = _GRID_PADDING[int(padding_mode)]
+    edsc = int(padding_mode) == _EDSC
+    # "edsc" moves tap 0 by 1 - (K-1)//2 along each axis (edsc_ext.reference.edsc_tap_shift).
+    shift_h = 1 - (kh - 1) // 2 if edsc else 0
+    shift_w = 1 - (kw - 1) // 2 if edsc else 0
     shape = op.Shape(input)
     n = op.Slice(shape, [0], [1])
     h_in = op.Slice(shape, [2], [3])
@@ -67,18 +73,21 @@ def _deform_sepconv_forward_onnx(input, vertical, horizontal, offset, mask, kern
     # as (1, T, H_out, 1) and (1, T, 1, W_out).
     rows = op.CastLike(op.Range(op.Constant(value_int=0), op.Squeeze(h_out, [0]), op.Constant(value_int=1)), input)
     cols = op.CastLike(op.Range(op.Constant(value_int=0), op.Squeeze(w_out, [0]), op.Constant(value_int=1)), input)
-    tap_y = op.CastLike(op.Constant(value_floats=[float(i * dilation_h - pad_h) for i in range(kh) for _ in range(kw)]),
-                        input)
-    tap_x = op.CastLike(op.Constant(value_floats=[float(j * dilation_w - pad_w) for _ in range(kh) for j in range(kw)]),
-                        input)
+    tap_y = op.CastLike(op.Constant(value_floats=[float(i * dilation_h - pad_h + shift_h)
+                                                  for i in range(kh) for _ in range(kw)]), input)
+    tap_x = op.CastLike(op.Constant(value_floats=[float(j * dilation_w - pad_w + shift_w)
+                                                  for _ in range(kh) for j in range(kw)]), input)
     py = op.Add(op.Reshape(rows, [1, 1, -1, 1]), op.Reshape(tap_y, [1, taps, 1, 1]))
     px = op.Add(op.Reshape(cols, [1, 1, 1, -1]), op.Reshape(tap_x, [1, taps, 1, 1]))
     full = op.Concat(n, op.Constant(value_ints=[taps]), h_out, w_out, axis=0)  # (N, T, H_out, W_out)
     finite = None
     if offset is not None:
-        # offset channels are (dy, dx) per tap.
-        py = op.Add(py, op.Slice(offset, [0], [2 * taps], [1], [2]))
-        px = op.Add(px, op.Slice(offset, [1], [2 * taps], [1], [2]))
+        if offset_dx is not None:  # split offsets: dy and dx tensors
+            py = op.Add(py, offset)
+            px = op.Add(px, offset_dx)
+        else:  # offset channels are (dy, dx) per tap
+            py = op.Add(py, op.Slice(offset, [0], [2 * taps], [1], [2]))
+            px = op.Add(px, op.Slice(offset, [1], [2 * taps], [1], [2]))
         # A non-finite offset makes its output pixel NaN in every channel (the op's contract).
         bad = op.Or(op.Or(op.IsNaN(py), op.IsInf(py)), op.Or(op.IsNaN(px), op.IsInf(px)))
         finite = op.Not(op.Cast(op.ReduceMax(op.Cast(bad, to=6), [1], keepdims=1), to=9))  # (N, 1, H_out, W_out)
@@ -91,6 +100,17 @@ def _deform_sepconv_forward_onnx(input, vertical, horizontal, offset, mask, kern
     else:
         py = op.Expand(py, full)
         px = op.Expand(px, full)
+    edsc_factor = None
+    if edsc:
+        # The border pixel counts twice along an axis where the coordinate lies outside
+        # [-pad, size - 1 + pad): a factor of 2 per axis.
+        def axis_factor(p, size_f, pad):
+            lo = op.CastLike(op.Constant(value_float=float(-pad)), input)
+            hi = op.Squeeze(op.Add(size_f, op.CastLike(op.Constant(value_float=float(pad - 1)), input)), [0])
+            outside = op.Or(op.Less(p, lo), op.GreaterOrEqual(p, hi))
+            return op.Add(op.CastLike(op.Constant(value_float=1.0), input), op.CastLike(outside, input))
+
+        edsc_factor = op.Mul(axis_factor(py, h_in_f, pad_h), axis_factor(px, w_in_f, pad_w))  # (N, T, H_out, W_out)
     # align_corners=0 maps pixel x to (2x + 1)/W - 1 and, unlike align_corners=1, addresses a
     # 1-pixel side too; GridSample's border mode clamps the pixel coordinate into [0, size-1].
     one = op.CastLike(op.Constant(value_float=1.0), input)
@@ -115,6 +135,8 @@ def _deform_sepconv_forward_onnx(input, vertical, horizontal, offset, mask, kern
         weight = op.Reshape(weight, op.Concat(op.Constant(value_ints=[0, taps]), h_out, w_out, axis=0))
     if mask is not None:
         weight = mask if weight is None else op.Mul(weight, mask)
+    if edsc_factor is not None:
+        weight = edsc_factor if weight is None else op.Mul(weight, edsc_factor)
     if weight is not None:
         samples = op.Mul(samples, op.Unsqueeze(weight, [1]))  # (N, C, T, H_out, W_out)
     out = op.ReduceSum(samples, [2], keepdims=0)

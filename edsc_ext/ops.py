@@ -17,7 +17,7 @@ from torch import Tensor
 __all__ = ["deform_sepconv", "normalize_args", "check_geometry", "DeformSepconvArgs", "PADDING_MODES", "MAX_KERNEL_WIDTH"]
 
 # padding_mode name -> the integer code the C++ kernels take (include/edsc_ext/sampling.h).
-PADDING_MODES = {"zeros": 0, "border": 1}
+PADDING_MODES = {"zeros": 0, "border": 1, "edsc": 2}
 # The backward keeps one accumulator per horizontal tap in a fixed-size array.
 MAX_KERNEL_WIDTH = 128
 
@@ -37,10 +37,21 @@ class DeformSepconvArgs(NamedTuple):
     dilation_h: int
     dilation_w: int
     padding_mode: str
+    # Split offsets: ``offset`` holds the dy of every tap, (N, KH*KW, H_out, W_out), and this the dx.
+    offset_dx: Optional[Tensor] = None
 
     @property
     def padding_mode_code(self) -> int:
         return PADDING_MODES[self.padding_mode]
+
+    @property
+    def per_pixel(self) -> tuple:
+        """(vertical, horizontal, offset, mask, offset_dx)."""
+        return (self.vertical, self.horizontal, self.offset, self.mask, self.offset_dx)
+
+    def op_kwargs(self) -> dict:
+        """The keyword arguments of the compiled ops beyond op_args(): ``offset_dx`` for split offsets."""
+        return {} if self.offset_dx is None else {"offset_dx": self.offset_dx}
 
     @property
     def output_size(self) -> Tuple[int, int]:
@@ -106,6 +117,17 @@ def check_geometry(kernel_size, padding, dilation, padding_mode):
     return kernel_size, _pair(padding, "padding", 0), _pair(dilation, "dilation", 1)
 
 
+def split_offset(offset):
+    """``offset`` as the op takes it: a tensor (or None) -> (offset, None); a pair ``(dy, dx)`` of
+    tensors (split offsets) -> (dy, dx)."""
+    if isinstance(offset, (tuple, list)):
+        if len(offset) != 2 or not all(isinstance(t, Tensor) for t in offset):
+            raise TypeError("offset must be a Tensor, None, or a pair (dy, dx) of Tensors, got a "
+                            f"{type(offset).__name__} of {[type(t).__name__ for t in offset]}")
+        return offset[0], offset[1]
+    return offset, None
+
+
 def normalize_args(input, vertical=None, horizontal=None, offset=None, mask=None, *,
                    kernel_size=None, padding=0, dilation=1, padding_mode="zeros") -> DeformSepconvArgs:
     """Validate a ``deform_sepconv`` call and resolve kernel size, padding and dilation.
@@ -113,9 +135,12 @@ def normalize_args(input, vertical=None, horizontal=None, offset=None, mask=None
     Raises TypeError for wrong types/dtypes and ValueError for wrong shapes, devices and values,
     each naming the argument with what was expected and what was given.
     """
+    offset, offset_dx = split_offset(offset)
+    offset_name = "offset" if offset_dx is None else "offset[0] (dy)"
     _check_tensor(input, "input", input, optional=False)
     for name, t in (("vertical", vertical), ("horizontal", horizontal), ("offset", offset), ("mask", mask)):
-        _check_tensor(t, name, input)
+        _check_tensor(t, offset_name if name == "offset" else name, input)
+    _check_tensor(offset_dx, "offset[1] (dx)", input)
     kernel_size, (ph, pw), (dh, dw) = check_geometry(kernel_size, padding, dilation, padding_mode)
 
     kh = vertical.shape[1] if vertical is not None else None
@@ -128,14 +153,21 @@ def normalize_args(input, vertical=None, horizontal=None, offset=None, mask=None
             raise ValueError(f"kernel_size says KW={ks_w} but horizontal has {kw} channels (KW)")
         kh, kw = ks_h, ks_w
     if kh is None or kw is None:
-        kh, kw = _infer_kernel_size(kh, kw, offset, mask)
+        # Split offsets have one channel a tap, as the mask has.
+        kh, kw = _infer_kernel_size(kh, kw, offset if offset_dx is None else None,
+                                    mask if offset_dx is None or mask is not None else offset)
     if kh < 1 or kw < 1:
         raise ValueError(f"vertical/horizontal must have at least one tap, got KH={kh}, KW={kw}")
     if kw > MAX_KERNEL_WIDTH:
         raise ValueError(f"kernel width KW={kw} exceeds the supported maximum {MAX_KERNEL_WIDTH}")
 
     taps = kh * kw
-    if offset is not None and offset.shape[1] != 2 * taps:
+    if offset_dx is not None:
+        for name, t in (("offset[0] (dy)", offset), ("offset[1] (dx)", offset_dx)):
+            if t.shape[1] != taps:
+                raise ValueError(f"{name} must have KH*KW = {taps} channels for KH={kh}, KW={kw} (split offsets: "
+                                 f"one tensor of dy, one of dx), got {t.shape[1]} (shape {tuple(t.shape)})")
+    elif offset is not None and offset.shape[1] != 2 * taps:
         raise ValueError(f"offset must have 2*KH*KW = {2 * taps} channels for KH={kh}, KW={kw}, "
                          f"got {offset.shape[1]} (shape {tuple(offset.shape)})")
     if mask is not None and mask.shape[1] != taps:
@@ -148,11 +180,14 @@ def normalize_args(input, vertical=None, horizontal=None, offset=None, mask=None
             f"output size would be negative: H_out = H_in + 2*pad_h - dilation_h*(KH-1) = {h_out}, "
             f"W_out = W_in + 2*pad_w - dilation_w*(KW-1) = {w_out} for input of shape {tuple(input.shape)}, "
             f"KH={kh}, KW={kw}, padding=({ph}, {pw}), dilation=({dh}, {dw})")
-    for name, t in (("vertical", vertical), ("horizontal", horizontal), ("offset", offset), ("mask", mask)):
+    offset_name = "offset" if offset_dx is None else "offset[0] (dy)"
+    for name, t in (("vertical", vertical), ("horizontal", horizontal), (offset_name, offset), ("mask", mask),
+                    ("offset[1] (dx)", offset_dx)):
         if t is not None and tuple(t.shape[2:]) != (h_out, w_out):
             raise ValueError(f"{name} must have spatial size (H_out, W_out) = {(h_out, w_out)}, "
                              f"got {tuple(t.shape[2:])} (shape {tuple(t.shape)})")
-    return DeformSepconvArgs(input, vertical, horizontal, offset, mask, kh, kw, ph, pw, dh, dw, padding_mode)
+    return DeformSepconvArgs(input, vertical, horizontal, offset, mask, kh, kw, ph, pw, dh, dw, padding_mode,
+                             offset_dx)
 
 
 def _infer_kernel_size(kh, kw, offset, mask) -> Tuple[int, int]:
@@ -179,7 +214,7 @@ def _infer_kernel_size(kh, kw, offset, mask) -> Tuple[int, int]:
 
 
 def deform_sepconv(input: Tensor, vertical: Optional[Tensor] = None, horizontal: Optional[Tensor] = None,
-                   offset: Optional[Tensor] = None, mask: Optional[Tensor] = None, *,
+                   offset: Union[None, Tensor, Tuple[Tensor, Tensor]] = None, mask: Optional[Tensor] = None, *,
                    kernel_size: Optional[IntPair] = None, padding: IntPair = 0, dilation: IntPair = 1,
                    padding_mode: str = "zeros") -> Tensor:
     r"""Adaptive deformable separable convolution (sepconv, DSepConv/EDSC, AdaCoF).
@@ -193,13 +228,20 @@ def deform_sepconv(input: Tensor, vertical: Optional[Tensor] = None, horizontal:
         input: (N, C, H_in, W_in) frame or feature map.
         vertical: (N, KH, H_out, W_out) per-pixel vertical kernels.
         horizontal: (N, KW, H_out, W_out) per-pixel horizontal kernels.
-        offset: (N, 2*KH*KW, H_out, W_out), (dy, dx) per tap, torchvision ``deform_conv2d`` layout.
+        offset: (N, 2*KH*KW, H_out, W_out), (dy, dx) per tap, torchvision ``deform_conv2d`` layout;
+            or a pair ``(dy, dx)`` of (N, KH*KW, H_out, W_out) tensors (split offsets, as networks
+            with one head per component make them), read where they are, with no stacked copy.
         mask: (N, KH*KW, H_out, W_out) per-tap modulation.
         kernel_size: (KH, KW) when vertical or horizontal is absent and it cannot be inferred.
         padding: int or (pad_h, pad_w), virtual padding of the input (no padded copy is made).
         dilation: int or (dil_h, dil_w) spacing of the taps.
-        padding_mode: ``"zeros"`` (outside pixels are 0) or ``"border"`` (coordinates are clamped
-            into the image, i.e. replicate padding; the offset gradient is 0 where clamped).
+        padding_mode: ``"zeros"`` (outside pixels are 0), ``"border"`` (coordinates are clamped
+            into the image, i.e. replicate padding; the offset gradient is 0 where clamped) or
+            ``"edsc"``, the sampling of the EDSC layer (:mod:`edsc_ext.compat`): border mode with
+            taps moved by ``s = 1 - (K-1)//2`` along each axis (``py = y - pad_h + i*dil_h + s_h +
+            dy``; at K=5 one pixel up-left of centred) and, along each axis, the border pixel
+            counted twice where the coordinate lies outside ``[-pad, size - 1 + pad)``, i.e. outside
+            ``[0, padded size - 1)`` of the frame replicate-padded by ``padding``.
 
     Returns:
         (N, C, H_out, W_out) tensor, ``H_out = H_in + 2*pad_h - dil_h*(KH-1)`` (likewise W_out),
@@ -208,10 +250,12 @@ def deform_sepconv(input: Tensor, vertical: Optional[Tensor] = None, horizontal:
         place, others are converted once (the CUDA backward of a channels_last call with more
         than 4 channels runs on NCHW copies, which is faster there).
     """
-    input, vertical, horizontal, offset, mask = _autocast_promote(input, vertical, horizontal, offset, mask)
-    args = normalize_args(input, vertical, horizontal, offset, mask, kernel_size=kernel_size,
-                          padding=padding, dilation=dilation, padding_mode=padding_mode)
-    return torch.ops.edsc_ext.deform_sepconv_forward(*args.op_args())
+    offset, offset_dx = split_offset(offset)
+    input, vertical, horizontal, offset, mask, offset_dx = _autocast_promote(
+        input, vertical, horizontal, offset, mask, offset_dx)
+    args = normalize_args(input, vertical, horizontal, offset if offset_dx is None else (offset, offset_dx), mask,
+                          kernel_size=kernel_size, padding=padding, dilation=dilation, padding_mode=padding_mode)
+    return torch.ops.edsc_ext.deform_sepconv_forward(*args.op_args(), **args.op_kwargs())
 
 
 def _autocast_enabled(device_type: str) -> bool:
@@ -301,9 +345,11 @@ def _plan(input: Tensor, vertical: Optional[Tensor] = None, horizontal: Optional
     described one (:class:`CudaDeviceFacts`, :class:`CpuFacts`), so that meta tensors describe the
     call without memory or a GPU.
     """
-    input, vertical, horizontal, offset, mask = _autocast_promote(input, vertical, horizontal, offset, mask)
-    args = normalize_args(input, vertical, horizontal, offset, mask, kernel_size=kernel_size,
-                          padding=padding, dilation=dilation, padding_mode=padding_mode)
+    offset, offset_dx = split_offset(offset)
+    input, vertical, horizontal, offset, mask, offset_dx = _autocast_promote(
+        input, vertical, horizontal, offset, mask, offset_dx)
+    args = normalize_args(input, vertical, horizontal, offset if offset_dx is None else (offset, offset_dx), mask,
+                          kernel_size=kernel_size, padding=padding, dilation=dilation, padding_mode=padding_mode)
     tensors = args.op_args()[:5]
     output_mask = [t is not None and t.requires_grad for t in tensors]
     target = input.device if device is None else device
@@ -319,8 +365,10 @@ def _plan(input: Tensor, vertical: Optional[Tensor] = None, horizontal: Optional
     elif not (isinstance(target, torch.device) and target.type == "cpu"):
         raise ValueError(f"_plan: device must be 'cpu', a CUDA device, CudaDeviceFacts or CpuFacts, got {target!r} "
                          f"(meta tensors need device=...)")
+    output_mask[3] = output_mask[3] or (offset_dx is not None and offset_dx.requires_grad)
     detached = [None if t is None else t.detach() for t in tensors]
-    names = torch.ops.edsc_ext.deform_sepconv_plan(*detached, *args.op_args()[5:], output_mask, cpu_facts, cuda_device)
+    names = torch.ops.edsc_ext.deform_sepconv_plan(*detached, *args.op_args()[5:], output_mask, cpu_facts, cuda_device,
+                                                   None if offset_dx is None else offset_dx.detach())
     return KernelPlans(*names)
 
 
@@ -330,7 +378,8 @@ def _plan(input: Tensor, vertical: Optional[Tensor] = None, horizontal: Optional
 
 @torch.library.register_fake("edsc_ext::deform_sepconv_forward")
 def _deform_sepconv_forward_fake(input, vertical, horizontal, offset, mask,
-                                 kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode):
+                                 kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode,
+                                 offset_dx=None):
     n, c, h_in, w_in = input.shape
     h_out, w_out = output_size(h_in, w_in, kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w)
     return _in_layout_of(input, input.new_empty((n, c, h_out, w_out)))
@@ -347,29 +396,44 @@ def _in_layout_of(input, result):
 @torch.library.register_fake("edsc_ext::deform_sepconv_backward")
 def _deform_sepconv_backward_fake(grad_output, input, vertical, horizontal, offset, mask,
                                   kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode,
-                                  output_mask):
+                                  output_mask, offset_dx=None):
     def like(t, wanted):
         # Gradients that were not asked for come back as empty tensors (see src/deform_sepconv.cpp).
         return t.new_empty(t.shape) if (t is not None and wanted) else input.new_empty((0,))
 
-    # Every requested gradient comes in the call's memory format, as the output does.
+    # Every requested gradient comes in the call's memory format, as the output does; output_mask[3]
+    # asks for both offset gradients of split offsets.
     return tuple(_in_layout_of(input, like(t, m))
-                 for t, m in zip((input, vertical, horizontal, offset, mask), output_mask))
+                 for t, m in zip((input, vertical, horizontal, offset, mask, offset_dx), list(output_mask) +
+                                 [output_mask[3]]))
+
+
+# The forward op's arguments: five tensors, seven geometry ints, then offset_dx.
+_GEOMETRY = slice(5, 12)
 
 
 def _setup_context(ctx, inputs, output):
     input, vertical, horizontal, offset, mask = inputs[:5]
-    ctx.save_for_backward(input, vertical, horizontal, offset, mask)
-    ctx.params = tuple(inputs[5:])
+    offset_dx = inputs[12] if len(inputs) > 12 else None
+    ctx.save_for_backward(input, vertical, horizontal, offset, mask, offset_dx)
+    ctx.params = tuple(inputs[_GEOMETRY])
 
 
 def _backward(ctx, grad_output):
-    tensors = ctx.saved_tensors
-    output_mask = [bool(need) and t is not None for need, t in zip(ctx.needs_input_grad[:5], tensors)]
-    grads = (None,) * 5
+    *tensors, offset_dx = ctx.saved_tensors
+    needs = list(ctx.needs_input_grad) + [False] * (13 - len(ctx.needs_input_grad))
+    output_mask = [bool(need) and t is not None for need, t in zip(needs[:5], tensors)]
+    dx_wanted = offset_dx is not None and bool(needs[12])
+    output_mask[3] = output_mask[3] or dx_wanted
+    grads = (None,) * 6
     if any(output_mask):
-        grads = torch.ops.edsc_ext.deform_sepconv_backward(grad_output, *tensors, *ctx.params, output_mask)
-    return tuple(g if wanted else None for g, wanted in zip(grads, output_mask)) + (None,) * len(ctx.params)
+        split = {} if offset_dx is None else {"offset_dx": offset_dx}
+        grads = torch.ops.edsc_ext.deform_sepconv_backward(grad_output, *tensors, *ctx.params, output_mask, **split)
+    wanted = [m and bool(need) for m, need in zip(output_mask, needs[:5])]
+    result = tuple(g if w else None for g, w in zip(grads[:5], wanted)) + (None,) * len(ctx.params)
+    result += ((grads[5] if dx_wanted else None),)
+    # One gradient per input the call passed (offset_dx is left out of calls without split offsets).
+    return result[:len(ctx.needs_input_grad)]
 
 
 torch.library.register_autograd("edsc_ext::deform_sepconv_forward", _backward, setup_context=_setup_context)

@@ -26,13 +26,27 @@ from .ops import normalize_args
 __all__ = ["deform_sepconv", "deform_sepconv_grid_sample"]
 
 
+def edsc_tap_shift(kernel: int) -> int:
+    """Where ``padding_mode="edsc"`` moves tap 0 (the EDSC layer's ``1 - (K-1)//2``)."""
+    return 1 - (kernel - 1) // 2
+
+
 def _positions(args, dtype: torch.dtype):
-    """Undeformed sample positions: rows ``y - pad_h`` as (H_out, 1), columns ``x - pad_w`` as (1, W_out)."""
+    """Undeformed sample positions: rows ``y - pad_h`` as (H_out, 1), columns ``x - pad_w`` as (1, W_out)
+    (plus the tap shift in "edsc" mode)."""
     h_out, w_out = args.output_size
     device = args.input.device
-    rows = torch.arange(h_out, dtype=dtype, device=device).sub_(args.pad_h).view(h_out, 1)
-    cols = torch.arange(w_out, dtype=dtype, device=device).sub_(args.pad_w).view(1, w_out)
+    shift_h = edsc_tap_shift(args.kernel_h) if args.padding_mode == "edsc" else 0
+    shift_w = edsc_tap_shift(args.kernel_w) if args.padding_mode == "edsc" else 0
+    rows = torch.arange(h_out, dtype=dtype, device=device).sub_(args.pad_h - shift_h).view(h_out, 1)
+    cols = torch.arange(w_out, dtype=dtype, device=device).sub_(args.pad_w - shift_w).view(1, w_out)
     return rows, cols
+
+
+def _edsc_factor(p: Tensor, size: int, pad: int) -> Tensor:
+    """"edsc" mode's factor along one axis: 2 outside [-pad, size - 1 + pad), else 1 (no gradient)."""
+    p = p.detach()
+    return 1 + ((p < -pad) | (p >= size - 1 + pad)).to(p.dtype)
 
 
 def _clamp_coordinate(p: Tensor, size: int, padding_mode: str) -> Tensor:
@@ -44,16 +58,21 @@ def _clamp_coordinate(p: Tensor, size: int, padding_mode: str) -> Tensor:
     anyway, so neither the value nor the gradient changes; it only keeps ``floor(p)`` a small integer.
     NaN stays NaN in both modes.
     """
-    if padding_mode == "border":
+    if padding_mode in ("border", "edsc"):
         inside = (p > 0) & (p < size - 1)
         return torch.where(inside, p, p.detach().clamp(0, size - 1))
     return p.clamp(-2, size + 1)
 
 
-def _bilinear(planes: Tensor, height: int, width: int, py: Tensor, px: Tensor, padding_mode: str) -> Tensor:
+def _bilinear(planes: Tensor, height: int, width: int, py: Tensor, px: Tensor, padding_mode: str,
+              frame_pad=(0, 0)) -> Tensor:
     """Sample ``planes`` (N, C, H*W+1: the flattened image plus one trailing zero) at (N, H_out, W_out)
-    positions ``py``, ``px``; returns (N, C, H_out, W_out)."""
+    positions ``py``, ``px``; returns (N, C, H_out, W_out). ``frame_pad``: the call's padding, where
+    "edsc" mode starts counting border pixels twice."""
     n, c = planes.shape[:2]
+    factor = None
+    if padding_mode == "edsc":
+        factor = (_edsc_factor(py, height, frame_pad[0]) * _edsc_factor(px, width, frame_pad[1])).unsqueeze(1)
     py = _clamp_coordinate(py, height, padding_mode)
     px = _clamp_coordinate(px, width, padding_mode)
     y0 = torch.floor(py).detach()
@@ -72,11 +91,11 @@ def _bilinear(planes: Tensor, height: int, width: int, py: Tensor, px: Tensor, p
             index = index.reshape(n, 1, py.shape[1] * py.shape[2]).expand(n, c, -1)
             values = planes.gather(2, index).view(n, c, *py.shape[1:])
             out = out + (wy * wx).unsqueeze(1) * values
-    return out
+    return out if factor is None else out * factor
 
 
 def deform_sepconv(input: Tensor, vertical: Optional[Tensor] = None, horizontal: Optional[Tensor] = None,
-                   offset: Optional[Tensor] = None, mask: Optional[Tensor] = None, *,
+                   offset=None, mask: Optional[Tensor] = None, *,
                    kernel_size=None, padding=0, dilation=1, padding_mode: str = "zeros") -> Tensor:
     r"""Reference ``deform_sepconv``: same arguments, errors and result as :func:`edsc_ext.deform_sepconv`.
 
@@ -84,7 +103,8 @@ def deform_sepconv(input: Tensor, vertical: Optional[Tensor] = None, horizontal:
     with ``t = i*KW + j``, ``py = y - pad_h + i*dil_h + offset[n,2t,y,x]``,
     ``px = x - pad_w + j*dil_w + offset[n,2t+1,y,x]`` and S bilinear sampling with pixel centres at
     integer coordinates (corners outside the image are 0; in "border" mode the coordinates are first
-    clamped into the image). A non-finite offset makes its output pixel NaN in every channel.
+    clamped into the image; "edsc" mode: see :func:`edsc_ext.deform_sepconv`). A non-finite offset
+    makes its output pixel NaN in every channel. Split offsets (``offset=(dy, dx)``) are taken too.
 
     Pure PyTorch and differentiable by autograd in all five tensors. Loops over the taps, so only one
     tap's samples exist at a time. Computes in the dtype of ``input`` (float16 and bfloat16 in
@@ -93,10 +113,11 @@ def deform_sepconv(input: Tensor, vertical: Optional[Tensor] = None, horizontal:
     args = normalize_args(input, vertical, horizontal, offset, mask, kernel_size=kernel_size,
                           padding=padding, dilation=dilation, padding_mode=padding_mode)
     dtype = input.dtype
+    offset, offset_dx = args.offset, args.offset_dx
     compute = torch.promote_types(dtype, torch.float32)
     if compute != dtype:
-        input, vertical, horizontal, offset, mask = (None if t is None else t.to(compute)
-                                                     for t in (input, vertical, horizontal, offset, mask))
+        input, vertical, horizontal, offset, mask, offset_dx = (
+            None if t is None else t.to(compute) for t in (input, vertical, horizontal, offset, mask, offset_dx))
     n, c, height, width = input.shape
     h_out, w_out = args.output_size
     rows, cols = _positions(args, input.dtype)
@@ -110,10 +131,10 @@ def deform_sepconv(input: Tensor, vertical: Optional[Tensor] = None, horizontal:
             py = (rows + i * args.dilation_h).expand(n, h_out, w_out)
             px = (cols + j * args.dilation_w).expand(n, h_out, w_out)
             if offset is not None:
-                py = py + offset[:, 2 * t]
-                px = px + offset[:, 2 * t + 1]
+                py = py + (offset[:, 2 * t] if offset_dx is None else offset[:, t])
+                px = px + (offset[:, 2 * t + 1] if offset_dx is None else offset_dx[:, t])
                 finite &= torch.isfinite(py) & torch.isfinite(px)
-            sample = _bilinear(planes, height, width, py, px, args.padding_mode)
+            sample = _bilinear(planes, height, width, py, px, args.padding_mode, (args.pad_h, args.pad_w))
             weight = None
             for w in (vertical[:, i] if vertical is not None else None,
                       horizontal[:, j] if horizontal is not None else None,
@@ -128,7 +149,7 @@ def deform_sepconv(input: Tensor, vertical: Optional[Tensor] = None, horizontal:
 
 
 def deform_sepconv_grid_sample(input: Tensor, vertical: Optional[Tensor] = None,
-                               horizontal: Optional[Tensor] = None, offset: Optional[Tensor] = None,
+                               horizontal: Optional[Tensor] = None, offset=None,
                                mask: Optional[Tensor] = None, *, kernel_size=None, padding=0, dilation=1,
                                padding_mode: str = "zeros") -> Tensor:
     """Baseline ``deform_sepconv`` built on :func:`torch.nn.functional.grid_sample`.
@@ -136,7 +157,8 @@ def deform_sepconv_grid_sample(input: Tensor, vertical: Optional[Tensor] = None,
     All KH*KW taps' sample positions go into one (N, KH*KW*H_out, W_out, 2) grid, normalised for
     ``align_corners=True`` (pixel centres at integer coordinates), sampled in one call with
     grid_sample's own ``padding_mode`` ("zeros" or "border", whose clamping and zero gradient at the
-    borders are exactly the op's), then weighted by V*Hz*M and summed over the taps. This materialises
+    borders are exactly the op's; "edsc" samples in "border" mode and weighs in its factor), then
+    weighted by V*Hz*M and summed over the taps. This materialises
     every tap's samples, (N, C, KH*KW, H_out, W_out), which is what the fused kernels avoid.
 
     Same arguments, errors and result as :func:`edsc_ext.deform_sepconv` (up to rounding in the
@@ -144,6 +166,7 @@ def deform_sepconv_grid_sample(input: Tensor, vertical: Optional[Tensor] = None,
     """
     args = normalize_args(input, vertical, horizontal, offset, mask, kernel_size=kernel_size,
                           padding=padding, dilation=dilation, padding_mode=padding_mode)
+    offset = args.offset
     n, c, height, width = input.shape
     kh, kw = args.kernel_h, args.kernel_w
     taps = kh * kw
@@ -157,8 +180,12 @@ def deform_sepconv_grid_sample(input: Tensor, vertical: Optional[Tensor] = None,
     py = (rows + (tap_i * args.dilation_h).to(coord_dtype).view(taps, 1, 1)).expand(n, taps, h_out, w_out)
     px = (cols + (tap_j * args.dilation_w).to(coord_dtype).view(taps, 1, 1)).expand(n, taps, h_out, w_out)
     if offset is not None:
-        py = py + offset[:, 0::2]
-        px = px + offset[:, 1::2]
+        py = py + (offset[:, 0::2] if args.offset_dx is None else offset)
+        px = px + (offset[:, 1::2] if args.offset_dx is None else args.offset_dx)
+    edsc_factor = None
+    if padding_mode == "edsc":
+        edsc_factor = _edsc_factor(py, height, args.pad_h) * _edsc_factor(px, width, args.pad_w)
+        padding_mode = "border"
 
     # align_corners=True maps -1..1 onto 0..size-1, which cannot address a 1-pixel (or empty) side:
     # grow such a side to 2 pixels at its far end, with zeros ("zeros", or an empty image) or a copy
@@ -186,6 +213,8 @@ def deform_sepconv_grid_sample(input: Tensor, vertical: Optional[Tensor] = None,
         weight = horizontal[:, tap_j] if weight is None else weight * horizontal[:, tap_j]
     if mask is not None:
         weight = mask if weight is None else weight * mask
+    if edsc_factor is not None:
+        weight = edsc_factor.to(input.dtype) if weight is None else weight * edsc_factor.to(weight.dtype)
     out = (samples if weight is None else samples * weight.unsqueeze(1)).sum(dim=2)
     if finite is not None:
         out = torch.where(finite, out, torch.full_like(out, float("nan")))

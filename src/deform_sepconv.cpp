@@ -69,9 +69,11 @@ std::vector<std::string> deform_sepconv_plan(const at::Tensor& input, const std:
                                              const std::optional<at::Tensor>& mask, int64_t kernel_h, int64_t kernel_w,
                                              int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w,
                                              int64_t padding_mode, std::array<bool, 5> output_mask,
-                                             at::IntArrayRef cpu_facts, at::IntArrayRef cuda_device) {
+                                             at::IntArrayRef cpu_facts, at::IntArrayRef cuda_device,
+                                             const std::optional<at::Tensor>& offset_dx) {
   const DeformSepconvConfig cfg{kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode};
-  const DeformSepconvTensors t = prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg);
+  const DeformSepconvTensors t =
+      prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg, nullptr, offset_dx);
   const DeformSepconvCall call = describe_call(t, cfg, output_mask, at::globalContext().deterministicAlgorithms());
   const KernelPolicy policy = kernel_policy();
   const bool backward = std::find(output_mask.begin(), output_mask.end(), true) != output_mask.end();
@@ -107,7 +109,8 @@ DeformSepconvTensors prepare_deform_sepconv(const at::Tensor& input, const std::
                                             const std::optional<at::Tensor>& horizontal,
                                             const std::optional<at::Tensor>& offset,
                                             const std::optional<at::Tensor>& mask, const DeformSepconvConfig& cfg,
-                                            const at::Tensor* grad_output) {
+                                            const at::Tensor* grad_output,
+                                            const std::optional<at::Tensor>& offset_dx) {
   TORCH_CHECK_VALUE(input.dim() == 4, "input must be 4-D (N, C, H, W), got shape ", input.sizes());
   TORCH_CHECK_TYPE(at::isFloatingType(input.scalar_type()), "input must have a floating dtype, got ",
                    input.scalar_type());
@@ -119,8 +122,12 @@ DeformSepconvTensors prepare_deform_sepconv(const at::Tensor& input, const std::
                     ")");
   TORCH_CHECK_VALUE(cfg.dilation_h >= 1 && cfg.dilation_w >= 1, "dilation must be >= 1, got (", cfg.dilation_h,
                     ", ", cfg.dilation_w, ")");
-  TORCH_CHECK_VALUE(cfg.padding_mode == kPaddingZeros || cfg.padding_mode == kPaddingBorder,
-                    "padding_mode code must be 0 (zeros) or 1 (border), got ", cfg.padding_mode);
+  TORCH_CHECK_VALUE(cfg.padding_mode == kPaddingZeros || cfg.padding_mode == kPaddingBorder ||
+                        cfg.padding_mode == kPaddingEdsc,
+                    "padding_mode code must be 0 (zeros), 1 (border) or 2 (edsc), got ", cfg.padding_mode);
+  const bool split_offsets = offset_dx.has_value() && offset_dx->defined();
+  TORCH_CHECK_VALUE(!split_offsets || (offset.has_value() && offset->defined()),
+                    "offset_dx is given but offset (the dy of split offsets) is not");
 
   DeformSepconvTensors t;
   t.height_out = input.size(2) + 2 * cfg.pad_h - cfg.dilation_h * (cfg.kernel_h - 1);
@@ -133,7 +140,9 @@ DeformSepconvTensors prepare_deform_sepconv(const at::Tensor& input, const std::
   t.input = input.contiguous(format);
   t.vertical = checked_optional(vertical, "vertical", input, cfg.kernel_h, t.height_out, t.width_out, format);
   t.horizontal = checked_optional(horizontal, "horizontal", input, cfg.kernel_w, t.height_out, t.width_out, format);
-  t.offset = checked_optional(offset, "offset", input, 2 * taps, t.height_out, t.width_out, format);
+  t.offset = checked_optional(offset, split_offsets ? "offset (dy)" : "offset", input,
+                              (split_offsets ? 1 : 2) * taps, t.height_out, t.width_out, format);
+  t.offset_dx = checked_optional(offset_dx, "offset_dx", input, taps, t.height_out, t.width_out, format);
   t.mask = checked_optional(mask, "mask", input, taps, t.height_out, t.width_out, format);
   if (grad_output) {
     t.grad_output =
@@ -167,10 +176,11 @@ DeformSepconvCall describe_call(const DeformSepconvTensors& t, const DeformSepco
   c.has_horizontal = t.horizontal.defined();
   c.has_offset = t.offset.defined();
   c.has_mask = t.mask.defined();
-  for (const at::Tensor* per_pixel : {&t.vertical, &t.horizontal, &t.offset, &t.mask}) {
+  c.split_offsets = t.offset_dx.defined();
+  for (const at::Tensor* per_pixel : {&t.vertical, &t.horizontal, &t.offset, &t.mask, &t.offset_dx}) {
     if (per_pixel->defined()) c.per_pixel_alignment = std::min(c.per_pixel_alignment, start_alignment(*per_pixel));
   }
-  c.offset_pairs_aligned = !c.has_offset || start_alignment(t.offset) % (2 * c.element_size) == 0;
+  c.offset_pairs_aligned = !c.has_offset || c.split_offsets || start_alignment(t.offset) % (2 * c.element_size) == 0;
   // A gradient is computed where it is asked for and has elements (allocate_deform_sepconv_grads).
   const at::Tensor* sources[5] = {&t.input, &t.vertical, &t.horizontal, &t.offset, &t.mask};
   for (int k = 0; k < 5; ++k) c.grads[k] = output_mask[k] && sources[k]->defined() && sources[k]->numel() > 0;
@@ -182,12 +192,12 @@ bool wants_channels_last(const at::Tensor& input) {
   return input.dim() == 4 && !input.is_contiguous() && input.is_contiguous(at::MemoryFormat::ChannelsLast);
 }
 
-std::array<at::Tensor, 5> allocate_deform_sepconv_grads(const DeformSepconvTensors& t,
-                                                        const std::array<bool, 5>& output_mask) {
-  const at::Tensor* sources[5] = {&t.input, &t.vertical, &t.horizontal, &t.offset, &t.mask};
-  std::array<at::Tensor, 5> grads;
-  for (int k = 0; k < 5; ++k) {
-    if (output_mask[k] && sources[k]->defined()) {
+DeformSepconvGrads allocate_deform_sepconv_grads(const DeformSepconvTensors& t, const std::array<bool, 5>& output_mask) {
+  const at::Tensor* sources[6] = {&t.input, &t.vertical, &t.horizontal, &t.offset, &t.mask, &t.offset_dx};
+  DeformSepconvGrads grads;
+  for (int k = 0; k < 6; ++k) {
+    const bool wanted = output_mask[k == kOffsetDxGrad ? 3 : k];
+    if (wanted && sources[k]->defined()) {
       // The input gradient is accumulated into. The kernels overwrite every element of the
       // per-pixel ones, except with no channels (the CUDA backward then launches nothing), so
       // those skip a zero-fill pass, a full write of 2K + 3K^2 values a pixel.
@@ -205,18 +215,19 @@ std::array<at::Tensor, 5> allocate_deform_sepconv_grads(const DeformSepconvTenso
 TORCH_LIBRARY(edsc_ext, m) {
   m.def(
       "deform_sepconv_forward(Tensor input, Tensor? vertical, Tensor? horizontal, Tensor? offset, Tensor? mask, "
-      "int kernel_h, int kernel_w, int pad_h, int pad_w, int dilation_h, int dilation_w, int padding_mode) "
-      "-> Tensor");
+      "int kernel_h, int kernel_w, int pad_h, int pad_w, int dilation_h, int dilation_w, int padding_mode, "
+      "Tensor? offset_dx=None) -> Tensor");
   m.def(
       "deform_sepconv_backward(Tensor grad_output, Tensor input, Tensor? vertical, Tensor? horizontal, "
       "Tensor? offset, Tensor? mask, int kernel_h, int kernel_w, int pad_h, int pad_w, int dilation_h, "
-      "int dilation_w, int padding_mode, bool[5] output_mask) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "int dilation_w, int padding_mode, bool[5] output_mask, Tensor? offset_dx=None) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("vector_add(Tensor a, Tensor b) -> Tensor");
   // edsc_ext._plan and edsc_ext.kernel_policy (edsc_ext/ops.py, edsc_ext/_policy.py).
   m.def(
       "deform_sepconv_plan(Tensor input, Tensor? vertical, Tensor? horizontal, Tensor? offset, Tensor? mask, "
       "int kernel_h, int kernel_w, int pad_h, int pad_w, int dilation_h, int dilation_w, int padding_mode, "
-      "bool[5] output_mask, int[] cpu_facts, int[] cuda_device) -> str[]",
+      "bool[5] output_mask, int[] cpu_facts, int[] cuda_device, Tensor? offset_dx=None) -> str[]",
       &deform_sepconv_plan);
   m.def(
       "set_kernel_policy(bool grid_taps, bool plain_forward, bool prefetch, bool input_grad_tile, bool warp_staging, "

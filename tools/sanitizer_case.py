@@ -1,6 +1,7 @@
 """A small CUDA forward+backward over every code path, for compute-sanitizer (memcheck, racecheck).
 
-Offsets reach far outside the image, some are NaN or 1e30, and every dtype and padding mode runs, so an
+Offsets reach far outside the image, some are NaN or 1e30, and every dtype and padding mode runs, with
+one offset tensor and with split offsets, so an
 out-of-bounds read or write anywhere in the kernels shows up.
 """
 import torch
@@ -23,7 +24,7 @@ def run_every_path() -> None:
     device = torch.device("cuda", torch.cuda.device_count() - 1)
     gen = torch.Generator().manual_seed(0)
     for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
-        for mode in ("zeros", "border"):
+        for mode in ("zeros", "border", "edsc"):
             for kh, kw, pad, dil in ((5, 5, 2, 1), (3, 4, (1, 2), (2, 1)), (1, 20, (0, 10), 1)):
                 n, c, h, w = 2, 5, 11, 13
                 ph, pw = (pad, pad) if isinstance(pad, int) else pad
@@ -69,6 +70,13 @@ def run_every_path() -> None:
                     out = edsc_ext.deform_sepconv(frame, rest[1], rest[2], padding=pad, dilation=dil,
                                                   padding_mode=mode)
                     out.sum().backward()
+                # Split offsets (dy, dx as two tensors), NCHW and NHWC, 3 and 5 channels.
+                for frame, rest in ((ts[0], ts), (rgb, cl), (ts[0].detach()[:, :3].contiguous(), ts)):
+                    fmt = torch.channels_last if rest is cl else torch.contiguous_format
+                    dy, dx = (rest[3].detach()[:, k::2].contiguous(memory_format=fmt).requires_grad_() for k in (0, 1))
+                    out = edsc_ext.deform_sepconv(frame, rest[1], rest[2], (dy, dx), rest[4], padding=pad,
+                                                  dilation=dil, padding_mode=mode)
+                    out.backward(torch.randn_like(out))
     torch.cuda.synchronize(device)
 
 

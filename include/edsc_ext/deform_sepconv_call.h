@@ -24,6 +24,9 @@ struct DeformSepconvCall {
   int64_t per_pixel_alignment = 16;
   // The offset tensor (when present) starts on a (dy, dx) pair boundary.
   bool offset_pairs_aligned = true;
+  // The offsets come as two tensors, dy and dx (DeformSepconvParams::offset_dx): only the kernels
+  // that read offsets through GlobalPixelValues take them.
+  bool split_offsets = false;
   // The gradients the backward computes: requested (output_mask) and of a present tensor, in the
   // order input, vertical, horizontal, offset, mask.
   std::array<bool, 5> grads{};
@@ -42,8 +45,10 @@ DeformSepconvCall describe_call(const DeformSepconvTensors& t, const DeformSepco
 // Calls whose taps sit on the pixel grid (no offsets, no dilation, a non-empty frame): each tap's
 // sample is one input pixel (grid_tap_pixel), which the CPU and CUDA grid-tap kernels exploit,
 // unless the policy sends them to the bilinear kernels.
+// EDSC mode's shifted, doubled border samples are not grid-tap code either.
 inline bool takes_grid_taps(const DeformSepconvCall& c, const KernelPolicy& policy) {
   if (!policy.grid_taps || c.has_offset || c.cfg.dilation_h != 1 || c.cfg.dilation_w != 1) return false;
+  if (c.cfg.padding_mode == kPaddingEdsc) return false;
   return c.height_in > 0 && c.width_in > 0;
 }
 

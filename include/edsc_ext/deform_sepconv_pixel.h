@@ -18,11 +18,18 @@ struct DeformSepconvParams {
   const scalar_t* input;       // (N, C, H_in, W_in)
   const scalar_t* vertical;    // (N, KH, H_out, W_out) or nullptr
   const scalar_t* horizontal;  // (N, KW, H_out, W_out) or nullptr
-  const scalar_t* offset;      // (N, 2*KH*KW, H_out, W_out) or nullptr; (dy, dx) per tap
+  // (N, 2*KH*KW, H_out, W_out), (dy, dx) per tap; or, where offset_dx is given (split offsets),
+  // (N, KH*KW, H_out, W_out) holding dy only; nullptr without offsets.
+  const scalar_t* offset;
+  const scalar_t* offset_dx;   // split offsets: (N, KH*KW, H_out, W_out), dx; else nullptr
   const scalar_t* mask;        // (N, KH*KW, H_out, W_out) or nullptr
   index_t batch, channels, height_in, width_in, height_out, width_out;
-  index_t kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w;
+  // pad_h/pad_w: where tap 0 sits, y - pad_h (the call's padding, less the EDSC tap shift in EDSC
+  // mode); frame_pad_h/w: the call's padding, where EDSC mode starts counting border pixels twice.
+  index_t kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, frame_pad_h, frame_pad_w;
   int64_t padding_mode;
+
+  EDSC_HOST_DEVICE bool split_offsets() const { return offset_dx != nullptr; }
 };
 
 // The kernels take the layout as a compile-time kChannelsLast (the hosts dispatch on
@@ -50,8 +57,9 @@ template <typename scalar_t>
 struct DeformSepconvParamGrads {
   scalar_t* vertical;
   scalar_t* horizontal;
-  scalar_t* offset;
+  scalar_t* offset;     // in the layout of DeformSepconvParams::offset
   scalar_t* mask;
+  scalar_t* offset_dx;  // split offsets: the dx gradient (written together with offset's)
 
   EDSC_HOST_DEVICE bool any() const { return vertical || horizontal || offset || mask; }
 };
@@ -124,7 +132,9 @@ EDSC_HOST_DEVICE bool accumulate_tap(const DeformSepconvParams<scalar_t, index_t
                                      index_t plane, int block, acc_t w, acc_t py, acc_t px,
                                      acc_t (&acc)[kChannelBlock]) {
   const auto s = make_bilinear_sample<acc_t, index_t>(py, px, p.height_in, p.width_in, p.padding_mode,
-                                                      input_pixel_stride<kChannelsLast>(p));
+                                                      input_pixel_stride<kChannelsLast>(p), p.frame_pad_h,
+                                                      p.frame_pad_w);
+  w *= s.weight_scale();
   if constexpr (!kBranchFree) {
     if (!s.finite) {
       EDSC_UNROLL
@@ -155,9 +165,12 @@ EDSC_HOST_DEVICE void finish_taps(bool finite, acc_t (&acc)[kChannelBlock]) {
 template <bool kChannelsLast, typename scalar_t, typename index_t>
 struct GlobalPixelValues {
   const scalar_t *vert, *horz, *offs, *mask;  // the pixel's first value; nullptr for an absent tensor
+  const scalar_t* offs_dx;                    // the pixel's first dx (offs + stride unless split)
   DeformSepconvParamGrads<scalar_t> grads;    // whole tensors, nullptr where not asked for
   index_t vert_base, horz_base, offs_base, mask_base;
   index_t stride;  // channel k of a per-pixel tensor is at k * stride from the pixel's first
+  index_t offs_tap_stride;  // from tap t's dy (or dx) to tap t + 1's: 2 * stride, or stride when split
+  bool split_offsets;
 
   EDSC_HOST_DEVICE GlobalPixelValues(const DeformSepconvParams<scalar_t, index_t>& p, index_t n, index_t pixel,
                                      index_t KH, index_t KW,
@@ -167,11 +180,14 @@ struct GlobalPixelValues {
     stride = channel_stride<kChannelsLast>(hw_out);
     vert_base = pixel_view<kChannelsLast>(n, pixel, KH, hw_out).base;
     horz_base = pixel_view<kChannelsLast>(n, pixel, KW, hw_out).base;
-    offs_base = pixel_view<kChannelsLast>(n, pixel, 2 * KH * KW, hw_out).base;
+    split_offsets = p.split_offsets();
+    offs_base = pixel_view<kChannelsLast>(n, pixel, (split_offsets ? 1 : 2) * KH * KW, hw_out).base;
+    offs_tap_stride = split_offsets ? stride : 2 * stride;
     mask_base = pixel_view<kChannelsLast>(n, pixel, KH * KW, hw_out).base;
     vert = p.vertical ? p.vertical + vert_base : nullptr;
     horz = p.horizontal ? p.horizontal + horz_base : nullptr;
     offs = p.offset ? p.offset + offs_base : nullptr;
+    offs_dx = split_offsets ? p.offset_dx + offs_base : (offs ? offs + stride : nullptr);
     mask = p.mask ? p.mask + mask_base : nullptr;
   }
 
@@ -189,7 +205,7 @@ struct GlobalPixelValues {
   // Component 0 (dy) or 1 (dx) of tap t's offset.
   template <typename acc_t>
   EDSC_HOST_DEVICE acc_t offset_value(index_t, index_t t, int component) const {
-    return static_cast<acc_t>(offs[(2 * t + component) * stride]);
+    return static_cast<acc_t>((component == 0 ? offs : offs_dx)[t * offs_tap_stride]);
   }
 
   EDSC_HOST_DEVICE bool any_grad() const { return grads.any(); }
@@ -203,8 +219,12 @@ struct GlobalPixelValues {
   }
   EDSC_HOST_DEVICE void store_mask_grad(index_t, index_t t, scalar_t v) const { grads.mask[mask_base + t * stride] = v; }
   EDSC_HOST_DEVICE void store_offset_grad(index_t, index_t t, scalar_t dy, scalar_t dx) const {
-    grads.offset[offs_base + 2 * t * stride] = dy;
-    grads.offset[offs_base + (2 * t + 1) * stride] = dx;
+    grads.offset[offs_base + t * offs_tap_stride] = dy;
+    if (split_offsets) {
+      grads.offset_dx[offs_base + t * offs_tap_stride] = dx;
+    } else {
+      grads.offset[offs_base + t * offs_tap_stride + stride] = dx;
+    }
   }
 };
 
@@ -341,7 +361,11 @@ EDSC_HOST_DEVICE void deform_sepconv_backward_pixel_with(const DeformSepconvPara
         px += values.template offset_value<acc_t>(j, t, 1);
       }
       const auto s = make_bilinear_sample<acc_t, index_t>(py, px, p.height_in, p.width_in, p.padding_mode,
-                                                          input_pixel_stride<kChannelsLast>(p));
+                                                          input_pixel_stride<kChannelsLast>(p), p.frame_pad_h,
+                                                          p.frame_pad_w);
+      // EDSC mode's doubled border samples scale the value and so every derivative of it.
+      const acc_t scale = s.weight_scale();
+      const acc_t w_scaled = w * scale;
 
       // Sums over channels of dL/dout * S, dL/dout * dS/dly and dL/dout * dS/dlx.
       acc_t grad_w = acc_t(0), grad_ly = acc_t(0), grad_lx = acc_t(0);
@@ -371,13 +395,16 @@ EDSC_HOST_DEVICE void deform_sepconv_backward_pixel_with(const DeformSepconvPara
             grad_lx += g[cc] * interpolate_dx(s, corners[cc]);
           }
           if (c >= scatter_begin && c < scatter_end) {
-            const acc_t value = g[cc] * w;
+            const acc_t value = g[cc] * w_scaled;
             scatter_corners(s, s.finite ? value : acc_t(0), c, add_input_grad);
           }
         }
       }
       if (!s.finite && p.channels > 0) grad_w = grad_ly = grad_lx = quiet_nan<acc_t>();
       if (!param_grads) continue;
+      grad_w *= scale;
+      grad_ly *= scale;
+      grad_lx *= scale;
       if (values.wants_vertical_grad()) grad_v += grad_w * wh * wm;
       if (values.wants_horizontal_grad()) grad_h[j] += grad_w * wv * wm;
       if (values.wants_mask_grad()) values.store_mask_grad(j, t, static_cast<scalar_t>(grad_w * wv * wh));

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <tuple>
 
 #include <ATen/core/Tensor.h>
 
@@ -22,7 +23,8 @@ struct DeformSepconvConfig {
 // Validated tensors of one call, all dense in one memory format (memory_format()). Absent
 // optional tensors stay undefined.
 struct DeformSepconvTensors {
-  at::Tensor input, vertical, horizontal, offset, mask, grad_output;
+  // offset_dx defined: split offsets, offset holding dy and offset_dx dx (DeformSepconvParams).
+  at::Tensor input, vertical, horizontal, offset, mask, grad_output, offset_dx;
   int64_t height_out = 0, width_out = 0;
   bool use_32bit_indexing = true;
   bool channels_last = false;  // the call's layout; kernels take it as kChannelsLast (EDSC_DISPATCH_LAYOUT)
@@ -35,17 +37,29 @@ struct DeformSepconvTensors {
 // Checks what memory safety depends on (the Python layer gives the friendlier messages first)
 // and makes every tensor dense in the call's memory format: channels_last when the input is
 // (wants_channels_last), NCHW-contiguous otherwise; a tensor already so is not copied.
-// grad_output is checked when given.
+// grad_output is checked when given. With offset_dx (split offsets), offset and offset_dx are the
+// dy and dx of every tap, (N, KH*KW, H_out, W_out) each; else offset is (N, 2*KH*KW, H_out, W_out).
 DeformSepconvTensors prepare_deform_sepconv(const at::Tensor& input, const std::optional<at::Tensor>& vertical,
                                             const std::optional<at::Tensor>& horizontal,
                                             const std::optional<at::Tensor>& offset,
                                             const std::optional<at::Tensor>& mask, const DeformSepconvConfig& cfg,
-                                            const at::Tensor* grad_output = nullptr);
+                                            const at::Tensor* grad_output = nullptr,
+                                            const std::optional<at::Tensor>& offset_dx = std::nullopt);
 
-// Allocates the five gradient outputs in the call's memory format: zero-filled where requested
-// (the input gradient is accumulated into), a 0-element tensor where not.
-std::array<at::Tensor, 5> allocate_deform_sepconv_grads(const DeformSepconvTensors& t,
-                                                        const std::array<bool, 5>& output_mask);
+// The gradients of input, vertical, horizontal, offset, mask and offset_dx (split offsets).
+using DeformSepconvGrads = std::array<at::Tensor, 6>;
+constexpr int kOffsetDxGrad = 5;
+
+// What the backward op returns: DeformSepconvGrads as a tuple.
+using DeformSepconvBackwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+inline DeformSepconvBackwardResult backward_result(const DeformSepconvGrads& g) {
+  return {g[0], g[1], g[2], g[3], g[4], g[5]};
+}
+
+// Allocates the gradient outputs in the call's memory format: zero-filled where requested (the
+// input gradient is accumulated into), a 0-element tensor where not. output_mask[3] asks for both
+// offset gradients of split offsets.
+DeformSepconvGrads allocate_deform_sepconv_grads(const DeformSepconvTensors& t, const std::array<bool, 5>& output_mask);
 
 // A channels_last input (and not also contiguous) makes the call channels_last: its output and
 // gradients come back in channels_last, as PyTorch's own convolutions do. edsc_ext/ops.py's fake
@@ -69,6 +83,7 @@ DeformSepconvParams<scalar_t, index_t> make_params(const DeformSepconvTensors& t
   p.vertical = data_or_null<scalar_t>(t.vertical);
   p.horizontal = data_or_null<scalar_t>(t.horizontal);
   p.offset = data_or_null<scalar_t>(t.offset);
+  p.offset_dx = data_or_null<scalar_t>(t.offset_dx);
   p.mask = data_or_null<scalar_t>(t.mask);
   p.batch = static_cast<index_t>(t.input.size(0));
   p.channels = static_cast<index_t>(t.input.size(1));
@@ -78,8 +93,12 @@ DeformSepconvParams<scalar_t, index_t> make_params(const DeformSepconvTensors& t
   p.width_out = static_cast<index_t>(t.width_out);
   p.kernel_h = static_cast<index_t>(cfg.kernel_h);
   p.kernel_w = static_cast<index_t>(cfg.kernel_w);
-  p.pad_h = static_cast<index_t>(cfg.pad_h);
-  p.pad_w = static_cast<index_t>(cfg.pad_w);
+  // EDSC mode moves tap 0 by edsc_tap_shift: y - pad_h + shift = y - (pad_h - shift).
+  const bool edsc = cfg.padding_mode == kPaddingEdsc;
+  p.pad_h = static_cast<index_t>(cfg.pad_h - (edsc ? edsc_tap_shift(cfg.kernel_h) : 0));
+  p.pad_w = static_cast<index_t>(cfg.pad_w - (edsc ? edsc_tap_shift(cfg.kernel_w) : 0));
+  p.frame_pad_h = static_cast<index_t>(cfg.pad_h);
+  p.frame_pad_w = static_cast<index_t>(cfg.pad_w);
   p.dilation_h = static_cast<index_t>(cfg.dilation_h);
   p.dilation_w = static_cast<index_t>(cfg.dilation_w);
   p.padding_mode = cfg.padding_mode;
@@ -87,9 +106,10 @@ DeformSepconvParams<scalar_t, index_t> make_params(const DeformSepconvTensors& t
 }
 
 template <typename scalar_t>
-DeformSepconvParamGrads<scalar_t> make_param_grads(const std::array<at::Tensor, 5>& grads) {
+DeformSepconvParamGrads<scalar_t> make_param_grads(const DeformSepconvGrads& grads) {
   return {mutable_data_or_null<scalar_t>(grads[1]), mutable_data_or_null<scalar_t>(grads[2]),
-          mutable_data_or_null<scalar_t>(grads[3]), mutable_data_or_null<scalar_t>(grads[4])};
+          mutable_data_or_null<scalar_t>(grads[3]), mutable_data_or_null<scalar_t>(grads[4]),
+          mutable_data_or_null<scalar_t>(grads[kOffsetDxGrad])};
 }
 
 // Runs body.template operator()<index_t>() with 32-bit indices when every offset fits.

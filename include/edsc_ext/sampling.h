@@ -27,7 +27,20 @@ namespace edsc_ext {
 enum PaddingMode : int64_t {
   kPaddingZeros = 0,   // outside pixels are 0
   kPaddingBorder = 1,  // coordinates clamped into the image (replicate padding)
+  // The EDSC layer's sampling (edsc_ext/compat.py): border mode, except that a coordinate beyond
+  // the frame replicate-padded by the call's padding counts the border pixel twice along that axis.
+  // Its tap origin shift (edsc_tap_shift) is applied where the kernel parameters are made.
+  kPaddingEdsc = 2,
 };
+
+// The EDSC layer's first tap sits at 1 - (K-1)//2 relative to the output pixel in the padded
+// frame, one pixel before a centred kernel's at K=5.
+EDSC_HOST_DEVICE int64_t edsc_tap_shift(int64_t kernel) { return 1 - (kernel - 1) / 2; }
+
+// Whether a mode clamps coordinates into the image (and so reads only pixels inside it).
+EDSC_HOST_DEVICE bool clamps_coordinates(int64_t padding_mode) {
+  return padding_mode == kPaddingBorder || padding_mode == kPaddingEdsc;
+}
 
 template <typename acc_t>
 EDSC_HOST_DEVICE bool is_finite(acc_t v) {
@@ -53,18 +66,28 @@ struct AxisSample {
   bool lo_in;      // 0 <= lo < size
   bool hi_in;      // 0 <= lo + 1 < size
   acc_t dcoord;    // 1, or 0 where the border mode clamped the coordinate
+  acc_t scale;     // 2 where the EDSC mode counts the border pixel twice, else 1
 };
 
 // Resolves a finite coordinate along an axis of length `size` under `padding_mode`.
 // Zeros mode: the coordinate is first clamped to [-2, size + 1], which leaves every corner of a
 // far-away sample outside (value 0, gradient 0) and keeps floor() inside index_t for any finite
 // input, 1e30 included. Border mode: clamped to [0, size - 1]; like grid_sample, the exact borders
-// count as clamped, so the offset gradient is 0 there.
+// count as clamped, so the offset gradient is 0 there. EDSC mode: as border mode, with scale 2 where
+// the coordinate lies before -frame_pad or at or past size - 1 + frame_pad, i.e. outside
+// [0, padded size - 1) of the frame padded by frame_pad (the original clamps there and adds both
+// bilinear corners, the same border pixel, at weight 1).
 template <typename acc_t, typename index_t>
-EDSC_HOST_DEVICE AxisSample<acc_t, index_t> sample_axis(acc_t coord, index_t size, int64_t padding_mode) {
+EDSC_HOST_DEVICE AxisSample<acc_t, index_t> sample_axis(acc_t coord, index_t size, int64_t padding_mode,
+                                                        index_t frame_pad = 0) {
   AxisSample<acc_t, index_t> s;
   s.dcoord = acc_t(1);
-  if (padding_mode == kPaddingBorder) {
+  s.scale = acc_t(1);
+  if (padding_mode == kPaddingEdsc &&
+      (coord < static_cast<acc_t>(-frame_pad) || coord >= static_cast<acc_t>(size - 1 + frame_pad))) {
+    s.scale = acc_t(2);
+  }
+  if (clamps_coordinates(padding_mode)) {
     const acc_t hi = static_cast<acc_t>(size - 1);
     if (coord <= acc_t(0) || coord >= hi) {
       coord = coord <= acc_t(0) ? acc_t(0) : hi;
@@ -85,6 +108,7 @@ EDSC_HOST_DEVICE AxisSample<acc_t, index_t> sample_axis(acc_t coord, index_t siz
 // an integer, and its sample is that one pixel (fraction 0: the upper corner's weight is 0). Returns
 // whether the pixel is read, with `coord` the pixel's index: false outside the image in zeros mode
 // (the sample is 0); border mode clamps into the image, as sample_axis does.
+// (The grid-tap kernels do not take EDSC mode: takes_grid_taps.)
 template <typename index_t>
 EDSC_HOST_DEVICE bool grid_tap_pixel(index_t& coord, index_t size, int64_t padding_mode) {
   if (padding_mode == kPaddingBorder) {
@@ -106,12 +130,15 @@ struct BilinearSample {
   EDSC_HOST_DEVICE index_t offset_of(index_t dy, index_t dx) const {
     return (y.lo + dy) * row_stride + (x.lo + dx) * pixel_stride;
   }
+  // The factor of the bilinear value (and of its derivatives): 1 but in EDSC mode.
+  EDSC_HOST_DEVICE acc_t weight_scale() const { return y.scale * x.scale; }
 };
 
 template <typename acc_t, typename index_t>
 EDSC_HOST_DEVICE BilinearSample<acc_t, index_t> make_bilinear_sample(acc_t py, acc_t px, index_t height,
                                                                      index_t width, int64_t padding_mode,
-                                                                     index_t pixel_stride) {
+                                                                     index_t pixel_stride, index_t frame_pad_h = 0,
+                                                                     index_t frame_pad_w = 0) {
   BilinearSample<acc_t, index_t> s;
   s.row_stride = width * pixel_stride;
   s.pixel_stride = pixel_stride;
@@ -120,8 +147,8 @@ EDSC_HOST_DEVICE BilinearSample<acc_t, index_t> make_bilinear_sample(acc_t py, a
     py = acc_t(0);
     px = acc_t(0);
   }
-  s.y = sample_axis<acc_t, index_t>(py, height, padding_mode);
-  s.x = sample_axis<acc_t, index_t>(px, width, padding_mode);
+  s.y = sample_axis<acc_t, index_t>(py, height, padding_mode, frame_pad_h);
+  s.x = sample_axis<acc_t, index_t>(px, width, padding_mode, frame_pad_w);
   return s;
 }
 

@@ -172,16 +172,18 @@ EDSC_CPU_INLINE inline void deform_sepconv_backward_grid_taps_row(const DeformSe
 //   (kPixelsTwoPass): the parameter gradients in parallel over pixels, then the input gradient in
 //   parallel over (n, channel) planes (every sample of output plane (n, c) lands in input plane
 //   (n, c) alone), which samples again but needs no scratch.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_sepconv_backward_cpu(
+DeformSepconvBackwardResult deform_sepconv_backward_cpu(
     const at::Tensor& grad_output, const at::Tensor& input, const std::optional<at::Tensor>& vertical,
     const std::optional<at::Tensor>& horizontal, const std::optional<at::Tensor>& offset,
     const std::optional<at::Tensor>& mask, int64_t kernel_h, int64_t kernel_w, int64_t pad_h, int64_t pad_w,
-    int64_t dilation_h, int64_t dilation_w, int64_t padding_mode, std::array<bool, 5> output_mask) {
+    int64_t dilation_h, int64_t dilation_w, int64_t padding_mode, std::array<bool, 5> output_mask,
+    const std::optional<at::Tensor>& offset_dx) {
   const DeformSepconvConfig cfg{kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode};
-  const DeformSepconvTensors t = prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg, &grad_output);
+  const DeformSepconvTensors t =
+      prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg, &grad_output, offset_dx);
   auto grads = allocate_deform_sepconv_grads(t, output_mask);
   const CpuBackwardPlan plan = plan_cpu_backward(describe_call(t, cfg, output_mask, false), this_cpu(), kernel_policy());
-  if (plan.kernel == CpuBackwardKernel::kEmpty) return {grads[0], grads[1], grads[2], grads[3], grads[4]};
+  if (plan.kernel == CpuBackwardKernel::kEmpty) return backward_result(grads);
 
   EDSC_DISPATCH_CPU_CALL("deform_sepconv_backward_cpu", t, kernel_h, kernel_w, [&] {
     const auto p = make_params<scalar_t, index_t>(t, cfg);
@@ -279,7 +281,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
         // channel's adds are the same either way, so the thread count changes no bit.
         const auto input_grad_pass = [&](auto channel_block) {
           constexpr int kBlock = decltype(channel_block)::value;
-          const DeformSepconvParamGrads<scalar_t> none{nullptr, nullptr, nullptr, nullptr};
+          const DeformSepconvParamGrads<scalar_t> none{};
           const index_t blocks = (p.channels + kBlock - 1) / kBlock;
           at::parallel_for(0, p.batch * blocks, 1, [&](int64_t begin, int64_t end) {
             run_for_cpu(avx2, [&]() EDSC_CPU_INLINE {
@@ -307,7 +309,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
     }
     if (acc.defined() && !acc.is_same(grads[0])) grads[0].copy_(acc);
   });
-  return {grads[0], grads[1], grads[2], grads[3], grads[4]};
+  return backward_result(grads);
 }
 
 }  // namespace

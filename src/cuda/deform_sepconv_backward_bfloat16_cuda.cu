@@ -4,6 +4,6 @@
 namespace edsc_ext {
 
 template void launch_deform_sepconv_backward<c10::BFloat16>(const DeformSepconvTensors&, const DeformSepconvConfig&, const CudaBackwardPlan&,
-                                                   std::array<at::Tensor, 5>&, const FixedPointInputGrad&);
+                                                   DeformSepconvGrads&, const FixedPointInputGrad&);
 
 }  // namespace edsc_ext

@@ -10,7 +10,8 @@ namespace {
 
 // Bound on the magnitude of any input-gradient element: every contribution is
 // dL/dout * V_i * H_j * M_t * (bilinear weight <= 1), so summing max_c |dL/dout| * sum_i |V_i| *
-// sum_j |H_j| * max_t |M_t| over all output pixels bounds every element's total. Device-side only.
+// sum_j |H_j| * max_t |M_t| over all output pixels bounds every element's total (times 4 in EDSC
+// mode, whose doubled border samples weigh up to 2 per axis). Device-side only.
 FixedPointInputGrad prepare_fixed_point_input_grad(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg) {
   const auto f64 = t.input.options().dtype(at::kDouble);
   at::Tensor per_pixel = t.grad_output.abs().amax(1).to(at::kDouble);
@@ -20,7 +21,7 @@ FixedPointInputGrad prepare_fixed_point_input_grad(const DeformSepconvTensors& t
                                                   : at::scalar_tensor(double(cfg.kernel_w), f64));
   if (t.mask.defined()) per_pixel = per_pixel * t.mask.abs().amax(1).to(at::kDouble);
   FixedPointInputGrad w;
-  w.bound = per_pixel.sum();
+  w.bound = per_pixel.sum() * (cfg.padding_mode == kPaddingEdsc ? 4.0 : 1.0);
   w.scale = at::where(w.bound > 0, at::scalar_tensor(4.611686018427387904e18, f64) / w.bound,
                       at::scalar_tensor(1.0, f64));
   w.sums = at::empty(t.input.sizes(), t.input.options().dtype(at::kLong).memory_format(t.memory_format())).zero_();
@@ -34,11 +35,12 @@ at::Tensor finish_fixed_point_input_grad(const FixedPointInputGrad& w) {
   return at::where(bad, at::scalar_tensor(std::numeric_limits<double>::quiet_NaN(), value.options()), value);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_sepconv_backward_cuda(
+DeformSepconvBackwardResult deform_sepconv_backward_cuda(
     const at::Tensor& grad_output, const at::Tensor& input, const std::optional<at::Tensor>& vertical,
     const std::optional<at::Tensor>& horizontal, const std::optional<at::Tensor>& offset,
     const std::optional<at::Tensor>& mask, int64_t kernel_h, int64_t kernel_w, int64_t pad_h, int64_t pad_w,
-    int64_t dilation_h, int64_t dilation_w, int64_t padding_mode, std::array<bool, 5> output_mask) {
+    int64_t dilation_h, int64_t dilation_w, int64_t padding_mode, std::array<bool, 5> output_mask,
+    const std::optional<at::Tensor>& offset_dx) {
   const c10::cuda::CUDAGuard device_guard(input.device());
   if (input.dim() == 4 && backward_runs_on_nchw_copies(wants_channels_last(input), input.size(1))) {
     // One thread per output pixel loops over the channels, so in channels_last each of its frame
@@ -51,20 +53,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
     };
     auto grads = deform_sepconv_backward_cuda(grad_output.contiguous(), input.contiguous(), nchw(vertical),
                                               nchw(horizontal), nchw(offset), nchw(mask), kernel_h, kernel_w, pad_h,
-                                              pad_w, dilation_h, dilation_w, padding_mode, output_mask);
+                                              pad_w, dilation_h, dilation_w, padding_mode, output_mask,
+                                              nchw(offset_dx));
     const auto back = [](const at::Tensor& g) {
       return g.numel() > 0 ? g.contiguous(at::MemoryFormat::ChannelsLast) : g;
     };
     return {back(std::get<0>(grads)), back(std::get<1>(grads)), back(std::get<2>(grads)), back(std::get<3>(grads)),
-            back(std::get<4>(grads))};
+            back(std::get<4>(grads)), back(std::get<5>(grads))};
   }
   const DeformSepconvConfig cfg{kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode};
-  const DeformSepconvTensors t = prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg, &grad_output);
+  const DeformSepconvTensors t =
+      prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg, &grad_output, offset_dx);
   auto grads = allocate_deform_sepconv_grads(t, output_mask);
   const CudaBackwardPlan plan =
       plan_cuda_backward(describe_call(t, cfg, output_mask, at::globalContext().deterministicAlgorithms()),
                          cuda_device_facts(input.device().index()), kernel_policy());
-  if (plan.empty) return {grads[0], grads[1], grads[2], grads[3], grads[4]};
+  if (plan.empty) return backward_result(grads);
   if (plan.gather_input_grad) launch_gather_input_grad(t, cfg, plan, grads[0]);
   if (plan.grid_tap_param_grads) launch_grid_taps_param_grads(t, cfg, plan, grads);
   if (plan.kernel != CudaBackwardKernel::kNone) {
@@ -75,7 +79,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_se
     });
     if (plan.deterministic) grads[0].copy_(finish_fixed_point_input_grad(fixed_point));
   }
-  return {grads[0], grads[1], grads[2], grads[3], grads[4]};
+  return backward_result(grads);
 }
 
 }  // namespace

@@ -24,7 +24,7 @@ struct FixedPointInputGrad {
 // and the input gradient if it was not gathered (into fixed_point.sums when plan.deterministic).
 template <typename scalar_t>
 void launch_deform_sepconv_backward(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
-                                    const CudaBackwardPlan& plan, std::array<at::Tensor, 5>& grads,
+                                    const CudaBackwardPlan& plan, DeformSepconvGrads& grads,
                                     const FixedPointInputGrad& fixed_point);
 
 // The grid-tap calls (no offsets or dilation, up to 4 channels): the input gradient gathered into
@@ -33,6 +33,6 @@ void launch_deform_sepconv_backward(const DeformSepconvTensors& t, const DeformS
 void launch_gather_input_grad(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
                               const CudaBackwardPlan& plan, at::Tensor& grad_input);
 void launch_grid_taps_param_grads(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
-                                  const CudaBackwardPlan& plan, const std::array<at::Tensor, 5>& grads);
+                                  const CudaBackwardPlan& plan, const DeformSepconvGrads& grads);
 
 }  // namespace edsc_ext

@@ -11,7 +11,7 @@ namespace edsc_ext {
 
 template <typename scalar_t>
 void launch_deform_sepconv_backward(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
-                                    const CudaBackwardPlan& plan, std::array<at::Tensor, 5>& grads,
+                                    const CudaBackwardPlan& plan, DeformSepconvGrads& grads,
                                     const FixedPointInputGrad& fixed_point) {
   const at::Tensor& input = t.input;
   const int64_t pixels = input.size(0) * t.height_out * t.width_out;

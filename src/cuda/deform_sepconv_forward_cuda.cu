@@ -18,10 +18,12 @@ at::Tensor deform_sepconv_forward_cuda(const at::Tensor& input, const std::optio
                                        const std::optional<at::Tensor>& horizontal,
                                        const std::optional<at::Tensor>& offset, const std::optional<at::Tensor>& mask,
                                        int64_t kernel_h, int64_t kernel_w, int64_t pad_h, int64_t pad_w,
-                                       int64_t dilation_h, int64_t dilation_w, int64_t padding_mode) {
+                                       int64_t dilation_h, int64_t dilation_w, int64_t padding_mode,
+                                       const std::optional<at::Tensor>& offset_dx) {
   const c10::cuda::CUDAGuard device_guard(input.device());
   const DeformSepconvConfig cfg{kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode};
-  const DeformSepconvTensors t = prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg);
+  const DeformSepconvTensors t =
+      prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg, nullptr, offset_dx);
   at::Tensor output = at::empty({input.size(0), input.size(1), t.height_out, t.width_out},
                                 input.options().memory_format(t.memory_format()));
   const CudaForwardPlan plan =

@@ -74,8 +74,10 @@ CudaForwardPlan plan_cuda_forward(const DeformSepconvCall& c, const CudaDeviceFa
   }
   const bool specialized = c.square_kernel(kSpecializedKernel) && c.use_32bit_indexing;
   // RGB takes the exact-RGB one-thread kernel instead, which beats it in these types too.
+  // The staged and lane-pair forwards and the warp-staged backward copy (dy, dx) pairs of one
+  // offset tensor: split offsets take the kernels that read them through GlobalPixelValues.
   if (specialized && !policy.plain_forward && !c.channels_last && c.element_size == kStagedElementSize &&
-      c.channels <= kSmallChannels && c.channels != 3 && device.major >= kStagedMinMajor) {
+      c.channels <= kSmallChannels && c.channels != 3 && device.major >= kStagedMinMajor && !c.split_offsets) {
     // cp.async needs aligned addresses, and a segment starts at (n * channels + k) * hw + p0 elements.
     const int64_t row_bytes = c.height_out * c.width_out * c.element_size;
     for (const int chunk : {16, 4}) {
@@ -88,7 +90,7 @@ CudaForwardPlan plan_cuda_forward(const DeformSepconvCall& c, const CudaDeviceFa
   }
   // Not float64: its staged values would not fit 48 KB, and it was not measured unstaged.
   if (specialized && !policy.plain_forward && c.channels_last && c.channels <= kSmallChannels &&
-      c.element_size <= 4 && c.offset_pairs_aligned) {
+      c.element_size <= 4 && c.offset_pairs_aligned && !c.split_offsets) {
     plan.kernel = CudaForwardKernel::kLanePairs;
     plan.staged_values = c.per_pixel_alignment >= 16;  // the 16-byte copies' alignment
     plan.exact_rgb = c.channels == 3;
@@ -173,6 +175,7 @@ CudaBackwardPlan plan_cuda_backward(const DeformSepconvCall& c, const CudaDevice
   // Static buffers plus the tile can exceed the 48 KB a block gets without opting in, which Hopper
   // and Ampere allow and Turing (64 KB) may not.
   plan.warp_staged = policy.warp_staging && c.channels_last && fixed_point_tile && fixed5 && c.offset_pairs_aligned &&
+                     !c.split_offsets &&
                      warp_staged_static_bytes(c.element_size) + plan.tile_shared_bytes <= shared_limit;
   plan.exact_rgb = rgb && plan.channel_block == 3 && (plan.warp_staged || (fixed5 && !c.channels_last));
   plan.prefetch = policy.prefetch && fixed5 && !c.channels_last;

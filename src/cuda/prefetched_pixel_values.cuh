@@ -21,8 +21,8 @@ __device__ __forceinline__ void prefetch_l2(const void* address) {
 
 // Prefetches into L2 the lines of a warp's run of output pixels, from global pixel `first` to
 // `last` (n * H_out * W_out + pixel, both inclusive, in at most two images), in every plane of the
-// present per-pixel tensors: plane m < 2K + 3K^2 is vertical m, horizontal m - K, offset m - 2K,
-// then mask. Lane `lane` takes planes lane, lane + 32, ...
+// present per-pixel tensors: plane m < 2K + 3K^2 is vertical m, horizontal m - K, offset m - 2K
+// (split offsets: dy, then dx), then mask. Lane `lane` takes planes lane, lane + 32, ...
 template <int K, typename scalar_t>
 __device__ __forceinline__ void prefetch_warp_planes_l2(const DeformSepconvParams<scalar_t, int32_t>& p,
                                                         int32_t first, int32_t last, int lane) {
@@ -39,7 +39,12 @@ __device__ __forceinline__ void prefetch_warp_planes_l2(const DeformSepconvParam
     } else if (q < 2 * K) {
       base = p.horizontal, planes = K, m = q - K;
     } else if (q < 2 * K + 2 * K * K) {
-      base = p.offset, planes = 2 * K * K, m = q - 2 * K;
+      m = q - 2 * K;
+      if (p.offset_dx == nullptr) {
+        base = p.offset, planes = 2 * K * K;
+      } else {
+        base = m < K * K ? p.offset : p.offset_dx, planes = K * K, m = m < K * K ? m : m - K * K;
+      }
     } else {
       base = p.mask, planes = K * K, m = q - 2 * K - 2 * K * K;
     }

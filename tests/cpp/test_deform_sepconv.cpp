@@ -20,10 +20,10 @@ namespace {
 
 using OptTensor = std::optional<at::Tensor>;
 using ForwardFn = at::Tensor(const at::Tensor&, const OptTensor&, const OptTensor&, const OptTensor&, const OptTensor&,
-                             int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
-using BackwardFn = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+                             int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, const OptTensor&);
+using BackwardFn = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const OptTensor&, const OptTensor&, const OptTensor&, const OptTensor&,
-    int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, std::array<bool, 5>);
+    int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, std::array<bool, 5>, const OptTensor&);
 using AddFn = at::Tensor(const at::Tensor&, const at::Tensor&);
 
 int failures = 0;
@@ -72,14 +72,15 @@ void run_cases(const at::Device device) {
   // 1. sepconv: 2x2 kernel, vertical (1, 2), horizontal (1, 3) at every pixel, no padding.
   //    out[y][x] = 1*in[y][x] + 3*in[y][x+1] + 2*in[y+1][x] + 6*in[y+1][x+1]
   const at::Tensor v = per_channel({1, 2}, 2, 2, o), h = per_channel({1, 3}, 2, 2, o);
-  const at::Tensor out = forward.call(input, v, h, std::nullopt, std::nullopt, 2, 2, 0, 0, 1, 1, /*zeros*/ 0);
+  const at::Tensor out =
+      forward.call(input, v, h, std::nullopt, std::nullopt, 2, 2, 0, 0, 1, 1, /*zeros*/ 0, std::nullopt);
   expect_close("separable forward" + on, out, {45, 57, 81, 93});
 
   // Its backward with grad_output = 1: d/dinput sums V_i*H_j over the taps reading each pixel;
   // d/dV[0] at (0,0) = in[0][0] + 3*in[0][1] = 7; d/dH[1] at (0,0) = in[0][1] + 2*in[1][1] = 12.
   const at::Tensor ones = at::ones({1, 1, 2, 2}, o);
   const std::array<bool, 5> mask5 = {true, true, true, false, false};
-  auto grads = backward.call(ones, input, v, h, std::nullopt, std::nullopt, 2, 2, 0, 0, 1, 1, 0, mask5);
+  auto grads = backward.call(ones, input, v, h, std::nullopt, std::nullopt, 2, 2, 0, 0, 1, 1, 0, mask5, std::nullopt);
   expect_close("separable grad input" + on, std::get<0>(grads), {1, 4, 3, 3, 12, 9, 2, 8, 6});
   expect_close("separable grad vertical[0]" + on, std::get<1>(grads).select(1, 0), {7, 11, 19, 23});
   expect_close("separable grad horizontal[1]" + on, std::get<2>(grads).select(1, 1), {12, 15, 21, 24});
@@ -89,12 +90,23 @@ void run_cases(const at::Device device) {
   //    point (2.5, 2.25) sees only pixel (2, 2) with weight 0.5*0.75 ('zeros': 9*0.375), or is
   //    clamped onto it ('border': 9).
   const at::Tensor offset = per_channel({0.5, 0.25}, 3, 3, o), mask = at::full({1, 1, 3, 3}, 2.0, o);
-  const at::Tensor zeros = forward.call(input, std::nullopt, std::nullopt, offset, mask, 1, 1, 0, 0, 1, 1, 0);
-  const at::Tensor border = forward.call(input, std::nullopt, std::nullopt, offset, mask, 1, 1, 0, 0, 1, 1, 1);
+  const at::Tensor zeros =
+      forward.call(input, std::nullopt, std::nullopt, offset, mask, 1, 1, 0, 0, 1, 1, 0, std::nullopt);
+  const at::Tensor border =
+      forward.call(input, std::nullopt, std::nullopt, offset, mask, 1, 1, 0, 0, 1, 1, 1, std::nullopt);
   expect_close("offset+mask forward, zeros, pixel (0,0)" + on, zeros.select(2, 0).select(2, 0), {2 * 2.75});
   expect_close("offset+mask forward, zeros, pixel (1,1)" + on, zeros.select(2, 1).select(2, 1), {2 * 6.75});
   expect_close("offset+mask forward, zeros, pixel (2,2)" + on, zeros.select(2, 2).select(2, 2), {2 * 3.375});
   expect_close("offset+mask forward, border, pixel (2,2)" + on, border.select(2, 2).select(2, 2), {2 * 9.0});
+
+  // 3. EDSC mode, 1x1 kernel, split offsets (dy and dx as two zero tensors): the tap sits at
+  //    (y + 1, x + 1) (shift 1 - (K-1)//2 = 1), clamped into the image, and a coordinate >= 2
+  //    (= size - 1) counts its border pixel twice along that axis.
+  const at::Tensor zero_offset = at::zeros({1, 1, 3, 3}, o);
+  const at::Tensor edsc =
+      forward.call(input, std::nullopt, std::nullopt, zero_offset, std::nullopt, 1, 1, 0, 0, 1, 1, /*edsc*/ 2,
+                   zero_offset.clone());
+  expect_close("edsc forward, split offsets" + on, edsc, {5, 12, 12, 16, 36, 36, 16, 36, 36});
 
   expect_close("vector_add" + on, vector_add.call(at::arange(2, o), at::full({2}, 3.0, o)), {3, 4});
 }

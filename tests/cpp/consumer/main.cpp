@@ -14,7 +14,8 @@
 int main() {
   using OptTensor = std::optional<at::Tensor>;
   using ForwardFn = at::Tensor(const at::Tensor&, const OptTensor&, const OptTensor&, const OptTensor&,
-                               const OptTensor&, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
+                               const OptTensor&, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                               const OptTensor&);
   try {
     auto forward = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("edsc_ext::deform_sepconv_forward", "")
@@ -25,8 +26,9 @@ int main() {
     const at::Tensor input = at::arange(1, 10, o).reshape({1, 1, 3, 3});
     const at::Tensor v = at::cat({at::full({1, 1, 2, 2}, 1.0, o), at::full({1, 1, 2, 2}, 2.0, o)}, 1);
     const at::Tensor h = at::cat({at::full({1, 1, 2, 2}, 1.0, o), at::full({1, 1, 2, 2}, 3.0, o)}, 1);
-    const at::Tensor out = forward.call(input, v, h, std::nullopt, std::nullopt, 2, 2, 0, 0, 1, 1, /*zeros*/ 0)
-                               .reshape({-1});
+    const at::Tensor out =
+        forward.call(input, v, h, std::nullopt, std::nullopt, 2, 2, 0, 0, 1, 1, /*zeros*/ 0, /*offset_dx*/ std::nullopt)
+            .reshape({-1});
     const std::vector<double> expected = {45, 57, 81, 93};
     bool ok = out.numel() == 4;
     for (int64_t k = 0; ok && k < 4; ++k) ok = std::abs(out[k].item<double>() - expected[k]) < 1e-12;
