@@ -1,10 +1,21 @@
-"""`python -m edsc_ext.benchmark`: times ``edsc_ext.deform_sepconv`` against the ``grid_sample``
-formulation and against the memory-bandwidth floor.
+"""`python -m edsc_ext.benchmark`: times ``edsc_ext.deform_sepconv`` against its peers and against the
+memory-bandwidth floor.
+
+The peers, each first checked equal (forward and every gradient) at a tiny size of the case:
+
+* ``compat``: the EDSC drop-in, :func:`edsc_ext.compat.compat_deform_sepconv` (the original layer's
+  sampling, ``offset_x``/``offset_y`` as two tensors, as EDSC's heads make them), on the cases of
+  EDSC's geometry (odd K, padding K//2, offsets and masks);
+* ``deform_conv2d``: :func:`torchvision.ops.deform_conv2d` (when torchvision is importable), which
+  computes the op in zeros mode with a depthwise weight of ones and ``mask = V[i] * H[j] * M[t]``,
+  that product made inside the timed call;
+* ``grid_sample``: :func:`edsc_ext.reference.deform_sepconv_grid_sample`, every tap's samples in one
+  :func:`torch.nn.functional.grid_sample` call.
 
 For every case (the table below; ``--device cpu`` picks a scaled-down list), every dtype and both
 passes (forward; forward+backward with every gradient) it reports the median time of ``--reps``
 runs, the achieved bandwidth (floor bytes / time), the percentage of the floor (floor time / time),
-the speed-up over :func:`edsc_ext.reference.deform_sepconv_grid_sample` and the peak memory
+each peer's time as a multiple of edsc_ext's, the speed-up over grid_sample and the peak memory
 allocated on top of the inputs. The floor is :func:`floor_bytes` divided by the device copy
 bandwidth measured in the same run (:func:`measure_copy_bandwidth`).
 
@@ -15,6 +26,7 @@ train       16x3x256x256     5            v, h, offset, mask, padding=2, border
 infer       1x3x1088x1920    5            v, h, offset, mask, padding=2, border
 batch       8x3x1088x1920    5            v, h, offset, mask, padding=2, border
 feat        4x32x256x256     5            v, h, offset, mask, padding=2, border
+feat64      4x64x256x256     5            v, h, offset, mask, padding=2, border
 sepconv     1x3x1088x1920    51           v, h (padding=25, border)
 adacof      8x3x256x256      5, dil. 2    offset, mask (kernel_size=5, dilation=2, padding=4, zeros)
 ==========  ===============  ===========  ====================================================
@@ -53,10 +65,12 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 
 import edsc_ext
+from edsc_ext.compat import compat_deform_sepconv
 from edsc_ext.reference import deform_sepconv_grid_sample
 
-__all__ = ["Case", "CASES", "CPU_CASES", "floor_bytes", "grid_sample_memory_estimate", "measure_copy_bandwidth",
-           "time_fn", "check_baseline", "run", "to_markdown", "main"]
+__all__ = ["Case", "CASES", "CPU_CASES", "floor_bytes", "grid_sample_memory_estimate", "deform_conv2d_memory_estimate",
+           "measure_copy_bandwidth", "time_fn", "check_peer", "check_baseline", "peer_skip_reason", "run",
+           "to_markdown", "main"]
 
 GB = 1e9  # bandwidths are in GB/s = 1e9 bytes per second
 MIB = 2.0 ** 20
@@ -64,7 +78,7 @@ MIB = 2.0 ** 20
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "float64": torch.float64}
 PASSES = ("fwd", "fwd+bwd")
-IMPLS = ("edsc_ext", "grid_sample")
+IMPLS = ("edsc_ext", "compat", "deform_conv2d", "grid_sample")
 OFFSET_STD = 1.5  # offsets ~ N(0, 1.5^2)
 
 
@@ -153,16 +167,17 @@ def _cases(sizes: Dict[str, tuple]) -> List[Case]:
         Case("infer", *sizes["infer"], **edsc),
         Case("batch", *sizes["batch"], **edsc),
         Case("feat", *sizes["feat"], **edsc),
+        Case("feat64", *sizes["feat64"], **edsc),
         Case("sepconv", *sizes["sepconv"], k=51, padding=25, padding_mode="border", deformable=False),
         Case("adacof", *sizes["adacof"], k=5, padding=4, dilation=2, padding_mode="zeros", separable=False),
     ]
 
 
 CASES = _cases({"train": (16, 3, 256, 256), "infer": (1, 3, 1088, 1920), "batch": (8, 3, 1088, 1920),
-                "feat": (4, 32, 256, 256), "sepconv": (1, 3, 1088, 1920), "adacof": (8, 3, 256, 256)})
+                "feat": (4, 32, 256, 256), "feat64": (4, 64, 256, 256), "sepconv": (1, 3, 1088, 1920), "adacof": (8, 3, 256, 256)})
 # Scaled down for --device cpu (same kernels and geometry).
 CPU_CASES = _cases({"train": (2, 3, 64, 64), "infer": (1, 3, 136, 240), "batch": (2, 3, 136, 240),
-                    "feat": (1, 32, 64, 64), "sepconv": (1, 3, 34, 60), "adacof": (2, 3, 64, 64)})
+                    "feat": (1, 32, 64, 64), "feat64": (1, 64, 64, 64), "sepconv": (1, 3, 34, 60), "adacof": (2, 3, 64, 64)})
 
 
 # ------------------------------------------------------------------------------------------------
@@ -286,31 +301,112 @@ def _leaves(tensors, requires_grad: bool):
     return [None if t is None else t.detach().requires_grad_(requires_grad) for t in tensors]
 
 
-def check_baseline(case: Case, device, seed: int = 0) -> float:
-    """Asserts that the grid_sample baseline equals edsc_ext (forward and every gradient) for
-    ``case``'s geometry at a tiny size, in float32 on ``device``; returns the worst abs. error."""
+def _torchvision_ops():
+    try:
+        import torchvision.ops
+    except Exception:  # not installed, or built for another torch
+        return None
+    return torchvision.ops
+
+
+def peer_skip_reason(impl: str, case: Case) -> Optional[str]:
+    """Why ``impl`` does not run ``case`` (None where it does)."""
+    if impl == "compat" and not (case.separable and case.deformable and case.k % 2 == 1 and case.dilation == 1
+                                 and case.padding == case.k // 2):
+        return "EDSC's geometry only"
+    if impl == "deform_conv2d" and _torchvision_ops() is None:
+        return "torchvision not importable"
+    return None
+
+
+def _impl_call(impl: str, case: Case, tensors) -> tuple:
+    """(fn, inputs): ``fn(*inputs)`` runs ``impl`` on the case's tensors, and ``inputs`` are what its
+    gradients are taken of. Whatever a user of that peer holds already (EDSC's two offset tensors,
+    torchvision's weight of ones) is made here, outside the timed call."""
+    frame, v, h, offset, mask = tensors
+    kwargs = case.kwargs()
+    if impl == "edsc_ext":
+        present = [t for t in tensors if t is not None]
+        return (lambda *ts: edsc_ext.deform_sepconv(*_fill(tensors, ts), **kwargs)), present
+    if impl == "grid_sample":
+        present = [t for t in tensors if t is not None]
+        return (lambda *ts: deform_sepconv_grid_sample(*_fill(tensors, ts), **kwargs)), present
+    if impl == "compat":
+        dy = offset[:, 0::2].detach().contiguous().requires_grad_(offset.requires_grad)
+        dx = offset[:, 1::2].detach().contiguous().requires_grad_(offset.requires_grad)
+        return (lambda f, vv, hh, oy, ox, m: compat_deform_sepconv(f, vv, hh, oy, ox, m, padding=case.padding),
+                [frame, v, h, dy, dx, mask])
+    if impl == "deform_conv2d":
+        ops = _torchvision_ops()
+        k, c = case.k, case.c
+        weight = torch.ones(c, 1, k, k, device=frame.device, dtype=frame.dtype)
+        fixed_offset = None if offset is not None else torch.zeros(
+            case.n, 2 * k * k, case.h, case.w, device=frame.device, dtype=frame.dtype)
+
+        def deform_conv2d(*ts):
+            f, vv, hh, off, m = _fill(tensors, ts)
+            weights = None
+            if vv is not None and hh is not None:
+                weights = (vv.unsqueeze(2) * hh.unsqueeze(1)).flatten(1, 2)  # V[i] * H[j] at tap i*K + j
+            if m is not None:
+                weights = m if weights is None else weights * m
+            return ops.deform_conv2d(f, off if off is not None else fixed_offset, weight,
+                                     padding=(case.padding, case.padding),
+                                     dilation=(case.dilation, case.dilation), mask=weights)
+        return deform_conv2d, [t for t in tensors if t is not None]
+    raise ValueError(f"unknown impl {impl!r}")
+
+
+def _fill(tensors, present):
+    """``tensors`` with its present entries replaced, in order, by ``present``."""
+    it = iter(present)
+    return [None if t is None else next(it) for t in tensors]
+
+
+def _reference_call(impl: str, case: Case):
+    """What ``impl`` must equal: edsc_ext in the sampling that peer computes."""
+    kwargs = case.kwargs()
+    if impl == "compat":
+        kwargs["padding_mode"] = "edsc"
+    elif impl == "deform_conv2d":
+        kwargs["padding_mode"] = "zeros"
+    return lambda *ts: edsc_ext.deform_sepconv(*ts, **kwargs)
+
+
+def check_peer(case: Case, device, impl: str = "grid_sample", seed: int = 0) -> float:
+    """Asserts that ``impl`` equals edsc_ext (forward and every gradient) for ``case``'s geometry at
+    a tiny size, in float32 on ``device`` (against edsc_ext in the sampling the peer computes:
+    "edsc" for compat, "zeros" for deform_conv2d); returns the worst abs. error."""
     tiny = case.tiny()
     base = tiny.make_inputs(torch.float32, device, seed)
     gen = torch.Generator(device=device).manual_seed(seed + 1)
     grad_out = torch.randn(tiny.n, tiny.c, tiny.h, tiny.w, generator=gen, device=device)
-    results = []
-    for fn in (edsc_ext.deform_sepconv, deform_sepconv_grid_sample):
-        leaves = [None if t is None else t.clone().requires_grad_() for t in base]
-        out = fn(*leaves, **case.kwargs())
-        present = [t for t in leaves if t is not None]
-        results.append([out.detach(), *torch.autograd.grad(out, present, grad_out)])
+    leaves = [None if t is None else t.clone().requires_grad_() for t in base]
+    expected = _reference_call(impl, tiny)(*leaves)
+    present = [t for t in leaves if t is not None]
+    want = [expected.detach(), *torch.autograd.grad(expected, present, grad_out)]
+    fn, inputs = _impl_call(impl, tiny, [None if t is None else t.clone().requires_grad_() for t in base])
+    out = fn(*inputs)
+    got = [out.detach(), *torch.autograd.grad(out, inputs, grad_out)]
+    if impl == "compat":  # its (dy, dx) gradients as one interleaved offset gradient
+        got = got[:4] + [torch.stack((got[4], got[5]), dim=2).flatten(1, 2), got[6]]
     names = ["output"] + [name for name, t in zip(("input", "vertical", "horizontal", "offset", "mask"), base)
                           if t is not None]
     worst = 0.0
-    for name, ours, theirs in zip(names, *results):
+    for name, ours, theirs in zip(names, want, got):
         scale = max(1.0, ours.abs().max().item())
         tol = 1e-4 if name == "output" else 1e-3
         if not torch.allclose(theirs, ours, rtol=tol, atol=tol * scale):
             diff = (theirs - ours).abs().max().item()
-            raise AssertionError(f"baseline check failed for case {case.name!r}: grid_sample's {name} differs from "
+            raise AssertionError(f"peer check failed for case {case.name!r}: {impl}'s {name} differs from "
                                  f"edsc_ext's by up to {diff:.3g} (float32, tiny size {tiny.shape}, {device})")
         worst = max(worst, (theirs - ours).abs().max().item())
     return worst
+
+
+def check_baseline(case: Case, device, seed: int = 0) -> float:
+    """:func:`check_peer` of the grid_sample baseline."""
+    return check_peer(case, device, "grid_sample", seed)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -328,19 +424,27 @@ def _free(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _make_fn(impl: str, pass_: str, tensors, grad_out, kwargs) -> Callable[[], object]:
-    op = edsc_ext.deform_sepconv if impl == "edsc_ext" else deform_sepconv_grid_sample
+def _make_fn(impl: str, case: Case, pass_: str, tensors, grad_out) -> Callable[[], object]:
+    fn, inputs = _impl_call(impl, case, tensors)
     if pass_ == "fwd":
         def forward():
             with torch.no_grad():
-                return op(*tensors, **kwargs)
+                return fn(*inputs)
         return forward
-    present = [t for t in tensors if t is not None]
 
     def forward_backward():
-        out = op(*tensors, **kwargs)
-        return torch.autograd.grad(out, present, grad_out)
+        out = fn(*inputs)
+        return torch.autograd.grad(out, inputs, grad_out)
     return forward_backward
+
+
+def deform_conv2d_memory_estimate(case: Case, dtype: torch.dtype, backward: bool) -> int:
+    """Rough peak bytes of torchvision's deform_conv2d beyond its inputs: its im2col columns (C*K*K
+    values a pixel; the backward a second such buffer), the mask product (K*K) and, without offsets,
+    the zero offsets it needs (2*K*K)."""
+    taps = case.k * case.k
+    per_pixel = case.c * taps * (2 if backward else 1) + taps + (0 if case.deformable else 2 * taps)
+    return per_pixel * case.n * case.h * case.w * torch.empty((), dtype=dtype).element_size()
 
 
 def _peak_extra_bytes(fn, device: torch.device) -> Optional[int]:
@@ -399,13 +503,14 @@ def _dtype_name(dtype: torch.dtype) -> str:
 def run(device="cuda", dtypes: Sequence = ("float32", "bfloat16", "float16"), cases: Optional[Sequence] = None,
         warmup: int = 5, reps: int = 20, baseline: bool = True, memory_budget_gb: Optional[float] = None,
         seed: int = 0, progress: bool = True, copy_bandwidth: Optional[dict] = None,
-        channels_last: bool = False) -> List[dict]:
-    """Times every case x dtype x pass for edsc_ext (and the grid_sample baseline unless
-    ``baseline=False``) and returns one dict per row, floor rows included.
+        channels_last: bool = False, impls: Optional[Sequence[str]] = None) -> List[dict]:
+    """Times every case x dtype x pass for edsc_ext and its peers (``impls``, default all of
+    IMPLS; ``baseline=False``: edsc_ext alone) and returns one dict per row, floor rows included.
+    A peer that does not apply to a case (:func:`peer_skip_reason`) gets a row saying why.
 
     ``cases``: Case objects or names (default: all, at the CPU sizes on a CPU device).
     ``dtypes``: torch dtypes or names. ``memory_budget_gb``: grid_sample runs whose
-    :func:`grid_sample_memory_estimate` exceeds it are skipped (default: 85% of the GPU's memory,
+    :func:`grid_sample_memory_estimate` (deform_conv2d: :func:`deform_conv2d_memory_estimate`) exceeds it are skipped (default: 85% of the GPU's memory,
     8 GB on the CPU). ``copy_bandwidth``: the result of :func:`measure_copy_bandwidth` (measured here
     when None). ``channels_last``: every 4-D tensor (frame, per-pixel tensors, output gradient) in
     torch.channels_last memory format instead of contiguous.
@@ -437,13 +542,19 @@ def run(device="cuda", dtypes: Sequence = ("float32", "bfloat16", "float16"), ca
         copy_bandwidth = measure_copy_bandwidth(device, warmup=max(1, min(warmup, 3)), reps=max(3, min(reps, 20)))
     bandwidth = copy_bandwidth["gbps"] * GB  # bytes/s
 
-    impls = IMPLS if baseline else IMPLS[:1]
+    if impls is None:
+        impls = IMPLS if baseline else IMPLS[:1]
+    unknown = [i for i in impls if i not in IMPLS]
+    if unknown:
+        raise ValueError(f"unknown impls {unknown}; choose from {IMPLS}")
+    impls = ["edsc_ext"] + [i for i in impls if i != "edsc_ext"]
     bar = _Progress(len(selected) * len(dtype_list) * len(PASSES) * len(impls), enabled=progress)
     rows: List[dict] = []
     try:
         for case_index, case in enumerate(selected):
-            if baseline:
-                check_baseline(case, device, seed=seed + 1000 + case_index)
+            for impl in impls[1:]:
+                if peer_skip_reason(impl, case) is None:
+                    check_peer(case, device, impl, seed=seed + 1000 + case_index)
             for dtype in dtype_list:
                 tensors = case.make_inputs(dtype, device, seed + case_index)
                 gen = torch.Generator(device=device).manual_seed(seed + 500 + case_index)
@@ -471,21 +582,27 @@ def run(device="cuda", dtypes: Sequence = ("float32", "bfloat16", "float16"), ca
                         row = dict(common, impl=impl, status="ok", ms=None, gbps=None, pct_floor=None,
                                    peak_extra_bytes=None, note="")
                         group.append(row)
-                        if impl == "grid_sample":
-                            estimate = grid_sample_memory_estimate(case, dtype, backward)
+                        reason = peer_skip_reason(impl, case)
+                        if reason is not None:
+                            row.update(status="n/a", note=reason)
+                            continue
+                        estimate = {"grid_sample": grid_sample_memory_estimate,
+                                    "deform_conv2d": deform_conv2d_memory_estimate}.get(impl)
+                        if estimate is not None:
+                            estimate = estimate(case, dtype, backward)
                             row["memory_estimate_bytes"] = estimate
                             if estimate > memory_budget_gb * GB:
                                 row.update(status="skipped (memory)",
                                            note=f"estimate {estimate / GB:.0f} GB > budget {memory_budget_gb:.0f} GB")
                                 continue
-                        fn = _make_fn(impl, pass_, leaves, grad_out, case.kwargs())
+                        fn = _make_fn(impl, case, pass_, leaves, grad_out)
                         error = None
                         try:
                             row["peak_extra_bytes"] = _peak_extra_bytes(fn, device)
                             timing = time_fn(fn, device, warmup, reps)
                         except Exception as exc:  # OOM, or a dtype grid_sample lacks: record, go on
                             error = (("oom" if _is_oom(exc) else
-                                      "unsupported" if impl == "grid_sample" else "error"),
+                                      "unsupported" if impl != "edsc_ext" else "error"),
                                      f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}")
                         if error is not None:
                             row.update(status=error[0], note=error[1], peak_extra_bytes=None)
@@ -497,9 +614,13 @@ def run(device="cuda", dtypes: Sequence = ("float32", "bfloat16", "float16"), ca
                                    reps=timing["reps"], warmup=warmup, times_ms=timing["times_ms"])
                         del fn
                     gs = next((r for r in group if r["impl"] == "grid_sample" and r["ms"]), None)
+                    ours = next((r for r in group if r["impl"] == "edsc_ext" and r["ms"]), None)
                     for row in group:
                         row["speedup_vs_grid_sample"] = (gs["ms"] / row["ms"] if gs and row["ms"]
                                                          and row["impl"] != "floor" else None)
+                        # A peer's time as a multiple of edsc_ext's.
+                        row["x_edsc_ext"] = (row["ms"] / ours["ms"] if ours and row["ms"] and row["impl"] != "floor"
+                                             else None)
                     rows.extend(group)
                     del leaves
                 del tensors, grad_out
@@ -533,9 +654,9 @@ def to_markdown(rows: Sequence[dict], header: Sequence[str] = ()) -> str:
     lines = [f"{h}  " if h else "" for h in header]
     if header:
         lines.append("")
-    lines.append("| case | shape (N×C×H×W) | K | dtype | pass | impl | ms | GB/s | % of floor | "
+    lines.append("| case | shape (N×C×H×W) | K | dtype | pass | impl | ms | GB/s | % of floor | × edsc_ext | "
                  "speed-up vs grid_sample | peak extra MiB | note |")
-    lines.append("| --- | --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |")
+    lines.append("| --- | --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for r in rows:
         ms = _fmt(r.get("ms"), ".3f") if r.get("ms") is not None else r.get("status", "—")
         peak = r.get("peak_extra_bytes")
@@ -546,7 +667,9 @@ def to_markdown(rows: Sequence[dict], header: Sequence[str] = ()) -> str:
         impl = "**floor**" if r["impl"] == "floor" else r["impl"]
         lines.append("| " + " | ".join([
             r["case"], r["shape"], kernel, r["dtype"], r["pass"], impl, ms, _fmt_sig(r.get("gbps")),
-            _fmt_sig(r.get("pct_floor")), "—" if speedup is None else f"{speedup:.2f}×", peak_text,
+            _fmt_sig(r.get("pct_floor")),
+            "—" if r.get("x_edsc_ext") is None or r["impl"] == "edsc_ext" else f"{r['x_edsc_ext']:.2f}×",
+            "—" if speedup is None else f"{speedup:.2f}×", peak_text,
             (r.get("note") or "").replace("|", "\\|"),
         ]) + " |")
     return "\n".join(lines) + "\n"
@@ -683,7 +806,9 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                    help="subset of: " + ", ".join(c.name for c in CASES) + " (default: all)")
     p.add_argument("--reps", type=int, default=None, help="timed runs per row, median reported (default 20)")
     p.add_argument("--warmup", type=int, default=None, help="untimed runs before timing (default 5)")
-    p.add_argument("--no-baseline", action="store_true", help="skip the grid_sample baseline (and its check)")
+    p.add_argument("--no-baseline", action="store_true", help="time edsc_ext alone (no peers, no peer checks)")
+    p.add_argument("--impls", nargs="+", default=None, metavar="IMPL",
+                   help="the peers to time next to edsc_ext: any of " + ", ".join(IMPLS[1:]) + " (default: all)")
     p.add_argument("--memory-budget-gb", type=float, default=None,
                    help="skip grid_sample where its estimated memory exceeds this (default: 85%% of GPU memory, "
                         "8 on the CPU)")
@@ -711,6 +836,11 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         for c in args.cases:
             if c not in known:
                 p.error(f"unknown case {c!r}; choose from {', '.join(sorted(known))}")
+    if args.impls is not None:
+        args.impls = [i for item in args.impls for i in item.split(",") if i]
+        for i in args.impls:
+            if i not in IMPLS:
+                p.error(f"unknown impl {i!r}; choose from {', '.join(IMPLS[1:])}")
     if args.reps is None:
         args.reps = 2 if args.quick else 20
     if args.warmup is None:
@@ -742,7 +872,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                        warmup=min(args.warmup, 3) or 1, reps=max(3, min(args.reps, 20)))
     rows = run(device, dtypes=args.dtypes, cases=args.cases, warmup=args.warmup, reps=args.reps,
                baseline=not args.no_baseline, memory_budget_gb=args.memory_budget_gb, seed=args.seed,
-               progress=not args.no_progress, copy_bandwidth=bandwidth, channels_last=args.channels_last)
+               progress=not args.no_progress, copy_bandwidth=bandwidth, channels_last=args.channels_last,
+               impls=None if args.no_baseline or args.impls is None else ["edsc_ext", *args.impls])
     options = ((["deterministic: torch.use_deterministic_algorithms(True)"] if args.deterministic else []) +
                (["memory format: channels_last"] if args.channels_last else []))
     report = to_markdown(rows, _header_lines(env, bandwidth, args.warmup, args.reps, options))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from edsc_ext import benchmark
@@ -14,15 +15,16 @@ def test_main_cpu_quick_writes_json(tmp_path, capsys):
     path = tmp_path / "bench.json"
     md = tmp_path / "bench.md"
     rc = benchmark.main(["--device", "cpu", "--quick", "--cases", "train", "--dtypes", "float32",
-                         "--json", str(path), "--markdown", str(md), "--no-progress"])
+                         "--impls", "compat", "grid_sample", "--json", str(path), "--markdown", str(md),
+                         "--no-progress"])
     assert rc == 0
     data = json.loads(path.read_text())
     rows = data["rows"]
     assert data["copy_bandwidth"]["gbps"] > 0
-    # train x float32 x {fwd, fwd+bwd} x {floor, edsc_ext, grid_sample}
-    assert len(rows) == 6
+    # train x float32 x {fwd, fwd+bwd} x {floor, edsc_ext, compat, grid_sample}
+    assert len(rows) == 8
     assert {(r["pass"], r["impl"]) for r in rows} == {
-        (p, i) for p in ("fwd", "fwd+bwd") for i in ("floor", "edsc_ext", "grid_sample")}
+        (p, i) for p in ("fwd", "fwd+bwd") for i in ("floor", "edsc_ext", "compat", "grid_sample")}
     for r in rows:
         assert r["case"] == "train" and r["dtype"] == "float32" and r["status"] == "ok", r
         assert r["ms"] > 0 and r["floor_ms"] > 0 and r["floor_bytes"] > 0, r
@@ -31,7 +33,7 @@ def test_main_cpu_quick_writes_json(tmp_path, capsys):
         if r["impl"] == "floor":
             assert r["pct_floor"] == 100.0
         else:
-            assert r["speedup_vs_grid_sample"] > 0
+            assert r["speedup_vs_grid_sample"] > 0 and r["x_edsc_ext"] > 0
     fwd, bwd = (next(r for r in rows if r["pass"] == p and r["impl"] == "floor") for p in ("fwd", "fwd+bwd"))
     assert fwd["floor_bytes"] == floor_bytes(benchmark.CPU_CASES[0], torch.float32, backward=False)
     assert bwd["floor_bytes"] > fwd["floor_bytes"]
@@ -90,3 +92,38 @@ def test_case_geometry_matches_the_op():
         tiny = case.tiny()
         out = benchmark.edsc_ext.deform_sepconv(*tiny.make_inputs(torch.float32, "cpu", 0), **tiny.kwargs())
         assert tuple(out.shape) == (tiny.n, tiny.c, tiny.h, tiny.w)
+
+
+def test_peers_are_checked_and_skipped_where_they_do_not_apply(monkeypatch):
+    cases = [c for c in benchmark.CPU_CASES if c.name in ("train", "adacof")]
+    checked = []
+    real_check = benchmark.check_peer
+
+    def spy(case, device, impl="grid_sample", seed=0):
+        checked.append((case.name, impl))
+        return real_check(case, device, impl, seed)
+
+    monkeypatch.setattr(benchmark, "check_peer", spy)
+    rows = benchmark.run("cpu", dtypes=["float32"], cases=[c.tiny() for c in cases], warmup=0, reps=1,
+                         progress=False, impls=["edsc_ext", "compat", "deform_conv2d"])
+    tv = benchmark._torchvision_ops() is not None
+    # compat: EDSC's geometry only (adacof has no separable kernels); deform_conv2d when torchvision is there.
+    assert checked == [("train", "compat")] + ([("train", "deform_conv2d"), ("adacof", "deform_conv2d")] if tv else [])
+    by = {(r["case"], r["pass"], r["impl"]): r for r in rows}
+    assert by[("adacof", "fwd", "compat")]["status"] == "n/a"
+    assert by[("train", "fwd+bwd", "compat")]["status"] == "ok"
+    status = by[("train", "fwd", "deform_conv2d")]["status"]
+    assert status == ("ok" if tv else "n/a"), status
+
+
+def test_peer_check_catches_a_wrong_peer(monkeypatch):
+    case = benchmark.CPU_CASES[0]
+    real = benchmark._impl_call
+
+    def off_by_a_little(impl, case, tensors):
+        fn, inputs = real(impl, case, tensors)
+        return (lambda *ts: fn(*ts) * 1.001), inputs
+
+    monkeypatch.setattr(benchmark, "_impl_call", off_by_a_little)
+    with pytest.raises(AssertionError, match="compat's output differs"):
+        benchmark.check_peer(case, "cpu", "compat")
