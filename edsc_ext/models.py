@@ -13,13 +13,21 @@ for you).
 centred, border pixels counted twice past the frame; see :mod:`edsc_ext.compat`): use it with the
 released weights. ``sampling="clean"`` uses :func:`edsc_ext.deform_sepconv` with centred taps and
 plain replicate padding, for networks trained with this package.
+
+``fused=True`` (the default) runs the same function faster: each heterogeneous convolution as
+fewer convolutions (on CUDA one dense 3x3, its re-parameterisation), and the eleven heads as a few
+wide and grouped convolutions whose weights are the per-head parameters concatenated at run time
+(see :meth:`EDSC.fused_heads`). Nothing is stored twice: the state dict, training and checkpoints
+see only the original parameters. ``fused=False`` (or setting ``model.fused``) is the original
+code's composition, module by module. :meth:`EDSC.capture` replays a fixed-shape inference as a
+CUDA graph.
 """
 
 from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from typing import Optional, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -28,31 +36,99 @@ from torch import Tensor, nn
 from .compat import compat_deform_sepconv
 from .ops import deform_sepconv
 
-__all__ = ["HetConv2d", "EDSC", "EDSC_s", "EDSC_m", "load_checkpoint", "save_checkpoint", "state_dict_of",
-           "pad_to_multiple", "SAMPLINGS", "MODEL_NAMES"]
+__all__ = ["HetConv2d", "EDSC", "EDSC_s", "EDSC_m", "CapturedEDSC", "load_checkpoint", "save_checkpoint",
+           "state_dict_of", "pad_to_multiple", "SAMPLINGS", "MODEL_NAMES", "HEAD_LAYOUTS"]
 
 SAMPLINGS = ("compat", "clean")
+# How the fused heads run their per-head convolutions with few output channels (the last two
+# layers): one grouped convolution, or one dense convolution with a block-diagonal weight (more
+# arithmetic, but no grouped kernel with odd channel counts, which some backends run slowly).
+HEAD_LAYOUTS = ("grouped", "block_diagonal")
 MODEL_NAMES = ("EDSC_s", "EDSC_m")
 # Five 2x average poolings down to the bottleneck.
 SIZE_MULTIPLE = 32
 
 
+def block_diagonal(weight: Tensor, groups: int) -> Tensor:
+    """The dense weight (out, in, *kernel) of a grouped convolution's weight (out, in/groups, *kernel):
+    group g's block on the diagonal, exact zeros elsewhere (differentiable in ``weight``)."""
+    out_channels, in_per_group = weight.shape[:2]
+    kernel = weight.shape[2:]
+    if out_channels % groups:
+        raise ValueError(f"weight's {out_channels} output channels are not divisible by groups={groups}")
+    blocks = weight.reshape(groups, out_channels // groups, 1, in_per_group, *kernel)
+    blocks = blocks.expand(groups, out_channels // groups, groups, in_per_group, *kernel)
+    on_diagonal = torch.eye(groups, dtype=torch.bool, device=weight.device)
+    on_diagonal = on_diagonal.reshape(groups, 1, groups, 1, *(1,) * len(kernel))
+    # where, not a product with the identity: a non-finite weight stays in its own block.
+    return torch.where(on_diagonal, blocks, 0).reshape(out_channels, groups * in_per_group, *kernel)
+
+
 class HetConv2d(nn.Module):
     """The "efficient heterogeneous" convolution of EDSC: a grouped KxK convolution with ``p`` groups,
-    plus a 1x1 convolution, minus a grouped 1x1 convolution (which the 1x1 already contains)."""
+    plus a 1x1 convolution, minus a grouped 1x1 convolution (which the 1x1 already contains).
+
+    The three are linear in the input, so they are one dense KxK convolution whose centre tap holds
+    the 1x1 terms (:meth:`folded_weight`, computed from the parameters on every call, so it is never
+    stale and gradients reach the original parameters). ``fused=True`` (the default) runs
+    :meth:`forward_folded` on accelerators, where the dense convolution is faster, and
+    :meth:`forward_grouped_and_1x1` on the CPU, where the dense one's ``p``-fold arithmetic costs
+    more than the extra pass; ``fused=False`` runs the original's three convolutions
+    (:meth:`forward_unfused`).
+    """
 
     def __init__(self, in_channels: int, out_channels: int, p: int = 4, kernel_size: int = 3, padding: int = 1):
         super().__init__()
         if in_channels % p or out_channels % p:
             raise ValueError(f"in_channels ({in_channels}) and out_channels ({out_channels}) must be divisible "
                              f"by p={p}")
+        if kernel_size % 2 == 0 or padding != kernel_size // 2:
+            raise ValueError(f"kernel_size must be odd and padding kernel_size // 2 (the 1x1 terms sit at the "
+                             f"centre tap), got kernel_size={kernel_size}, padding={padding}")
+        self.groups = p
+        self.fused = True
         # The attribute names are the checkpoints' keys.
         self.conv3x3 = nn.Conv2d(in_channels, out_channels, kernel_size, padding=padding, groups=p)
         self.conv1x1_ = nn.Conv2d(in_channels, out_channels, 1, groups=p)
         self.conv1x1 = nn.Conv2d(in_channels, out_channels, 1)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def extra_repr(self) -> str:
+        return f"fused={self.fused}"
+
+    def _centre(self) -> Tuple[int, int, int, int]:
+        """F.pad's sides that put a 1x1 weight at the centre tap of the KxK one."""
+        half = self.conv3x3.kernel_size[0] // 2
+        return (half, half, half, half)
+
+    def folded_weight(self) -> Tuple[Tensor, Tensor]:
+        """(weight, bias) of the one dense KxK convolution equal to this module."""
+        grouped = self.conv3x3.weight - F.pad(self.conv1x1_.weight, self._centre())
+        weight = block_diagonal(grouped, self.groups) + F.pad(self.conv1x1.weight, self._centre())
+        bias = self.conv3x3.bias + self.conv1x1.bias - self.conv1x1_.bias
+        return weight, bias
+
+    def forward_unfused(self, x: Tensor) -> Tensor:
+        """The original's three convolutions."""
         return self.conv3x3(x) + self.conv1x1(x) - self.conv1x1_(x)
+
+    def forward_folded(self, x: Tensor) -> Tensor:
+        """One dense KxK convolution (:meth:`folded_weight`)."""
+        weight, bias = self.folded_weight()
+        return F.conv2d(x, weight, bias, padding=self.conv3x3.padding)
+
+    def forward_grouped_and_1x1(self, x: Tensor) -> Tensor:
+        """The grouped KxK convolution plus one dense 1x1 convolution holding both 1x1 terms."""
+        pointwise = self.conv1x1.weight - block_diagonal(self.conv1x1_.weight, self.groups)
+        bias = self.conv3x3.bias + self.conv1x1.bias - self.conv1x1_.bias
+        return torch.add(F.conv2d(x, self.conv3x3.weight, bias, padding=self.conv3x3.padding, groups=self.groups),
+                         F.conv2d(x, pointwise))
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.fused:
+            return self.forward_unfused(x)
+        if x.device.type == "cpu":
+            return self.forward_grouped_and_1x1(x)
+        return self.forward_folded(x)
 
 
 def _upsample() -> nn.Module:
@@ -76,6 +152,20 @@ def _head(in_channels: int, out_channels: int, sigmoid: bool = False) -> nn.Sequ
     return nn.Sequential(*layers)
 
 
+# Each frame's heads in the order the synthesis takes them: vertical, horizontal, offset x, offset y, mask.
+FRAME_HEADS = (("moduleVertical1", "moduleHorizontal1", "moduleOffset1x", "moduleOffset1y", "moduleMask1"),
+               ("moduleVertical2", "moduleHorizontal2", "moduleOffset2x", "moduleOffset2y", "moduleMask2"))
+# The fused heads' channel order: heads of one output width side by side (each of the last two layers
+# is then one convolution), frame 1's before frame 2's, each frame's in the synthesis' order. With
+# each head, the time map its first layer reads in EDSC_m: 1 for t, 2 for 1 - t, 0 for none.
+KERNEL_HEADS = (("moduleVertical1", 1), ("moduleHorizontal1", 1), ("moduleVertical2", 2), ("moduleHorizontal2", 2))
+SAMPLING_HEADS = (("moduleOffset1x", 1), ("moduleOffset1y", 1), ("moduleMask1", 1),
+                  ("moduleOffset2x", 2), ("moduleOffset2y", 2), ("moduleMask2", 2))
+BIAS_HEADS = (("moduleBias", 0),)
+
+HeadOutputs = Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]
+
+
 class EDSC(nn.Module):
     """EDSC: a U-Net over both frames predicts, per frame, per-pixel separable kernels, deformation
     offsets and a mask; the output is the sum of the two adaptively convolved frames plus a
@@ -87,19 +177,27 @@ class EDSC(nn.Module):
         sampling: "compat" (the original layer, for released weights) or "clean" (centred taps).
         het_p: groups of the heterogeneous convolutions.
         use_bias: add the predicted residual (the original's default).
+        fused: run the heterogeneous convolutions folded and the heads fused (:meth:`fused_heads`);
+            False: the original code's module-by-module composition. Also an attribute that can be
+            switched at any time: both read the same parameters.
+        head_layout: the fused heads' per-head convolutions of the last two layers: "grouped" (one
+            grouped convolution) or "block_diagonal" (one dense convolution, zeros off the heads' blocks).
     """
 
     def __init__(self, kernel_size: int = 5, multiple: bool = False, sampling: str = "compat", het_p: int = 4,
-                 use_bias: bool = True):
+                 use_bias: bool = True, fused: bool = True, head_layout: str = "grouped"):
         super().__init__()
         if sampling not in SAMPLINGS:
             raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
         if kernel_size < 1 or kernel_size % 2 == 0:
             raise ValueError(f"kernel_size must be odd and positive, got {kernel_size}")
+        if head_layout not in HEAD_LAYOUTS:
+            raise ValueError(f"head_layout must be one of {HEAD_LAYOUTS}, got {head_layout!r}")
         self.kernel_size = kernel_size
         self.multiple = multiple
         self.sampling = sampling
         self.use_bias = use_bias
+        self.head_layout = head_layout
         k, p = kernel_size, het_p
         head_in = 65 if multiple else 64
 
@@ -129,13 +227,27 @@ class EDSC(nn.Module):
         self.moduleMask1 = _head(head_in, k * k, sigmoid=True)
         self.moduleMask2 = _head(head_in, k * k, sigmoid=True)
         self.moduleBias = _head(64, 3)
+        self.fused = fused
 
     @property
     def name(self) -> str:
         return "EDSC_m" if self.multiple else "EDSC_s"
 
+    @property
+    def fused(self) -> bool:
+        """Whether forward runs the fused composition; setting it switches every HetConv2d too."""
+        return self._fused
+
+    @fused.setter
+    def fused(self, value: bool) -> None:
+        self._fused = bool(value)
+        for module in self.modules():
+            if isinstance(module, HetConv2d):
+                module.fused = self._fused
+
     def extra_repr(self) -> str:
-        return f"kernel_size={self.kernel_size}, multiple={self.multiple}, sampling={self.sampling!r}"
+        return (f"kernel_size={self.kernel_size}, multiple={self.multiple}, sampling={self.sampling!r}, "
+                f"fused={self.fused}, head_layout={self.head_layout!r}")
 
     def features(self, first: Tensor, second: Tensor) -> Tensor:
         """The U-Net: the 64-channel half-resolution feature the heads read."""
@@ -149,6 +261,89 @@ class EDSC(nn.Module):
         deconv3 = self.moduleUpsample3(self.moduleDeconv3(deconv4 + conv4))
         deconv2 = self.moduleUpsample2(self.moduleDeconv2(deconv3 + conv3))
         return deconv2 + conv2
+
+    def unfused_heads(self, combine: Tensor, time: Union[float, Tensor, None] = None
+                      ) -> Tuple[HeadOutputs, HeadOutputs, Optional[Tensor]]:
+        """The eleven heads one module at a time, as the original code runs them: per frame
+        (vertical, horizontal, offset_x, offset_y, mask), and the bias (None without ``use_bias``)."""
+        if self.multiple:
+            t = self._time_map(time, combine)
+            in1, in2 = torch.cat([combine, t], 1), torch.cat([combine, 1 - t], 1)
+        else:
+            in1 = in2 = combine
+        frame1 = tuple(getattr(self, name)(in1) for name in FRAME_HEADS[0])
+        frame2 = tuple(getattr(self, name)(in2) for name in FRAME_HEADS[1])
+        return frame1, frame2, self.moduleBias(combine) if self.use_bias else None
+
+    def fused_heads(self, combine: Tensor, time: Union[float, Tensor, None] = None
+                    ) -> Tuple[HeadOutputs, HeadOutputs, Optional[Tensor]]:
+        """The eleven heads as a few convolutions; the same values as :meth:`unfused_heads`.
+
+        The weights are the heads' parameters concatenated on every call (differentiable, nothing
+        stored twice), in the channel order of ``KERNEL_HEADS``, ``SAMPLING_HEADS``, ``BIAS_HEADS``:
+
+        1. the first layers of all heads: one convolution of the feature (EDSC_m: of the feature, t
+           and 1 - t; each head's weight holds its time column at the map its frame reads and zeros
+           at the other, so by linearity it is the head's convolution of ``cat(feature, t)`` or
+           ``cat(feature, 1 - t)``, zero padding at the borders included);
+        2. the second layers: one convolution with a group per head;
+        3. per output width (the kernel heads, the offset and mask heads, the bias head): the third
+           layers as one grouped convolution, the bilinear upsampling, the last layers as one
+           grouped (or block-diagonal, ``head_layout``) convolution.
+
+        The outputs are channel slices (views) of those last convolutions: kernels
+        (vertical1, horizontal1, vertical2, horizontal2) and offsets and masks (offset1x, offset1y,
+        mask1, offset2x, offset2y, mask2); the masks' sigmoid makes new tensors, as the modules do.
+        """
+        if self.multiple:
+            t = self._time_map(time, combine)
+            x = torch.cat([combine, t, 1 - t], 1)
+        else:
+            x = combine
+        widths = (KERNEL_HEADS, SAMPLING_HEADS) + ((BIAS_HEADS,) if self.use_bias else ())
+        heads = [(getattr(self, name), reads) for group in widths for name, reads in group]
+        first_layers = [head[0] for head, _ in heads]
+        y = F.conv2d(x, torch.cat([self._first_layer_weight(conv.weight, reads)
+                                   for conv, (_, reads) in zip(first_layers, heads)]),
+                     torch.cat([conv.bias for conv in first_layers]), padding=first_layers[0].padding)
+        y = F.relu(y, inplace=True)
+        y = F.relu(self._heads_conv(y, [head[2] for head, _ in heads], layout="grouped"), inplace=True)
+        parts = y.split([sum(getattr(self, name)[2].out_channels for name, _ in group) for group in widths], 1)
+        outputs = []
+        for group, part in zip(widths, parts):
+            modules = [getattr(self, name) for name, _ in group]
+            z = F.relu(self._heads_conv(part, [head[4] for head in modules], self.head_layout), inplace=True)
+            z = F.interpolate(z, scale_factor=2, mode="bilinear", align_corners=True)
+            outputs.append(self._heads_conv(z, [head[7] for head in modules], self.head_layout))
+        k = self.kernel_size
+        vertical1, horizontal1, vertical2, horizontal2 = outputs[0].split(k, 1)
+        offset1x, offset1y, mask1, offset2x, offset2y, mask2 = outputs[1].split(k * k, 1)
+        return ((vertical1, horizontal1, offset1x, offset1y, torch.sigmoid(mask1)),
+                (vertical2, horizontal2, offset2x, offset2y, torch.sigmoid(mask2)),
+                outputs[2] if self.use_bias else None)
+
+    def _first_layer_weight(self, weight: Tensor, reads: int) -> Tensor:
+        """A head's first-layer weight over the fused input (EDSC_m: feature, t, 1 - t)."""
+        if not self.multiple:
+            return weight
+        if reads == 1:  # [feature, t] and a zero column for 1 - t
+            return F.pad(weight, (0, 0, 0, 0, 0, 1))
+        if reads == 2:  # [feature], a zero column for t, and [1 - t]
+            feature, time = weight[:, :-1], weight[:, -1:]
+            return torch.cat([feature, torch.zeros_like(time), time], 1)
+        return F.pad(weight, (0, 0, 0, 0, 0, 2))  # the bias head reads the feature only
+
+    @staticmethod
+    def _heads_conv(x: Tensor, convs: Sequence[nn.Conv2d], layout: str) -> Tensor:
+        """The convolutions ``convs`` (one per head) on their inputs stacked in ``x``, as one call."""
+        if len(convs) == 1:
+            return convs[0](x)
+        weight = torch.cat([conv.weight for conv in convs])
+        bias = torch.cat([conv.bias for conv in convs])
+        groups = len(convs)
+        if layout == "block_diagonal":
+            weight, groups = block_diagonal(weight, groups), 1
+        return F.conv2d(x, weight, bias, padding=convs[0].padding, groups=groups)
 
     def synthesize(self, frame: Tensor, vertical: Tensor, horizontal: Tensor, offset_x: Tensor,
                    offset_y: Tensor, mask: Tensor) -> Tensor:
@@ -190,22 +385,15 @@ class EDSC(nn.Module):
         if h % SIZE_MULTIPLE or w % SIZE_MULTIPLE:
             raise ValueError(f"frame height and width must be multiples of {SIZE_MULTIPLE}, got {h}x{w} "
                              f"(use EDSC.interpolate or pad_to_multiple)")
+        if not self.multiple and time is not None and not (isinstance(time, (int, float)) and time == 0.5):
+            raise ValueError("EDSC_s interpolates the midpoint only; use EDSC(multiple=True) (EDSC_m) for "
+                             "other times")
         combine = self.features(first, second)
-        if self.multiple:
-            t = self._time_map(time, combine)
-            in1, in2 = torch.cat([combine, t], 1), torch.cat([combine, 1 - t], 1)
-        else:
-            if time is not None and not (isinstance(time, (int, float)) and time == 0.5):
-                raise ValueError("EDSC_s interpolates the midpoint only; use EDSC(multiple=True) (EDSC_m) for "
-                                 "other times")
-            in1 = in2 = combine
-        dot1 = self.synthesize(first, self.moduleVertical1(in1), self.moduleHorizontal1(in1),
-                               self.moduleOffset1x(in1), self.moduleOffset1y(in1), self.moduleMask1(in1))
-        dot2 = self.synthesize(second, self.moduleVertical2(in2), self.moduleHorizontal2(in2),
-                               self.moduleOffset2x(in2), self.moduleOffset2y(in2), self.moduleMask2(in2))
-        out = dot1 + dot2
-        if self.use_bias:
-            out = out + self.moduleBias(combine).to(out.dtype)
+        heads = self.fused_heads if self.fused else self.unfused_heads
+        frame1, frame2, bias = heads(combine, time)
+        out = self.synthesize(first, *frame1) + self.synthesize(second, *frame2)
+        if bias is not None:
+            out = out + bias.to(out.dtype)
         return out
 
     @torch.no_grad()
@@ -219,6 +407,85 @@ class EDSC(nn.Module):
         (first, second), (h, w) = pad_to_multiple((first, second), SIZE_MULTIPLE)
         out = self(first, second, time)[..., :h, :w].clamp(0, 1)
         return out[0] if single else out
+
+    def capture(self, first: Tensor, second: Tensor, time: Union[float, Tensor, None] = None, *,
+                autocast_dtype: Optional[torch.dtype] = None, warmup: int = 3) -> "CapturedEDSC":
+        """A CUDA graph of this network's inference on frames of the shape, dtype, device and memory
+        format of ``first`` and ``second`` (EDSC_m: and of ``time``'s shape), for frame loops;
+        see :class:`CapturedEDSC`."""
+        return CapturedEDSC(self, first, second, time, autocast_dtype=autocast_dtype, warmup=warmup)
+
+
+class CapturedEDSC:
+    """A fixed-shape inference of an :class:`EDSC` network recorded once as a CUDA graph and then
+    replayed: ``captured(first, second[, time])`` copies the inputs into the graph's static buffers,
+    replays it and returns the output (a copy by default; ``copy=False`` returns the static output
+    buffer, which the next call overwrites).
+
+    The graph reads the parameters where they live, and folds and concatenates them inside it, so a
+    replay sees in-place updates of the parameters (``load_state_dict``, an optimizer step); moving
+    the model (``.to``) or replacing a parameter needs a new capture. ``autocast_dtype`` (float16 or
+    bfloat16) records the network under CUDA autocast. EDSC_m's time is always a static tensor, of
+    the shape of the ``time`` given at capture (a float: one value for the batch).
+    """
+
+    def __init__(self, model: EDSC, first: Tensor, second: Tensor, time: Union[float, Tensor, None] = None, *,
+                 autocast_dtype: Optional[torch.dtype] = None, warmup: int = 3):
+        if first.device.type != "cuda":
+            raise ValueError(f"capture needs frames on a CUDA device, got first on {first.device}")
+        if first.shape != second.shape or first.dtype != second.dtype or first.device != second.device:
+            raise ValueError(f"first and second must be of one shape, dtype and device, got {tuple(first.shape)} "
+                             f"{first.dtype} {first.device} and {tuple(second.shape)} {second.dtype} {second.device}")
+        if autocast_dtype not in (None, torch.float16, torch.bfloat16):
+            raise ValueError(f"autocast_dtype must be None, torch.float16 or torch.bfloat16, got {autocast_dtype}")
+        if warmup < 1:
+            raise ValueError(f"warmup must be at least 1 (cuDNN and the allocator settle outside the graph), "
+                             f"got {warmup}")
+        self.model = model
+        self.autocast_dtype = autocast_dtype
+        self.first = first.detach().clone()
+        self.second = second.detach().clone()
+        self.time: Optional[Tensor] = None
+        if model.multiple:
+            value = 0.5 if time is None else time
+            self.time = torch.as_tensor(value, dtype=torch.float32, device=first.device).clone()
+        elif time is not None and not (isinstance(time, (int, float)) and time == 0.5):
+            raise ValueError("EDSC_s interpolates the midpoint only; capture it with time=None")
+        # Side-stream warm-up, as torch.cuda.graphs asks: lazy initialisation stays out of the graph.
+        stream = torch.cuda.Stream(device=first.device)
+        stream.wait_stream(torch.cuda.current_stream(first.device))
+        with torch.cuda.stream(stream):
+            for _ in range(warmup):
+                self._run()
+        torch.cuda.current_stream(first.device).wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.output = self._run()
+
+    def _run(self) -> Tensor:
+        # The autocast cache holds casts made outside the graph's memory pool: off while capturing.
+        with torch.no_grad(), torch.autocast("cuda", dtype=self.autocast_dtype or torch.float16,
+                                             enabled=self.autocast_dtype is not None, cache_enabled=False):
+            return self.model(self.first, self.second, self.time)
+
+    def __call__(self, first: Tensor, second: Tensor, time: Union[float, Tensor, None] = None, *,
+                 copy: bool = True) -> Tensor:
+        for name, given, static in (("first", first, self.first), ("second", second, self.second)):
+            if given.shape != static.shape:
+                raise ValueError(f"{name} must have the captured shape {tuple(static.shape)}, got {tuple(given.shape)}")
+        if self.time is not None:
+            value = torch.as_tensor(0.5 if time is None else time, dtype=torch.float32)
+            if value.numel() not in (1, self.time.numel()):
+                raise ValueError(f"time must be one value or of the captured time's shape {tuple(self.time.shape)}, "
+                                 f"got shape {tuple(value.shape)}")
+            self.time.copy_(value.to(self.time.device, non_blocking=True).reshape(-1).expand(self.time.numel())
+                            .reshape(self.time.shape))
+        elif time is not None and not (isinstance(time, (int, float)) and time == 0.5):
+            raise ValueError("EDSC_s interpolates the midpoint only; call it with time=None")
+        self.first.copy_(first, non_blocking=True)
+        self.second.copy_(second, non_blocking=True)
+        self.graph.replay()
+        return self.output.clone() if copy else self.output
 
 
 def EDSC_s(**kwargs) -> EDSC:  # noqa: N802 (the paper's name)
