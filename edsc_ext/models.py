@@ -40,10 +40,13 @@ __all__ = ["HetConv2d", "EDSC", "EDSC_s", "EDSC_m", "CapturedEDSC", "load_checkp
            "state_dict_of", "pad_to_multiple", "SAMPLINGS", "MODEL_NAMES", "HEAD_LAYOUTS"]
 
 SAMPLINGS = ("compat", "clean")
-# How the fused heads run their per-head convolutions with few output channels (the last two
-# layers): one grouped convolution, or one dense convolution with a block-diagonal weight (more
-# arithmetic, but no grouped kernel with odd channel counts, which some backends run slowly).
-HEAD_LAYOUTS = ("grouped", "block_diagonal")
+# How the fused heads run: "grouped" (the first layers as one convolution, the others grouped),
+# "block_diagonal" (as grouped, but the last two layers, whose heads have few and odd channel counts,
+# as one dense convolution with zeros off the heads' blocks: more arithmetic, no grouped kernel, which
+# some backends run slowly), "per_head" (one head at a time, as unfused: oneDNN, the CPU's backend,
+# runs the heads' separate convolutions faster than wide or grouped ones; there the arithmetic, not
+# the number of calls, bounds the time), or "auto" (per_head on the CPU, grouped elsewhere).
+HEAD_LAYOUTS = ("auto", "grouped", "block_diagonal", "per_head")
 MODEL_NAMES = ("EDSC_s", "EDSC_m")
 # Five 2x average poolings down to the bottleneck.
 SIZE_MULTIPLE = 32
@@ -180,12 +183,13 @@ class EDSC(nn.Module):
         fused: run the heterogeneous convolutions folded and the heads fused (:meth:`fused_heads`);
             False: the original code's module-by-module composition. Also an attribute that can be
             switched at any time: both read the same parameters.
-        head_layout: the fused heads' per-head convolutions of the last two layers: "grouped" (one
-            grouped convolution) or "block_diagonal" (one dense convolution, zeros off the heads' blocks).
+        head_layout: how the fused heads run: "auto" (the default:
+            "per_head" on the CPU, "grouped" elsewhere), "grouped", "block_diagonal" or "per_head"
+            (the heads one module at a time); see ``HEAD_LAYOUTS`` and :meth:`fused_heads`.
     """
 
     def __init__(self, kernel_size: int = 5, multiple: bool = False, sampling: str = "compat", het_p: int = 4,
-                 use_bias: bool = True, fused: bool = True, head_layout: str = "grouped"):
+                 use_bias: bool = True, fused: bool = True, head_layout: str = "auto"):
         super().__init__()
         if sampling not in SAMPLINGS:
             raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
@@ -294,9 +298,17 @@ class EDSC(nn.Module):
         The outputs are channel slices (views) of those last convolutions: kernels
         (vertical1, horizontal1, vertical2, horizontal2) and offsets and masks (offset1x, offset1y,
         mask1, offset2x, offset2y, mask2); the masks' sigmoid makes new tensors, as the modules do.
+        ``head_layout="per_head"`` (the CPU's default) runs :meth:`unfused_heads` instead.
         """
+        layout = self.head_layout
+        if layout == "auto":
+            layout = "per_head" if combine.device.type == "cpu" else "grouped"
+        if layout == "per_head":
+            return self.unfused_heads(combine, time)
         if self.multiple:
-            t = self._time_map(time, combine)
+            # A materialised one-channel map is contiguous in both memory formats, so the
+            # concatenation keeps the feature's (an expanded one would make it NCHW).
+            t = self._time_map(time, combine).contiguous(memory_format=torch.channels_last)
             x = torch.cat([combine, t, 1 - t], 1)
         else:
             x = combine
@@ -312,9 +324,9 @@ class EDSC(nn.Module):
         outputs = []
         for group, part in zip(widths, parts):
             modules = [getattr(self, name) for name, _ in group]
-            z = F.relu(self._heads_conv(part, [head[4] for head in modules], self.head_layout), inplace=True)
+            z = F.relu(self._heads_conv(part, [head[4] for head in modules], layout), inplace=True)
             z = F.interpolate(z, scale_factor=2, mode="bilinear", align_corners=True)
-            outputs.append(self._heads_conv(z, [head[7] for head in modules], self.head_layout))
+            outputs.append(self._heads_conv(z, [head[7] for head in modules], layout))
         k = self.kernel_size
         vertical1, horizontal1, vertical2, horizontal2 = outputs[0].split(k, 1)
         offset1x, offset1y, mask1, offset2x, offset2y, mask2 = outputs[1].split(k * k, 1)

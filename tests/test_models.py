@@ -1,10 +1,14 @@
 """The EDSC networks: checkpoint layout (against the released checkpoints' key tables), loading,
-the wiring of the heads into the original layer, EDSC_m's time input, and a short training run."""
+the wiring of the heads into the original layer, EDSC_m's time input, the fused path against the
+original composition (values and gradients), the model benchmark's CPU smoke run, and a short
+training run."""
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
+import math
 import os
 import pickle
 import shutil
@@ -16,10 +20,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_close, needs_shared_data, shared_data_path
-from edsc_ext import compat
+from conftest import assert_close, needs_shared_data, rel_error, requires_cuda, shared_data_path
+from edsc_ext import compat, model_benchmark
 from edsc_ext.apps import images
-from edsc_ext.models import EDSC, EDSC_m, EDSC_s, load_checkpoint, pad_to_multiple, save_checkpoint
+from edsc_ext.models import (EDSC, FRAME_HEADS, HEAD_LAYOUTS, EDSC_m, EDSC_s, HetConv2d, block_diagonal,
+                             load_checkpoint, pad_to_multiple, save_checkpoint)
 
 REPO = Path(__file__).resolve().parent.parent
 TABLES = shared_data_path("edsc")
@@ -132,6 +137,305 @@ def test_torch_compile_traces_the_network(models, gen):
     compiled = torch.compile(model, backend="eager", fullgraph=True)
     with torch.no_grad():
         assert_close(compiled(first, second, t), model(first, second, t), torch.float32)
+
+
+def test_torch_compile_traces_cudas_fused_forms_without_a_graph_break(gen):
+    # The head layout CUDA runs ("auto" runs the heads one by one on the CPU), traced on the CPU.
+    model = EDSC_m(head_layout="grouped")
+    combine = torch.rand(2, 64, 16, 16, generator=gen)
+    t = torch.tensor([0.3, 0.6])
+    compiled = torch.compile(model.fused_heads, backend="eager", fullgraph=True)
+    with torch.no_grad():
+        for a, b in zip(torch.utils._pytree.tree_leaves(compiled(combine, t)),
+                        torch.utils._pytree.tree_leaves(model.unfused_heads(combine, t))):
+            assert_close(a, b, torch.float32)
+        het = model.moduleConv2[0]  # and the folded HetConv2d, CUDA's form
+        x = torch.rand(2, 32, 16, 16, generator=gen)
+        assert_close(torch.compile(het.forward_folded, backend="eager", fullgraph=True)(x), het.forward_unfused(x),
+                     torch.float32)
+
+
+# --------------------------------------------------------------------------------------------
+# The fused path (HetConv2d folded, the heads as few convolutions) against the original composition.
+
+OFFSET_HEADS = ("moduleOffset1x", "moduleOffset1y", "moduleOffset2x", "moduleOffset2y")
+
+
+def random_edsc(gen: torch.Generator, multiple: bool, dtype=torch.float64, head_layout: str = "grouped",
+                **kwargs) -> EDSC:
+    """An EDSC with fresh weights from ``gen`` (PyTorch's default scale, 1/sqrt(fan_in)) whose offset
+    heads predict a few pixels, so that the sampling moves off the grid. The heads are grouped unless
+    asked otherwise: on the CPU, "auto" would run them one by one (the unfused heads)."""
+    model = EDSC(multiple=multiple, head_layout=head_layout, **kwargs).to(dtype)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            fan_in = param.shape[1] * param[0, 0].numel() if param.dim() > 1 else None
+            if fan_in is None:  # a bias: the fan-in of its weight
+                fan_in = model.get_parameter(name[:-len("bias")] + "weight")[0].numel()
+            bound = fan_in ** -0.5
+            param.copy_((torch.rand(param.shape, generator=gen, dtype=torch.float64) * 2 - 1) * bound)
+        for name in OFFSET_HEADS:
+            bias = getattr(model, name)[-1].bias
+            bias.copy_(torch.randn(bias.shape, generator=gen, dtype=torch.float64) * 2)
+    return model
+
+
+def frames(gen: torch.Generator, n: int, h: int, w: int, dtype=torch.float64):
+    return tuple(torch.rand(n, 3, h, w, generator=gen, dtype=torch.float64).to(dtype) for _ in range(2))
+
+
+def run(model: EDSC, fused: bool, *args):
+    model.fused = fused
+    return model(*args)
+
+
+def test_block_diagonal_places_each_groups_weight_on_the_diagonal(gen):
+    weight = torch.randn(6, 2, 3, 3, generator=gen)  # 3 groups of 2 -> 2 channels each
+    dense = block_diagonal(weight, 3)
+    assert dense.shape == (6, 6, 3, 3)
+    for g in range(3):
+        for h in range(3):
+            block = dense[2 * g:2 * g + 2, 2 * h:2 * h + 2]
+            assert torch.equal(block, weight[2 * g:2 * g + 2] if g == h else torch.zeros_like(block))
+    x = torch.randn(2, 6, 8, 8, generator=gen, dtype=torch.float64)
+    assert_close(F.conv2d(x, dense.double(), padding=1), F.conv2d(x, weight.double(), padding=1, groups=3))
+    with pytest.raises(ValueError, match="divisible by groups=4"):
+        block_diagonal(weight, 4)
+
+
+@pytest.mark.parametrize("p", [4, 2])
+def test_hetconv_folded_equals_the_three_convolutions(gen, p):
+    het = HetConv2d(16, 24, p).double()
+    with torch.no_grad():
+        for param in het.parameters():
+            param.copy_(torch.randn(param.shape, generator=gen, dtype=torch.float64))
+    x = torch.randn(2, 16, 9, 11, generator=gen, dtype=torch.float64, requires_grad=True)
+    grad_out = torch.randn(2, 24, 9, 11, generator=gen, dtype=torch.float64)
+
+    def values_and_grads(forward):
+        out = forward(x)
+        grads = torch.autograd.grad(out, [x, *het.parameters()], grad_out)
+        return out, grads
+
+    expected, expected_grads = values_and_grads(het.forward_unfused)
+    weight, bias = het.folded_weight()
+    assert weight.shape == (24, 16, 3, 3) and bias.shape == (24,)
+    for forward in (het.forward_folded, het.forward_grouped_and_1x1, het):
+        out, grads = values_and_grads(forward)
+        assert rel_error(out, expected) < 1e-13
+        for (name, _), grad, expected_grad in zip([("input", x), *het.named_parameters()], grads, expected_grads):
+            assert rel_error(grad, expected_grad) < 1e-13, name
+    het.fused = False
+    assert torch.equal(het(x), het.forward_unfused(x))
+    with pytest.raises(ValueError, match="padding kernel_size // 2"):
+        HetConv2d(16, 16, 4, kernel_size=3, padding=0)
+
+
+@pytest.mark.parametrize("layout", ["grouped", "block_diagonal"])
+@pytest.mark.parametrize("multiple", [False, True], ids=["EDSC_s", "EDSC_m"])
+def test_fused_heads_and_output_equal_the_unfused_float64(gen, multiple, layout):
+    model = random_edsc(gen, multiple, head_layout=layout)
+    first, second = frames(gen, 2 if multiple else 1, 32, 64)
+    time = torch.tensor([0.3, 0.8], dtype=torch.float64) if multiple else None
+    with torch.no_grad():
+        combine = model.features(first, second)
+        fused, unfused = model.fused_heads(combine, time), model.unfused_heads(combine, time)
+        for frame in (0, 1):
+            for name, a, b in zip(FRAME_HEADS[frame], fused[frame], unfused[frame]):
+                assert a.shape == b.shape and rel_error(a, b) < 1e-12, name
+        assert rel_error(fused[2], unfused[2]) < 1e-12
+        expected = run(model, False, first, second, time)
+        out = run(model, True, first, second, time)
+    assert rel_error(out, expected) < 1e-12
+    # The offsets move the taps by pixels, so the comparison covers off-grid sampling.
+    assert unfused[0][2].abs().mean() > 0.5
+
+
+@pytest.mark.parametrize("multiple", [False, True], ids=["EDSC_s", "EDSC_m"])
+def test_fused_output_equals_the_unfused_float32(gen, multiple):
+    model = random_edsc(gen, multiple, dtype=torch.float32)
+    first, second = frames(gen, 1, 64, 96, torch.float32)
+    time = 0.25 if multiple else None
+    with torch.no_grad():
+        reference = EDSC(multiple=multiple).double()
+        reference.load_state_dict(model.state_dict())  # the same weights in float64
+        expected = run(reference, False, first.double(), second.double(), time)
+        for fused, layout in ((False, "grouped"), (True, "grouped"), (True, "block_diagonal"), (True, "auto")):
+            model.head_layout = layout
+            assert_close(run(model, fused, first, second, time), expected, torch.float32, factor=10,
+                         what=f"fused={fused}, head_layout={layout}")
+
+
+def test_auto_head_layout_runs_the_heads_one_by_one_on_the_cpu(gen):
+    model = random_edsc(gen, multiple=True, dtype=torch.float32, head_layout="auto")
+    assert set(HEAD_LAYOUTS) == {"auto", "grouped", "block_diagonal", "per_head"}
+    combine = torch.rand(1, 64, 16, 16, generator=gen)
+    with torch.no_grad():
+        fused, unfused = model.fused_heads(combine, 0.3), model.unfused_heads(combine, 0.3)
+    for a, b in zip([*fused[0], *fused[1], fused[2]], [*unfused[0], *unfused[1], unfused[2]]):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("multiple", [False, True], ids=["EDSC_s", "EDSC_m"])
+def test_fused_gradients_of_every_parameter_equal_the_unfused(gen, multiple):
+    model = random_edsc(gen, multiple)
+    first, second = frames(gen, 2, 32, 32)
+    target = torch.rand(2, 3, 32, 32, generator=gen, dtype=torch.float64)
+    time = torch.tensor([0.25, 0.6], dtype=torch.float64) if multiple else None
+    names = [name for name, _ in model.named_parameters()]
+
+    def grads(fused: bool):
+        inputs = [first.clone().requires_grad_(), second.clone().requires_grad_()]
+        loss = F.l1_loss(run(model, fused, *inputs, time), target)
+        return torch.autograd.grad(loss, [*inputs, *model.parameters()], allow_unused=True)
+
+    expected, actual = grads(False), grads(True)
+    for name, a, b in zip(["first", "second", *names], actual, expected):
+        assert b is not None and a is not None, name
+        assert rel_error(a, b) < 1e-11, name
+        if multiple and name.endswith(".0.weight") and "Bias" not in name:  # the time column on its own
+            assert rel_error(a[:, -1], b[:, -1]) < 1e-11, name
+    # Every head and every stage gets a gradient (none is left out of the fused graph).
+    assert all(b.abs().sum() > 0 for b in expected[2:])
+
+
+def test_fused_model_keeps_the_original_state_and_follows_its_updates(gen, tmp_path):
+    model = random_edsc(gen, multiple=True, dtype=torch.float32)  # checkpoints load into float32 models
+    # The fused path keeps no state of its own: the same keys, shapes and tensors as the unfused.
+    assert model.fused
+    unfused = EDSC_m(fused=False)
+    assert [(k, v.shape) for k, v in model.state_dict().items()] == \
+           [(k, v.shape) for k, v in unfused.state_dict().items()]
+    save_checkpoint(model, tmp_path / "m.pth")
+    loaded = load_checkpoint(tmp_path / "m.pth")
+    assert loaded.fused and all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
+                                                                  loaded.state_dict().values()))
+    unfused.load_state_dict(torch.load(tmp_path / "m.pth", weights_only=True)["model_state"])
+    loaded, unfused = loaded.double(), unfused.double()  # compare in float64
+    first, second = frames(gen, 1, 32, 64)
+    with torch.no_grad():
+        assert rel_error(loaded(first, second, 0.4), unfused(first, second, 0.4)) < 1e-12
+    # An optimizer step on the fused path moves the original parameters, and the next call reads them.
+    optimizer = torch.optim.SGD(loaded.parameters(), lr=0.1)
+    F.l1_loss(loaded(first, second, 0.4), first).backward()
+    optimizer.step()
+    assert not torch.equal(loaded.moduleOffset2x[4].weight, unfused.moduleOffset2x[4].weight)
+    with torch.no_grad():
+        after = loaded(first, second, 0.4)
+        unfused.load_state_dict(loaded.state_dict())
+        assert rel_error(after, unfused(first, second, 0.4)) < 1e-12
+        # No cached weights: edits that bypass the version counter (.data) show at once too.
+        loaded.eval()
+        loaded.moduleConv3[2].conv1x1.weight.data.mul_(2)
+        loaded.moduleMask1[7].bias.data.add_(1)
+        unfused.load_state_dict(loaded.state_dict())
+        assert rel_error(loaded(first, second, 0.4), unfused(first, second, 0.4)) < 1e-12
+
+
+@needs_tables
+@pytest.mark.parametrize("name", ["EDSC_s", "EDSC_m"])
+def test_fused_and_unfused_state_dicts_are_the_released_layout(name):
+    expected = read_table(TABLES / f"{name}_state_dict.tsv")
+    for fused in (True, False):
+        for layout in HEAD_LAYOUTS:
+            model = EDSC(multiple=name == "EDSC_m", fused=fused, head_layout=layout)
+            assert [(k, str(tuple(v.shape))) for k, v in model.state_dict().items()] == expected
+
+
+def test_fused_switch_reaches_every_hetconv_and_is_validated():
+    model = EDSC_s(fused=False)
+    hetconvs = [m for m in model.modules() if isinstance(m, HetConv2d)]
+    assert len(hetconvs) == 30 and not any(m.fused for m in hetconvs)
+    model.fused = True
+    assert all(m.fused for m in hetconvs) and "fused=True" in repr(model)
+    with pytest.raises(ValueError, match="head_layout must be one of"):
+        EDSC(head_layout="wide")
+    with pytest.raises(ValueError, match="capture needs frames on a CUDA device, got first on cpu"):
+        model.capture(torch.rand(1, 3, 32, 32), torch.rand(1, 3, 32, 32))
+
+
+def test_edsc_m_per_sample_time_fused(gen):
+    model = random_edsc(gen, multiple=True)
+    first, second = frames(gen, 3, 32, 32)
+    times = torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)
+    with torch.no_grad():
+        batch = run(model, True, first, second, times)
+        assert rel_error(batch, run(model, False, first, second, times)) < 1e-12
+        for i, t in enumerate(times.tolist()):
+            assert rel_error(batch[i:i + 1], run(model, True, first[i:i + 1], second[i:i + 1], t)) < 1e-12
+        # A per-pixel time map (the heads' half resolution) goes through the fused first layer too.
+        ramp = torch.linspace(0.1, 0.9, 16, dtype=torch.float64).expand(3, 1, 16, 16)
+        assert rel_error(run(model, True, first, second, ramp), run(model, False, first, second, ramp)) < 1e-12
+        assert not torch.allclose(batch[0], batch[2])
+
+
+def test_interpolate_frames_not_multiples_of_32_fused_equals_unfused(gen):
+    for multiple in (False, True):
+        model = random_edsc(gen, multiple)
+        first, second = frames(gen, 1, 45, 70)
+        time = 0.3 if multiple else None
+        model.fused = True
+        fused = model.interpolate(first[0], second[0], time)  # (3, H, W) frames
+        model.fused = False
+        unfused = model.interpolate(first, second, time)
+        assert fused.shape == (3, 45, 70) and fused.min() >= 0 and fused.max() <= 1
+        assert unfused.shape == (1, 3, 45, 70) and rel_error(fused, unfused[0]) < 1e-12
+
+
+@requires_cuda
+@pytest.mark.parametrize("autocast_dtype", [None, torch.float16, torch.bfloat16])
+def test_capture_replays_the_eager_network(gen, autocast_dtype):
+    model = random_edsc(gen, multiple=True, dtype=torch.float32).cuda().eval()
+    first, second = (f.cuda() for f in frames(gen, 2, 64, 96, torch.float32))
+    times = torch.tensor([0.3, 0.7], device="cuda")
+    captured = model.capture(first, second, times, autocast_dtype=autocast_dtype)
+    with torch.no_grad(), torch.autocast("cuda", dtype=autocast_dtype or torch.float16,
+                                         enabled=autocast_dtype is not None):
+        expected = model(first, second, times)
+    tol = {None: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}[autocast_dtype]
+    assert rel_error(captured(first, second, times), expected) < tol
+    # New inputs and an in-place weight update are both seen by the replay.
+    new_first, new_second = (f.cuda() for f in frames(gen, 2, 64, 96, torch.float32))
+    with torch.no_grad():
+        model.moduleBias[7].bias.add_(0.5)
+        model.moduleConv2[0].conv1x1.weight.mul_(1.5)
+        expected = model(new_first, new_second, torch.tensor([0.6, 0.2], device="cuda"))
+    if autocast_dtype is None:
+        assert rel_error(captured(new_first, new_second, [0.6, 0.2]), expected) < tol
+    with pytest.raises(ValueError, match="captured shape"):
+        captured(first[:1], second[:1], times)
+
+
+def test_model_benchmark_cpu_quick_table(tmp_path, capsys):
+    path = tmp_path / "models.json"
+    variants = ["unfused-fp32", "fused-fp32-gr", "fused-bf16-cl", "graph-fp32"]
+    rc = model_benchmark.main(["--device", "cpu", "--models", "EDSC_m", "--variants", ",".join(variants),
+                               "--sizes", "1x32x32", "--train-sizes", "2x32x32", "--warmup", "1", "--rounds", "1",
+                               "--json", str(path)])
+    assert rc == 0
+    data = json.loads(path.read_text())
+    rows = data["rows"]
+    cases = [case["name"] for case in data["cases"]]
+    assert cases == ["inference 1x3x32x32", "training 2x3x32x32"]
+    assert [(r["model"], r["case"], r["variant"]) for r in rows] == [
+        ("EDSC_m", case, variant) for case in cases for variant in variants]
+    for r in rows:
+        if r["variant"] == "graph-fp32":
+            assert r["status"] == "skipped" and "CUDA" in r["note"], r
+            continue
+        assert r["status"] == "ok", r
+        assert len(r["rounds_ms"]) == 1 and r["ms"] > 0 and r["per_s"] > 0 and r["peak_mib"] is None, r
+        assert math.isfinite(r["deviation"]) and r["deviation"] >= 0, r
+        if "fp32" in r["variant"]:  # the same function in float32: rounding apart
+            assert r["deviation"] < 1e-4, r
+    assert all(r["deviation"] == 0 for r in rows if r["variant"] == "unfused-fp32")
+    for bad in ("fused", "fused-fp8", "unfused-fp32-bd", "fused-fp16-bd-ph"):
+        with pytest.raises(ValueError, match="variant"):
+            model_benchmark.parse_variant(bad)
+    out = capsys.readouterr().out
+    assert "| model | case | variant |" in out and "python -m edsc_ext.model_benchmark" in out
+    for variant in variants:
+        assert f"| {variant} |" in out
 
 
 def _load_train_script():

@@ -1,0 +1,424 @@
+"""Times the EDSC networks end to end (issue #20): inference and a training step of EDSC_s and EDSC_m in
+each execution variant, against the original code's composition in float32.
+
+    python -m edsc_ext.model_benchmark                      # the issue's sizes, every default variant
+    python -m edsc_ext.model_benchmark --models EDSC_s --variants fused-fp16-cl,graph-fp16-cl
+    python -m edsc_ext.model_benchmark --device cpu --quick # a smoke run on tiny sizes
+
+A variant is ``PATH-PRECISION[-cl][-gr|-bd|-ph]``:
+
+- PATH: ``unfused`` (``EDSC(fused=False)``, the original's module-by-module composition: the
+  baseline), ``fused`` (the default network), ``compiled`` (``torch.compile`` of the fused network;
+  its compile time is the ``setup s`` column) or ``graph`` (:meth:`edsc_ext.models.EDSC.capture`:
+  CUDA-graph replay of the fused inference; CUDA only, inference only; the capture time is ``setup s``);
+- PRECISION: ``fp32``, or ``fp16`` / ``bf16`` under autocast (the frames and the sampling stay float32);
+- ``cl``: model and frames in channels_last;
+- the fused heads' ``head_layout``: ``gr`` grouped, ``bd`` block_diagonal, ``ph`` per_head; none: "auto"
+  (per_head on the CPU, grouped on CUDA).
+
+A training step is the forward, an L1 loss against a fixed random target and the backward (gradients
+set to None before each step); no optimizer step, which is the same for every variant. The deviation is
+``max |x - x_ref| / max |x_ref|`` against ``unfused-fp32`` on the same weights and frames: the output for
+inference, the worst parameter gradient for training. Weights are random (seeded) unless ``--weights``
+gives checkpoints; frames are uniform random.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import gc
+import json
+import platform
+import shlex
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .models import MODEL_NAMES, SAMPLINGS, EDSC, load_checkpoint
+
+__all__ = ["main", "Variant", "parse_variant", "DEFAULT_VARIANTS"]
+
+PATHS = ("unfused", "fused", "compiled", "graph")
+PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+BASELINE = "unfused-fp32"
+DEFAULT_VARIANTS = (BASELINE, "fused-fp32", "fused-fp32-cl", "fused-fp16", "fused-fp16-cl", "fused-bf16",
+                    "fused-bf16-cl", "fused-fp16-cl-bd", "fused-fp16-cl-ph", "compiled-fp32", "compiled-fp16-cl", "compiled-bf16-cl",
+                    "graph-fp32", "graph-fp16-cl")
+DEFAULT_SIZES = "4x256x256,1x1088x1920,1x2176x3840"
+DEFAULT_TRAIN_SIZES = "16x256x256"
+QUICK_SIZES, QUICK_TRAIN_SIZES = "1x64x64", "2x64x64"
+
+
+HEAD_LAYOUT_FLAGS = {"gr": "grouped", "bd": "block_diagonal", "ph": "per_head"}
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    path: str
+    precision: str
+    channels_last: bool = False
+    head_layout: str = "auto"
+
+    @property
+    def autocast_dtype(self) -> Optional[torch.dtype]:
+        return PRECISIONS[self.precision]
+
+
+def parse_variant(name: str) -> Variant:
+    """``PATH-PRECISION[-cl][-gr|-bd|-ph]`` (see the module docstring)."""
+    parts = name.strip().split("-")
+    flags = parts[2:]
+    layouts = [HEAD_LAYOUT_FLAGS[f] for f in flags if f in HEAD_LAYOUT_FLAGS]
+    if len(parts) < 2 or parts[0] not in PATHS or parts[1] not in PRECISIONS or len(layouts) > 1 or \
+            any(f != "cl" and f not in HEAD_LAYOUT_FLAGS for f in flags) or len(set(flags)) != len(flags):
+        raise ValueError(f"variant {name!r}: expected PATH-PRECISION[-cl][-gr|-bd|-ph] with PATH one of {PATHS} "
+                         f"and PRECISION one of {tuple(PRECISIONS)}")
+    if parts[0] == "unfused" and layouts:
+        raise ValueError(f"variant {name!r}: gr, bd and ph are layouts of the fused heads")
+    return Variant(name.strip(), parts[0], parts[1], "cl" in flags, layouts[0] if layouts else "auto")
+
+
+@dataclass(frozen=True)
+class Case:
+    kind: str  # "inference" or "training"
+    n: int
+    h: int
+    w: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind} {self.n}x3x{self.h}x{self.w}"
+
+
+def parse_sizes(text: str, kind: str, option: str) -> List[Case]:
+    """``NxHxW`` or ``Nx3xHxW`` items, comma-separated; H and W multiples of 32."""
+    cases = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        try:
+            numbers = [int(v) for v in item.lower().split("x")]
+        except ValueError:
+            numbers = []
+        if len(numbers) == 4 and numbers[1] == 3:
+            numbers = [numbers[0], numbers[2], numbers[3]]
+        if len(numbers) != 3 or min(numbers) < 1 or numbers[1] % 32 or numbers[2] % 32:
+            raise ValueError(f"{option}: {item!r} is not NxHxW (or Nx3xHxW) with H and W multiples of 32")
+        cases.append(Case(kind, *numbers))
+    return cases
+
+
+@dataclass
+class Row:
+    model: str
+    case: str
+    variant: str
+    status: str = "ok"  # ok, skipped, error
+    ms: Optional[float] = None
+    per_s: Optional[float] = None
+    peak_mib: Optional[float] = None
+    setup_s: Optional[float] = None
+    deviation: Optional[float] = None
+    note: str = ""
+    rounds_ms: List[float] = field(default_factory=list)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_rounds(fn: Callable[[], object], device: torch.device, warmup: int, rounds: int) -> List[float]:
+    for _ in range(warmup):
+        fn()
+    _synchronize(device)
+    times = []
+    for _ in range(rounds):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            start_s = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start_s) * 1e3)
+    return times
+
+
+def _deviation(actual: Sequence[torch.Tensor], expected: Sequence[torch.Tensor]) -> float:
+    """The worst over the pairs of max |a - e| / max |e|."""
+    worst = 0.0
+    for a, e in zip(actual, expected):
+        scale = e.abs().max().item()
+        diff = (a.detach().float() - e).abs().max().item()
+        worst = max(worst, diff / scale if scale > 0 else diff)
+    return worst
+
+
+def _autocast(device: torch.device, dtype: Optional[torch.dtype]):
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+class _Inputs:
+    """One case's frames, EDSC_m's per-sample time and the training target, float32 on the device."""
+
+    def __init__(self, case: Case, device: torch.device, seed: int):
+        generator = torch.Generator().manual_seed(seed)
+        shape = (case.n, 3, case.h, case.w)
+        self.first, self.second, self.target = (torch.rand(shape, generator=generator).to(device) for _ in range(3))
+        self.time = torch.full((case.n,), 0.5, device=device)
+
+    def formatted(self, channels_last: bool):
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
+        return tuple(x.contiguous(memory_format=fmt) for x in (self.first, self.second, self.target))
+
+
+def _prepare(model: EDSC, variant: Variant) -> None:
+    model.fused = variant.path != "unfused"
+    model.head_layout = variant.head_layout
+    model.to(memory_format=torch.channels_last if variant.channels_last else torch.contiguous_format)
+
+
+def _run_variant(model: EDSC, case: Case, inputs: _Inputs, variant: Variant, reference, args,
+                 device: torch.device) -> Row:
+    row = Row(model.name, case.name, variant.name)
+    if variant.path == "graph" and device.type != "cuda":
+        row.status, row.note = "skipped", "CUDA graphs need a CUDA device"
+        return row
+    if variant.path == "graph" and case.kind == "training":
+        row.status, row.note = "skipped", "CUDA-graph replay (EDSC.capture) is inference only"
+        return row
+    _prepare(model, variant)
+    first, second, target = inputs.formatted(variant.channels_last)
+    time_arg = inputs.time if model.multiple else None
+    net: Callable = model
+    if variant.path == "compiled":
+        torch._dynamo.reset()
+        mode = None if args.compile_mode == "default" else args.compile_mode
+        net = torch.compile(model, mode=mode, backend=args.compile_backend, dynamic=False)
+        row.note = f"torch.compile mode={args.compile_mode}, backend={args.compile_backend}"
+    captured = None
+    if case.kind == "inference":
+        model.eval()
+
+        def step():
+            if captured is not None:
+                return captured(first, second, time_arg, copy=False)
+            with torch.no_grad(), _autocast(device, variant.autocast_dtype):
+                return net(first, second, time_arg)
+    else:
+        model.train()
+        params = list(model.parameters())
+
+        def step():
+            for p in params:
+                p.grad = None
+            with _autocast(device, variant.autocast_dtype):
+                out = net(first, second, time_arg)
+            F.l1_loss(out.float(), target).backward()
+            return [p.grad for p in params]
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    setup_start = time.perf_counter()
+    if variant.path == "graph":
+        captured = model.capture(first, second, time_arg, autocast_dtype=variant.autocast_dtype)
+        result = step()
+    else:
+        result = step()
+    _synchronize(device)
+    if variant.path in ("compiled", "graph"):
+        row.setup_s = time.perf_counter() - setup_start
+        if variant.path == "graph":
+            row.note = "EDSC.capture; setup s: warm-up and capture"
+    row.deviation = _deviation(result if isinstance(result, list) else [result], reference)
+    del result
+    row.rounds_ms = _time_rounds(step, device, max(0, args.warmup - 1), args.rounds)
+    row.ms = statistics.median(row.rounds_ms)
+    row.per_s = case.n * 1e3 / row.ms
+    if device.type == "cuda":
+        row.peak_mib = torch.cuda.max_memory_allocated(device) / 2 ** 20
+    return row
+
+
+def _reference(model: EDSC, case: Case, inputs: _Inputs) -> List[torch.Tensor]:
+    """unfused-fp32's output (inference) or parameter gradients (training), float32."""
+    _prepare(model, parse_variant(BASELINE))
+    time_arg = inputs.time if model.multiple else None
+    if case.kind == "inference":
+        model.eval()
+        with torch.no_grad():
+            return [model(inputs.first, inputs.second, time_arg).float()]
+    model.train()
+    for p in model.parameters():
+        p.grad = None
+    F.l1_loss(model(inputs.first, inputs.second, time_arg), inputs.target).backward()
+    grads = [p.grad.detach().clone() for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = None
+    return grads
+
+
+def _free(device: torch.device) -> None:
+    """Returns the last variant's memory before the next one's peak is measured (CUDA only)."""
+    if device.type == "cuda":
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def _device_line(device: torch.device) -> str:
+    if device.type == "cuda":
+        tf32 = "on" if torch.backends.cudnn.allow_tf32 else "off"
+        return (f"{torch.cuda.get_device_name(device)} (torch {torch.__version__}, CUDA {torch.version.cuda}, "
+                f"cuDNN {torch.backends.cudnn.version()}, cuDNN TF32 for float32 convolutions: {tf32})")
+    return (f"CPU {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads "
+            f"(torch {torch.__version__})")
+
+
+def _fmt(value: Optional[float], digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def _fmt_deviation(value: Optional[float]) -> str:
+    return "n/a" if value is None else ("0" if value == 0 else f"{value:.1e}")
+
+
+def render(meta: dict, rows: Sequence[Row]) -> str:
+    lines = ["# EDSC model benchmark", "",
+             f"- device: {meta['device']}",
+             f"- command: `{meta['command']}`",
+             f"- date: {meta['date']}",
+             f"- weights: {meta['weights']}; sampling {meta['sampling']!r}",
+             f"- timing: median of {meta['rounds']} rounds after {meta['warmup']} warm-up call(s) "
+             f"({'CUDA events' if meta['device_type'] == 'cuda' else 'wall clock'})",
+             "- training step: forward, L1 loss, backward (gradients set to None first); no optimizer step",
+             "- frames/s: interpolated frames (training: samples) per second; peak MiB: "
+             "torch.cuda.max_memory_allocated of the variant (weights and frames included)",
+             f"- max rel. dev.: max |x - x_ref| / max |x_ref| against {BASELINE} (inference: the output; "
+             "training: the worst parameter gradient)",
+             "- variants: unfused = the original composition; fused = the default network; compiled = "
+             "torch.compile of it (setup s: the first call, compile included); graph = EDSC.capture replay "
+             "(setup s: warm-up and capture); fp16/bf16 = autocast; cl = channels_last; heads gr = grouped, "
+             "bd = block-diagonal, ph = per head, none = auto (per head on the CPU, grouped on CUDA)", "",
+             "| model | case | variant | ms | frames/s | peak MiB | setup s | max rel. dev. | note |",
+             "|---|---|---|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        if r.status != "ok":
+            lines.append(f"| {r.model} | {r.case} | {r.variant} | - | - | - | - | - | {r.status}: {r.note} |")
+            continue
+        lines.append(f"| {r.model} | {r.case} | {r.variant} | {_fmt(r.ms)} | {_fmt(r.per_s, 1)} | "
+                     f"{_fmt(r.peak_mib, 0)} | {_fmt(r.setup_s, 1)} | {_fmt_deviation(r.deviation)} | {r.note} |")
+    return "\n".join(lines) + "\n"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m edsc_ext.model_benchmark", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if available)")
+    parser.add_argument("--models", default=",".join(MODEL_NAMES), help="comma-separated (default: %(default)s)")
+    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                        help="comma-separated PATH-PRECISION[-cl][-gr|-bd|-ph] (default: %(default)s)")
+    parser.add_argument("--sizes", default=None, help=f"inference NxHxW list (default: {DEFAULT_SIZES}; "
+                                                      f"--quick: {QUICK_SIZES}); '' for none")
+    parser.add_argument("--train-sizes", default=None, help=f"training-step NxHxW list (default: "
+                                                            f"{DEFAULT_TRAIN_SIZES}; --quick: {QUICK_TRAIN_SIZES}); "
+                                                            "'' for none")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, 1 warm-up call and 3 rounds")
+    parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default 10; --quick 3)")
+    parser.add_argument("--warmup", type=int, default=None, help="warm-up calls (default 3; --quick 1)")
+    parser.add_argument("--compile-mode", default="default",
+                        help="torch.compile mode of the compiled variants: default, reduce-overhead, "
+                             "max-autotune, max-autotune-no-cudagraphs")
+    parser.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default inductor)")
+    parser.add_argument("--sampling", default="compat", choices=SAMPLINGS)
+    parser.add_argument("--weights", action="append", default=[], metavar="CHECKPOINT",
+                        help="an EDSC_s or EDSC_m checkpoint to time instead of random weights (repeatable)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
+    parser.add_argument("--markdown", default=None, metavar="PATH", help="also write the table to a file")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        models = [name.strip() for name in args.models.split(",") if name.strip()]
+        for name in models:
+            if name not in MODEL_NAMES:
+                raise ValueError(f"--models: {name!r} is not one of {MODEL_NAMES}")
+        variants = [parse_variant(v) for v in args.variants.split(",") if v.strip()]
+        sizes = args.sizes if args.sizes is not None else (QUICK_SIZES if args.quick else DEFAULT_SIZES)
+        train_sizes = args.train_sizes if args.train_sizes is not None else (
+            QUICK_TRAIN_SIZES if args.quick else DEFAULT_TRAIN_SIZES)
+        cases = parse_sizes(sizes, "inference", "--sizes") + parse_sizes(train_sizes, "training", "--train-sizes")
+    except ValueError as e:
+        parser.error(str(e))
+    args.rounds = args.rounds if args.rounds is not None else (3 if args.quick else 10)
+    args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
+    if args.rounds < 1 or args.warmup < 1:
+        parser.error(f"--rounds and --warmup must be at least 1, got {args.rounds} and {args.warmup}")
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: CUDA is not available")
+
+    checkpoints: Dict[str, EDSC] = {}
+    for path in args.weights:
+        loaded = load_checkpoint(path, sampling=args.sampling)
+        checkpoints[loaded.name] = loaded
+    meta = {"device": _device_line(device), "device_type": device.type,
+            "command": shlex.join(["python", "-m", "edsc_ext.model_benchmark", *(sys.argv[1:] if argv is None
+                                                                                  else argv)]),
+            "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "weights": ", ".join(args.weights) if args.weights else f"random (seed {args.seed})",
+            "sampling": args.sampling, "rounds": args.rounds, "warmup": args.warmup,
+            "torch": torch.__version__}
+    rows: List[Row] = []
+    for name in models:
+        if name in checkpoints:
+            model = checkpoints[name]
+        else:
+            torch.manual_seed(args.seed)
+            model = EDSC(multiple=name == "EDSC_m", sampling=args.sampling)
+        model = model.to(device)
+        for index, case in enumerate(cases):
+            inputs = _Inputs(case, device, args.seed + index)
+            reference = _reference(model, case, inputs)
+            for variant in variants:
+                try:
+                    row = _run_variant(model, case, inputs, variant, reference, args, device)
+                except Exception as e:  # one failing variant (out of memory, a compile error) leaves the others
+                    message = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                    row = Row(model.name, case.name, variant.name, status="error",
+                              note=f"{type(e).__name__}: {message}"[:200])
+                rows.append(row)
+                _free(device)
+            del inputs, reference
+            _free(device)
+        _prepare(model, parse_variant("fused-fp32"))
+        del model
+        _free(device)
+    table = render(meta, rows)
+    print(table, end="")
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(table)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "cases": [{"name": c.name, **asdict(c)} for c in cases],
+                       "variants": [asdict(v) for v in variants], "rows": [asdict(r) for r in rows]}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
