@@ -17,10 +17,14 @@ A variant is ``PATH-PRECISION[-cl][-gr|-bd|-ph]``:
   (per_head on the CPU, grouped on CUDA).
 
 A training step is the forward, an L1 loss against a fixed random target and the backward (gradients
-set to None before each step); no optimizer step, which is the same for every variant. The deviation is
-``max |x - x_ref| / max |x_ref|`` against ``unfused-fp32`` on the same weights and frames: the output for
-inference, the worst parameter gradient for training. Weights are random (seeded) unless ``--weights``
-gives checkpoints; frames are uniform random.
+set to None before each step); no optimizer step, which is the same for every variant. Under float16
+the loss is multiplied by ``--fp16-loss-scale`` before the backward (a static GradScaler: unscaled, the
+small gradients underflow). The deviation is against ``unfused-fp32`` on the same weights and frames:
+for inference ``max |out - ref| / max |ref|`` of the output, for training ``||g - g_ref|| / ||g_ref||``
+of all parameter gradients together. Weights are random (seeded; the offset heads' last biases a few
+pixels, so that the sampling is off the pixel grid, where bilinear sampling has no kinks) unless
+``--weights`` gives checkpoints; frames are smooth random images (uniform noise at 1/16 of the size,
+bilinearly upsampled).
 """
 
 from __future__ import annotations
@@ -154,14 +158,19 @@ def _time_rounds(fn: Callable[[], object], device: torch.device, warmup: int, ro
     return times
 
 
-def _deviation(actual: Sequence[torch.Tensor], expected: Sequence[torch.Tensor]) -> float:
-    """The worst over the pairs of max |a - e| / max |e|."""
-    worst = 0.0
-    for a, e in zip(actual, expected):
-        scale = e.abs().max().item()
-        diff = (a.detach().float() - e).abs().max().item()
-        worst = max(worst, diff / scale if scale > 0 else diff)
-    return worst
+def _output_deviation(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """max |a - e| / max |e|."""
+    scale = expected.abs().max().item()
+    diff = (actual.detach().float() - expected).abs().max().item()
+    return diff / scale if scale > 0 else diff
+
+
+def _gradient_deviation(actual: Sequence[torch.Tensor], expected: Sequence[torch.Tensor], scale: float) -> float:
+    """||a / scale - e|| / ||e|| over all the tensors together."""
+    diff = sum(torch.linalg.vector_norm(a.detach().double() / scale - e.double()) ** 2
+               for a, e in zip(actual, expected))
+    norm = sum(torch.linalg.vector_norm(e.double()) ** 2 for e in expected)
+    return (diff / norm).sqrt().item() if norm > 0 else diff.sqrt().item()
 
 
 def _autocast(device: torch.device, dtype: Optional[torch.dtype]):
@@ -171,12 +180,16 @@ def _autocast(device: torch.device, dtype: Optional[torch.dtype]):
 
 
 class _Inputs:
-    """One case's frames, EDSC_m's per-sample time and the training target, float32 on the device."""
+    """One case's frames, EDSC_m's time (0.5 per sample) and the training target, float32 on the device."""
 
     def __init__(self, case: Case, device: torch.device, seed: int):
         generator = torch.Generator().manual_seed(seed)
-        shape = (case.n, 3, case.h, case.w)
-        self.first, self.second, self.target = (torch.rand(shape, generator=generator).to(device) for _ in range(3))
+
+        def smooth_frame():  # like a photograph, not like noise: sampling errors scale with the frame's gradient
+            coarse = torch.rand(case.n, 3, max(2, case.h // 16), max(2, case.w // 16), generator=generator)
+            return F.interpolate(coarse, size=(case.h, case.w), mode="bilinear", align_corners=False).to(device)
+
+        self.first, self.second, self.target = smooth_frame(), smooth_frame(), smooth_frame()
         self.time = torch.full((case.n,), 0.5, device=device)
 
     def formatted(self, channels_last: bool):
@@ -220,28 +233,31 @@ def _run_variant(model: EDSC, case: Case, inputs: _Inputs, variant: Variant, ref
     else:
         model.train()
         params = list(model.parameters())
+        loss_scale = args.fp16_loss_scale if variant.autocast_dtype == torch.float16 else 1.0
+        if loss_scale != 1.0:
+            row.note = "; ".join(filter(None, [row.note, f"loss scale {loss_scale:g}"]))
 
         def step():
             for p in params:
                 p.grad = None
             with _autocast(device, variant.autocast_dtype):
                 out = net(first, second, time_arg)
-            F.l1_loss(out.float(), target).backward()
+            (F.l1_loss(out.float(), target) * loss_scale).backward()
             return [p.grad for p in params]
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     setup_start = time.perf_counter()
     if variant.path == "graph":
         captured = model.capture(first, second, time_arg, autocast_dtype=variant.autocast_dtype)
-        result = step()
-    else:
-        result = step()
+        row.note = "EDSC.capture"
+    result = step()  # the compiled variants compile here
     _synchronize(device)
     if variant.path in ("compiled", "graph"):
         row.setup_s = time.perf_counter() - setup_start
-        if variant.path == "graph":
-            row.note = "EDSC.capture; setup s: warm-up and capture"
-    row.deviation = _deviation(result if isinstance(result, list) else [result], reference)
+    if case.kind == "inference":
+        row.deviation = _output_deviation(result, reference[0])
+    else:
+        row.deviation = _gradient_deviation(result, reference, loss_scale)
     del result
     row.rounds_ms = _time_rounds(step, device, max(0, args.warmup - 1), args.rounds)
     row.ms = statistics.median(row.rounds_ms)
@@ -267,6 +283,21 @@ def _reference(model: EDSC, case: Case, inputs: _Inputs) -> List[torch.Tensor]:
     for p in model.parameters():
         p.grad = None
     return grads
+
+
+OFFSET_HEADS = ("moduleOffset1x", "moduleOffset1y", "moduleOffset2x", "moduleOffset2y")
+
+
+def random_model(name: str, sampling: str, seed: int) -> EDSC:
+    """PyTorch's default initialisation from ``seed``, the offset heads' last biases a few pixels."""
+    generator = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    model = EDSC(multiple=name == "EDSC_m", sampling=sampling)
+    with torch.no_grad():
+        for head in OFFSET_HEADS:
+            bias = getattr(model, head)[-1].bias
+            bias.copy_(torch.randn(bias.shape, generator=generator) * 2)
+    return model
 
 
 def _free(device: torch.device) -> None:
@@ -304,8 +335,9 @@ def render(meta: dict, rows: Sequence[Row]) -> str:
              "- training step: forward, L1 loss, backward (gradients set to None first); no optimizer step",
              "- frames/s: interpolated frames (training: samples) per second; peak MiB: "
              "torch.cuda.max_memory_allocated of the variant (weights and frames included)",
-             f"- max rel. dev.: max |x - x_ref| / max |x_ref| against {BASELINE} (inference: the output; "
-             "training: the worst parameter gradient)",
+             f"- max rel. dev. against {BASELINE}: inference max |out - ref| / max |ref|; training "
+             "||g - g_ref|| / ||g_ref|| of all parameter gradients together (float16: the loss scaled by "
+             f"{meta['fp16_loss_scale']:g})",
              "- variants: unfused = the original composition; fused = the default network; compiled = "
              "torch.compile of it (setup s: the first call, compile included); graph = EDSC.capture replay "
              "(setup s: warm-up and capture); fp16/bf16 = autocast; cl = channels_last; heads gr = grouped, "
@@ -340,6 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="torch.compile mode of the compiled variants: default, reduce-overhead, "
                              "max-autotune, max-autotune-no-cudagraphs")
     parser.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default inductor)")
+    parser.add_argument("--fp16-loss-scale", type=float, default=1024.0,
+                        help="float16 training: the loss's factor before the backward (default %(default)g)")
     parser.add_argument("--sampling", default="compat", choices=SAMPLINGS)
     parser.add_argument("--weights", action="append", default=[], metavar="CHECKPOINT",
                         help="an EDSC_s or EDSC_m checkpoint to time instead of random weights (repeatable)")
@@ -382,14 +416,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "weights": ", ".join(args.weights) if args.weights else f"random (seed {args.seed})",
             "sampling": args.sampling, "rounds": args.rounds, "warmup": args.warmup,
+            "fp16_loss_scale": args.fp16_loss_scale,
             "torch": torch.__version__}
     rows: List[Row] = []
     for name in models:
         if name in checkpoints:
             model = checkpoints[name]
         else:
-            torch.manual_seed(args.seed)
-            model = EDSC(multiple=name == "EDSC_m", sampling=args.sampling)
+            model = random_model(name, args.sampling, args.seed)
         model = model.to(device)
         for index, case in enumerate(cases):
             inputs = _Inputs(case, device, args.seed + index)
