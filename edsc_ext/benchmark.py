@@ -44,6 +44,7 @@ Examples::
     python -m edsc_ext.benchmark                                   # all cases, cuda, 3 dtypes
     python -m edsc_ext.benchmark --cases train feat --dtypes bfloat16 --json out.json --plot out.png
     python -m edsc_ext.benchmark --device cpu --quick              # smoke test
+    python -m edsc_ext.benchmark --model --help                    # the EDSC networks (edsc_ext.model_benchmark)
 """
 
 from __future__ import annotations
@@ -854,6 +855,10 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
+    if raw[:1] == ["--model"]:
+        # The networks end to end: edsc_ext.model_benchmark, with the arguments that follow.
+        from edsc_ext import model_benchmark
+        return model_benchmark.main(raw[1:])
     args = _parse(raw)
     device = torch.device(args.device)
     if device.type == "cuda":

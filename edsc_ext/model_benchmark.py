@@ -14,7 +14,7 @@ A variant is ``PATH-PRECISION[-cl][-gr|-bd|-ph]``:
 - PRECISION: ``fp32``, or ``fp16`` / ``bf16`` under autocast (the frames and the sampling stay float32);
 - ``cl``: model and frames in channels_last;
 - the fused heads' ``head_layout``: ``gr`` grouped, ``bd`` block_diagonal, ``ph`` per_head; none: "auto"
-  (per_head on the CPU, grouped on CUDA).
+  (per_head).
 
 A training step is the forward, an L1 loss against a fixed random target and the backward (gradients
 set to None before each step); no optimizer step, which is the same for every variant. Under float16
@@ -341,7 +341,7 @@ def render(meta: dict, rows: Sequence[Row]) -> str:
              "- variants: unfused = the original composition; fused = the default network; compiled = "
              "torch.compile of it (setup s: the first call, compile included); graph = EDSC.capture replay "
              "(setup s: warm-up and capture); fp16/bf16 = autocast; cl = channels_last; heads gr = grouped, "
-             "bd = block-diagonal, ph = per head, none = auto (per head on the CPU, grouped on CUDA)", "",
+             "bd = block-diagonal, ph = per head, none = auto (per head)", "",
              "| model | case | variant | ms | frames/s | peak MiB | setup s | max rel. dev. | note |",
              "|---|---|---|---:|---:|---:|---:|---:|---|"]
     for r in rows:

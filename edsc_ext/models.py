@@ -45,7 +45,8 @@ SAMPLINGS = ("compat", "clean")
 # as one dense convolution with zeros off the heads' blocks: more arithmetic, no grouped kernel, which
 # some backends run slowly), "per_head" (one head at a time, as unfused: oneDNN, the CPU's backend,
 # runs the heads' separate convolutions faster than wide or grouped ones; there the arithmetic, not
-# the number of calls, bounds the time), or "auto" (per_head on the CPU, grouped elsewhere).
+# the number of calls, bounds the time), or "auto": per_head, which measured fastest on the CPU and on
+# the H200 too, where it also peaks at a third of grouped's memory (BENCHMARKS.md, issue #20).
 HEAD_LAYOUTS = ("auto", "grouped", "block_diagonal", "per_head")
 MODEL_NAMES = ("EDSC_s", "EDSC_m")
 # Five 2x average poolings down to the bottleneck.
@@ -183,8 +184,8 @@ class EDSC(nn.Module):
         fused: run the heterogeneous convolutions folded and the heads fused (:meth:`fused_heads`);
             False: the original code's module-by-module composition. Also an attribute that can be
             switched at any time: both read the same parameters.
-        head_layout: how the fused heads run: "auto" (the default:
-            "per_head" on the CPU, "grouped" elsewhere), "grouped", "block_diagonal" or "per_head"
+        head_layout: how the fused heads run: "auto" (the default: the layout measured fastest,
+            now "per_head" everywhere), "grouped", "block_diagonal" or "per_head"
             (the heads one module at a time); see ``HEAD_LAYOUTS`` and :meth:`fused_heads`.
     """
 
@@ -298,11 +299,11 @@ class EDSC(nn.Module):
         The outputs are channel slices (views) of those last convolutions: kernels
         (vertical1, horizontal1, vertical2, horizontal2) and offsets and masks (offset1x, offset1y,
         mask1, offset2x, offset2y, mask2); the masks' sigmoid makes new tensors, as the modules do.
-        ``head_layout="per_head"`` (the CPU's default) runs :meth:`unfused_heads` instead.
+        ``head_layout="per_head"`` (what "auto" runs) runs :meth:`unfused_heads` instead.
         """
         layout = self.head_layout
         if layout == "auto":
-            layout = "per_head" if combine.device.type == "cpu" else "grouped"
+            layout = "per_head"
         if layout == "per_head":
             return self.unfused_heads(combine, time)
         if self.multiple:
@@ -368,9 +369,9 @@ class EDSC(nn.Module):
         if self.sampling == "compat":
             # Identical to FunctionDSepconv on the replicate-padded frame, without the padded copy.
             return compat_deform_sepconv(frame, vertical, horizontal, offset_x, offset_y, mask, padding=pad)
-        n, taps, h, w = mask.shape
-        offset = torch.stack((offset_x, offset_y), dim=2).reshape(n, 2 * taps, h, w)
-        return deform_sepconv(frame, vertical, horizontal, offset, mask, padding=pad, padding_mode="border")
+        # offset_x moves the vertical coordinate: the (dy, dx) of split offsets, read in place.
+        return deform_sepconv(frame, vertical, horizontal, (offset_x, offset_y), mask, padding=pad,
+                              padding_mode="border")
 
     def _time_map(self, time, feature: Tensor) -> Tensor:
         n, _, h, w = feature.shape

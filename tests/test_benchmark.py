@@ -127,3 +127,12 @@ def test_peer_check_catches_a_wrong_peer(monkeypatch):
     monkeypatch.setattr(benchmark, "_impl_call", off_by_a_little)
     with pytest.raises(AssertionError, match="compat's output differs"):
         benchmark.check_peer(case, "cpu", "compat")
+
+
+def test_model_flag_runs_the_model_benchmark(monkeypatch):
+    from edsc_ext import model_benchmark
+
+    seen = []
+    monkeypatch.setattr(model_benchmark, "main", lambda argv=None: seen.append(argv) or 0)
+    assert benchmark.main(["--model", "--device", "cpu", "--quick"]) == 0
+    assert seen == [["--device", "cpu", "--quick"]]

@@ -266,7 +266,7 @@ def test_fused_output_equals_the_unfused_float32(gen, multiple):
                          what=f"fused={fused}, head_layout={layout}")
 
 
-def test_auto_head_layout_runs_the_heads_one_by_one_on_the_cpu(gen):
+def test_auto_head_layout_runs_the_heads_one_by_one(gen):
     model = random_edsc(gen, multiple=True, dtype=torch.float32, head_layout="auto")
     assert set(HEAD_LAYOUTS) == {"auto", "grouped", "block_diagonal", "per_head"}
     combine = torch.rand(1, 64, 16, 16, generator=gen)
