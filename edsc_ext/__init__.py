@@ -19,8 +19,11 @@ from ._version import __version__ as _base_version
 _C, _BUILD_META, _BUILD_KIND = _loader.load()  # registers torch.ops.edsc_ext.*
 _sys.modules.setdefault(__name__ + "._C", _C)  # a JIT build has another module name
 
-from . import _policy  # noqa: E402
-from . import nn, reference  # noqa: E402,F401
+from . import (  # noqa: E402,F401
+    _policy,  # noqa: E402
+    nn,
+    reference,
+)
 from ._policy import KernelPolicy, current_kernel_policy, kernel_policy  # noqa: E402,F401
 from .ops import _plan, deform_sepconv, vector_add  # noqa: E402,F401
 
@@ -37,7 +40,8 @@ def build_info() -> dict:
     Keys: ``version``, ``build`` ('setuptools' or 'jit'), ``torch_version`` and ``torch_cuda_version``
     (the torch it was compiled against), ``with_cuda``, ``cuda_version`` (the toolkit), and
     ``cuda_sass_archs`` / ``cuda_ptx_archs`` (e.g. ['80', '90'], the GPU architectures it has
-    machine code / PTX for), ``binary`` (the file loaded). The binary's own record (``_C.build_info()``) wins where both have a key.
+    machine code / PTX for), ``binary`` (the file loaded). The binary's own record
+    (``_C.build_info()``) wins where both have a key.
     """
     info = dict(_BUILD_META)
     info.pop("python", None)

@@ -9,10 +9,10 @@ from the installed package.
 
 import glob
 import os
-import sys
 import re
 import shutil
 import subprocess
+import sys
 
 # The extension's sources, relative to the folder holding src/ and include/ (the repository root,
 # or edsc_ext/_csrc inside an installed wheel). src/cuda/*.cpp is the CUDA backend's plain C++ (its

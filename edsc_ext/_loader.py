@@ -25,7 +25,8 @@ import sys
 import torch
 
 from . import _build_support as bs
-from ._version import WHEEL_INDEX, __version__ as BASE_VERSION
+from ._version import WHEEL_INDEX
+from ._version import __version__ as BASE_VERSION
 
 PYPI_NAME = "edsc-ext"
 
@@ -81,7 +82,8 @@ def explain(problem, meta=None, binary_info=None, cause=None):
     if index:  # a wheel of a published release knows where its siblings are
         lines += [f"  * or install the edsc-ext wheel built for your torch ({wanted}), where one is published "
                   f"({index}/ lists them):",
-                  f'      pip install --force-reinstall --no-deps "{PYPI_NAME}=={BASE_VERSION}" -f {index}/{wanted}.html']
+                  f'      pip install --force-reinstall --no-deps "{PYPI_NAME}=={BASE_VERSION}" '
+                  f'-f {index}/{wanted}.html']
     if built_torch:
         mm = "{}.{}".format(*bs.major_minor(built_torch))
         tag = bs.cuda_tag(built_cuda if with_cuda else None)

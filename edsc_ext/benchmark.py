@@ -175,10 +175,12 @@ def _cases(sizes: Dict[str, tuple]) -> List[Case]:
 
 
 CASES = _cases({"train": (16, 3, 256, 256), "infer": (1, 3, 1088, 1920), "batch": (8, 3, 1088, 1920),
-                "feat": (4, 32, 256, 256), "feat64": (4, 64, 256, 256), "sepconv": (1, 3, 1088, 1920), "adacof": (8, 3, 256, 256)})
+                "feat": (4, 32, 256, 256), "feat64": (4, 64, 256, 256), "sepconv": (1, 3, 1088, 1920),
+                "adacof": (8, 3, 256, 256)})
 # Scaled down for --device cpu (same kernels and geometry).
 CPU_CASES = _cases({"train": (2, 3, 64, 64), "infer": (1, 3, 136, 240), "batch": (2, 3, 136, 240),
-                    "feat": (1, 32, 64, 64), "feat64": (1, 64, 64, 64), "sepconv": (1, 3, 34, 60), "adacof": (2, 3, 64, 64)})
+                    "feat": (1, 32, 64, 64), "feat64": (1, 64, 64, 64), "sepconv": (1, 3, 34, 60),
+                    "adacof": (2, 3, 64, 64)})
 
 
 # ------------------------------------------------------------------------------------------------
@@ -288,7 +290,6 @@ def measure_copy_bandwidth(device, nbytes: Optional[int] = None, warmup: int = 3
         del dst
     else:
         timing = time_fn(lambda: src.clone(), device, warmup, reps)
-    del src
     moved = 2 * numel * 4
     return {"gbps": moved / (timing["median_ms"] * 1e-3) / GB, "bytes_moved": moved, "median_ms": timing["median_ms"],
             "method": "dst.copy_(src)" if device.type == "cuda" else "src.clone()"}
@@ -511,7 +512,8 @@ def run(device="cuda", dtypes: Sequence = ("float32", "bfloat16", "float16"), ca
 
     ``cases``: Case objects or names (default: all, at the CPU sizes on a CPU device).
     ``dtypes``: torch dtypes or names. ``memory_budget_gb``: grid_sample runs whose
-    :func:`grid_sample_memory_estimate` (deform_conv2d: :func:`deform_conv2d_memory_estimate`) exceeds it are skipped (default: 85% of the GPU's memory,
+    :func:`grid_sample_memory_estimate` (deform_conv2d: :func:`deform_conv2d_memory_estimate`)
+    exceeds it are skipped (default: 85% of the GPU's memory,
     8 GB on the CPU). ``copy_bandwidth``: the result of :func:`measure_copy_bandwidth` (measured here
     when None). ``channels_last``: every 4-D tensor (frame, per-pixel tensors, output gradient) in
     torch.channels_last memory format instead of contiguous.

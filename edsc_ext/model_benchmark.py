@@ -45,7 +45,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from .models import MODEL_NAMES, SAMPLINGS, EDSC, load_checkpoint
+from .models import EDSC, MODEL_NAMES, SAMPLINGS, load_checkpoint
 
 __all__ = ["main", "Variant", "parse_variant", "DEFAULT_VARIANTS"]
 
@@ -53,7 +53,8 @@ PATHS = ("unfused", "fused", "compiled", "graph")
 PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 BASELINE = "unfused-fp32"
 DEFAULT_VARIANTS = (BASELINE, "fused-fp32", "fused-fp32-cl", "fused-fp16", "fused-fp16-cl", "fused-bf16",
-                    "fused-bf16-cl", "fused-fp16-cl-bd", "fused-fp16-cl-ph", "compiled-fp32", "compiled-fp16-cl", "compiled-bf16-cl",
+                    "fused-bf16-cl", "fused-fp16-cl-bd", "fused-fp16-cl-ph", "compiled-fp32", "compiled-fp16-cl",
+                    "compiled-bf16-cl",
                     "graph-fp32", "graph-fp16-cl")
 DEFAULT_SIZES = "4x256x256,1x1088x1920,1x2176x3840"
 DEFAULT_TRAIN_SIZES = "16x256x256"

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F

@@ -14,7 +14,8 @@ from typing import NamedTuple, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-__all__ = ["deform_sepconv", "normalize_args", "check_geometry", "DeformSepconvArgs", "PADDING_MODES", "MAX_KERNEL_WIDTH"]
+__all__ = ["deform_sepconv", "normalize_args", "check_geometry", "split_offset", "DeformSepconvArgs", "PADDING_MODES",
+           "MAX_KERNEL_WIDTH"]
 
 # padding_mode name -> the integer code the C++ kernels take (include/edsc_ext/sampling.h).
 PADDING_MODES = {"zeros": 0, "border": 1, "edsc": 2}

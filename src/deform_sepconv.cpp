@@ -14,11 +14,11 @@
 #include <tuple>
 #include <vector>
 
+#include "cpu/deform_sepconv_plan.h"
+#include "cuda/deform_sepconv_plan.h"
 #include "edsc_ext/deform_sepconv_call.h"
 #include "edsc_ext/kernel_policy.h"
 #include "edsc_ext/ops.h"
-#include "cpu/deform_sepconv_plan.h"
-#include "cuda/deform_sepconv_plan.h"
 
 #ifdef EDSC_EXT_WITH_CUDA
 #include <cuda.h>  // CUDA_VERSION of the toolkit this binary was built with
@@ -37,12 +37,12 @@ at::Tensor checked_optional(const std::optional<at::Tensor>& t, const char* name
                             int64_t channels, int64_t height_out, int64_t width_out, at::MemoryFormat format) {
   if (!t.has_value() || !t->defined()) return at::Tensor();
   const at::Tensor& v = *t;
-  TORCH_CHECK_VALUE(v.device() == input.device(), name, " is on ", v.device(), " but input is on ",
-                    input.device(), "; all tensors must be on one device");
+  TORCH_CHECK_VALUE(v.device() == input.device(), name, " is on ", v.device(), " but input is on ", input.device(),
+                    "; all tensors must be on one device");
   TORCH_CHECK_TYPE(v.scalar_type() == input.scalar_type(), name, " has dtype ", v.scalar_type(),
                    " but input has dtype ", input.scalar_type());
-  TORCH_CHECK_VALUE(v.dim() == 4 && v.size(0) == input.size(0) && v.size(1) == channels &&
-                        v.size(2) == height_out && v.size(3) == width_out,
+  TORCH_CHECK_VALUE(v.dim() == 4 && v.size(0) == input.size(0) && v.size(1) == channels && v.size(2) == height_out &&
+                        v.size(3) == width_out,
                     name, " must have shape (", input.size(0), ", ", channels, ", ", height_out, ", ", width_out,
                     "), got ", v.sizes());
   return v.contiguous(format);
@@ -78,8 +78,8 @@ std::vector<std::string> deform_sepconv_plan(const at::Tensor& input, const std:
   const KernelPolicy policy = kernel_policy();
   const bool backward = std::find(output_mask.begin(), output_mask.end(), true) != output_mask.end();
   if (!cuda_device.empty()) {
-    TORCH_CHECK_VALUE(cuda_device.size() == 3, "cuda_device must be [major, minor, shared_memory_per_block_optin], got ",
-                      cuda_device);
+    TORCH_CHECK_VALUE(cuda_device.size() == 3,
+                      "cuda_device must be [major, minor, shared_memory_per_block_optin], got ", cuda_device);
     const CudaDeviceFacts device{cuda_device[0], cuda_device[1], cuda_device[2]};
     return {plan_name(plan_cuda_forward(call, device, policy)),
             backward ? plan_name(plan_cuda_backward(call, device, policy)) : std::string("none")};
@@ -100,7 +100,8 @@ void set_kernel_policy_op(bool grid_taps, bool plain_forward, bool prefetch, boo
 
 std::tuple<bool, bool, bool, bool, bool, bool, int64_t> get_kernel_policy_op() {
   const KernelPolicy p = kernel_policy();
-  return {p.grid_taps, p.plain_forward, p.prefetch, p.input_grad_tile, p.warp_staging, p.cpu_baseline, p.cpu_scratch_mb};
+  return {p.grid_taps,    p.plain_forward, p.prefetch,      p.input_grad_tile,
+          p.warp_staging, p.cpu_baseline,  p.cpu_scratch_mb};
 }
 
 }  // namespace
@@ -109,22 +110,20 @@ DeformSepconvTensors prepare_deform_sepconv(const at::Tensor& input, const std::
                                             const std::optional<at::Tensor>& horizontal,
                                             const std::optional<at::Tensor>& offset,
                                             const std::optional<at::Tensor>& mask, const DeformSepconvConfig& cfg,
-                                            const at::Tensor* grad_output,
-                                            const std::optional<at::Tensor>& offset_dx) {
+                                            const at::Tensor* grad_output, const std::optional<at::Tensor>& offset_dx) {
   TORCH_CHECK_VALUE(input.dim() == 4, "input must be 4-D (N, C, H, W), got shape ", input.sizes());
   TORCH_CHECK_TYPE(at::isFloatingType(input.scalar_type()), "input must have a floating dtype, got ",
                    input.scalar_type());
-  TORCH_CHECK_VALUE(cfg.kernel_h >= 1 && cfg.kernel_w >= 1, "kernel size must be >= 1, got (", cfg.kernel_h,
-                    ", ", cfg.kernel_w, ")");
+  TORCH_CHECK_VALUE(cfg.kernel_h >= 1 && cfg.kernel_w >= 1, "kernel size must be >= 1, got (", cfg.kernel_h, ", ",
+                    cfg.kernel_w, ")");
   TORCH_CHECK_VALUE(cfg.kernel_w <= kMaxKernelWidth, "kernel width KW=", cfg.kernel_w,
                     " exceeds the supported maximum ", kMaxKernelWidth);
-  TORCH_CHECK_VALUE(cfg.pad_h >= 0 && cfg.pad_w >= 0, "padding must be >= 0, got (", cfg.pad_h, ", ", cfg.pad_w,
-                    ")");
-  TORCH_CHECK_VALUE(cfg.dilation_h >= 1 && cfg.dilation_w >= 1, "dilation must be >= 1, got (", cfg.dilation_h,
-                    ", ", cfg.dilation_w, ")");
-  TORCH_CHECK_VALUE(cfg.padding_mode == kPaddingZeros || cfg.padding_mode == kPaddingBorder ||
-                        cfg.padding_mode == kPaddingEdsc,
-                    "padding_mode code must be 0 (zeros), 1 (border) or 2 (edsc), got ", cfg.padding_mode);
+  TORCH_CHECK_VALUE(cfg.pad_h >= 0 && cfg.pad_w >= 0, "padding must be >= 0, got (", cfg.pad_h, ", ", cfg.pad_w, ")");
+  TORCH_CHECK_VALUE(cfg.dilation_h >= 1 && cfg.dilation_w >= 1, "dilation must be >= 1, got (", cfg.dilation_h, ", ",
+                    cfg.dilation_w, ")");
+  TORCH_CHECK_VALUE(
+      cfg.padding_mode == kPaddingZeros || cfg.padding_mode == kPaddingBorder || cfg.padding_mode == kPaddingEdsc,
+      "padding_mode code must be 0 (zeros), 1 (border) or 2 (edsc), got ", cfg.padding_mode);
   const bool split_offsets = offset_dx.has_value() && offset_dx->defined();
   TORCH_CHECK_VALUE(!split_offsets || (offset.has_value() && offset->defined()),
                     "offset_dx is given but offset (the dy of split offsets) is not");
@@ -140,8 +139,8 @@ DeformSepconvTensors prepare_deform_sepconv(const at::Tensor& input, const std::
   t.input = input.contiguous(format);
   t.vertical = checked_optional(vertical, "vertical", input, cfg.kernel_h, t.height_out, t.width_out, format);
   t.horizontal = checked_optional(horizontal, "horizontal", input, cfg.kernel_w, t.height_out, t.width_out, format);
-  t.offset = checked_optional(offset, split_offsets ? "offset (dy)" : "offset", input,
-                              (split_offsets ? 1 : 2) * taps, t.height_out, t.width_out, format);
+  t.offset = checked_optional(offset, split_offsets ? "offset (dy)" : "offset", input, (split_offsets ? 1 : 2) * taps,
+                              t.height_out, t.width_out, format);
   t.offset_dx = checked_optional(offset_dx, "offset_dx", input, taps, t.height_out, t.width_out, format);
   t.mask = checked_optional(mask, "mask", input, taps, t.height_out, t.width_out, format);
   if (grad_output) {
@@ -152,10 +151,11 @@ DeformSepconvTensors prepare_deform_sepconv(const at::Tensor& input, const std::
   // 32-bit indices when every element offset (and every coordinate term) fits.
   const int64_t output_numel = input.size(0) * input.size(1) * t.height_out * t.width_out;
   const int64_t per_pixel_numel = input.size(0) * 2 * taps * t.height_out * t.width_out;
-  t.use_32bit_indexing = fits_int32(input.numel()) && fits_int32(output_numel) && fits_int32(per_pixel_numel) &&
-                         fits_int32(input.size(0) * std::max(cfg.kernel_h, cfg.kernel_w) * t.height_out * t.width_out) &&
-                         fits_int32(4 * std::max(cfg.pad_h, cfg.pad_w)) &&
-                         fits_int32(4 * std::max(cfg.dilation_h * cfg.kernel_h, cfg.dilation_w * cfg.kernel_w));
+  t.use_32bit_indexing =
+      fits_int32(input.numel()) && fits_int32(output_numel) && fits_int32(per_pixel_numel) &&
+      fits_int32(input.size(0) * std::max(cfg.kernel_h, cfg.kernel_w) * t.height_out * t.width_out) &&
+      fits_int32(4 * std::max(cfg.pad_h, cfg.pad_w)) &&
+      fits_int32(4 * std::max(cfg.dilation_h * cfg.kernel_h, cfg.dilation_w * cfg.kernel_w));
   return t;
 }
 
@@ -192,7 +192,8 @@ bool wants_channels_last(const at::Tensor& input) {
   return input.dim() == 4 && !input.is_contiguous() && input.is_contiguous(at::MemoryFormat::ChannelsLast);
 }
 
-DeformSepconvGrads allocate_deform_sepconv_grads(const DeformSepconvTensors& t, const std::array<bool, 5>& output_mask) {
+DeformSepconvGrads allocate_deform_sepconv_grads(const DeformSepconvTensors& t,
+                                                 const std::array<bool, 5>& output_mask) {
   const at::Tensor* sources[6] = {&t.input, &t.vertical, &t.horizontal, &t.offset, &t.mask, &t.offset_dx};
   DeformSepconvGrads grads;
   for (int k = 0; k < 6; ++k) {

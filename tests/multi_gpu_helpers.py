@@ -23,9 +23,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 import edsc_ext  # noqa: E402
-from conftest import (ARG_NAMES, PADDING_MODES, Case, assert_close, assert_grads_close,  # noqa: E402
-                      default_grad_output)
 from edsc_ext import reference as R  # noqa: E402
+
+from conftest import ARG_NAMES, PADDING_MODES, Case, assert_close, assert_grads_close, default_grad_output  # noqa: E402
 
 RESULT_MARKER = "MULTI_GPU_RESULT "
 

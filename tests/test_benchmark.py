@@ -64,6 +64,8 @@ def test_floor_bytes_by_hand():
     vert = horiz = 1 * 3 * 20    # 60 each
     offset = 1 * 2 * 9 * 20      # 360
     mask = 1 * 9 * 20            # 180
+    assert case.tensor_numels() == {"input": inp, "vertical": vert, "horizontal": horiz, "offset": offset,
+                                    "mask": mask, "output": out}
     per_pixel = vert + horiz + offset + mask  # 660
     assert per_pixel == 660
     # forward: read input + per-pixel, write output = 740 elements

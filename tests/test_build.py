@@ -159,7 +159,8 @@ def test_import_explains_torch_mismatch(tmp_path):
     result = _import_in_subprocess(_package_copy(tmp_path, meta))
     assert result.returncode != 0
     err = result.stderr
-    assert "ImportError: edsc_ext cannot load its compiled kernels: it was built for another torch (torch 1.13 vs" in err
+    assert ("ImportError: edsc_ext cannot load its compiled kernels: it was built for another torch "
+            "(torch 1.13 vs") in err
     assert "built for: torch 1.13.1+cu126 (CUDA 12.6)" in err and f"installed: torch {torch.__version__}" in err
     assert "pip install" in err and "EDSC_EXT_JIT=1" in err
     assert "undefined symbol" not in err

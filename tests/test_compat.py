@@ -7,8 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_close, off_grid_offset, requires_cuda
 from edsc_ext import compat
+
+from conftest import assert_close, off_grid_offset, requires_cuda
 
 F64 = torch.float64
 NAMES = ("input", "vertical", "horizontal", "offset_x", "offset_y", "mask")
@@ -116,7 +117,8 @@ def test_integer_positions_and_exact_borders(gen):
     # Coordinates landing exactly on size-1 (doubled) and exactly on 0 (not doubled).
     h_in, w_in = padded.shape[2:]
     s = compat.tap_shift(5)
-    base_y = (torch.arange(6, dtype=F64).view(1, 1, 6, 1) + (torch.arange(5).repeat_interleave(5) + s).view(1, -1, 1, 1))
+    base_y = (torch.arange(6, dtype=F64).view(1, 1, 6, 1)
+              + (torch.arange(5).repeat_interleave(5) + s).view(1, -1, 1, 1))
     base_x = (torch.arange(8, dtype=F64).view(1, 1, 1, 8) + (torch.arange(5).repeat(5) + s).view(1, -1, 1, 1))
     for target_y, target_x in ((h_in - 1, w_in - 1), (0, 0), (h_in - 1, 0)):
         args = (padded, vertical, horizontal, (target_y - base_y).expand_as(mask).contiguous(),

@@ -8,10 +8,22 @@ import pytest
 import torch
 
 import edsc_ext
-from conftest import (ALL_PRESENT, ARG_NAMES, PADDING_MODES, assert_close, assert_grads_close,
-                      default_grad_output, make_inputs, plans_of, present_id, requires_cuda, requires_two_gpus)
 from edsc_ext import reference as R
 from edsc_ext.ops import normalize_args
+
+from conftest import (
+    ALL_PRESENT,
+    ARG_NAMES,
+    PADDING_MODES,
+    assert_close,
+    assert_grads_close,
+    default_grad_output,
+    make_inputs,
+    plans_of,
+    present_id,
+    requires_cuda,
+    requires_two_gpus,
+)
 
 pytestmark = [pytest.mark.cuda, requires_cuda]
 
@@ -145,7 +157,8 @@ def test_prefetch_changes_nothing(gen, policy, config, dtype):
 # output pixels stages the input window its taps read in shared memory (the forward 4, 3, 2 or 1
 # channels a pass; the parameter gradients all channels at once, up to 4, else the bilinear
 # backward) and holds 8 x 8 taps' weights at a time; without a mask the input gradient is
-# gathered, each 8 x 32 tile of input pixels walking the rows of output pixels that reach it. The shapes give partial tiles, several passes,
+# gathered, each 8 x 32 tile of input pixels walking the rows of output pixels that reach it. The
+# shapes give partial tiles, several passes,
 # whole and partial tap chunks, output planes smaller and larger than the input, and sepconv's
 # 51 x 51, whose 3-channel float32 window (57 KB, 109 KB with the backward's sums) needs more than
 # the default 48 KB of shared memory.

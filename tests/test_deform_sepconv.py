@@ -7,10 +7,21 @@ import pytest
 import torch
 
 import edsc_ext
-from conftest import (ALL_PRESENT, ARG_NAMES, PADDING_MODES, Case, assert_close, assert_grads_close,
-                      default_grad_output, make_inputs, plans_of, present_id)
 from edsc_ext import reference as R
 from edsc_ext.ops import normalize_args
+
+from conftest import (
+    ALL_PRESENT,
+    ARG_NAMES,
+    PADDING_MODES,
+    Case,
+    assert_close,
+    assert_grads_close,
+    default_grad_output,
+    make_inputs,
+    plans_of,
+    present_id,
+)
 
 F64, F32 = torch.float64, torch.float32
 OP = edsc_ext.deform_sepconv

@@ -11,11 +11,11 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import edsc_ext
-from conftest import (ALL_PRESENT, ARG_NAMES, assert_close, default_grad_output, make_inputs, present_id,
-                      requires_cuda)
 from edsc_ext import compat
 from edsc_ext import reference as R
 from edsc_ext.ops import H200, normalize_args
+
+from conftest import ALL_PRESENT, ARG_NAMES, assert_close, default_grad_output, make_inputs, present_id, requires_cuda
 from test_compat import make_case, original_dsepconv
 
 F64, F32 = torch.float64, torch.float32
@@ -193,7 +193,7 @@ def test_split_offsets_opcheck(gen):
     for layout in ("contiguous", "channels_last"):
         fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
         case = make_inputs(1, 3, 5, 6, 2, 3, 1, (1, 2), generator=gen).map(
-            lambda t: t.contiguous(memory_format=fmt))
+            lambda t, fmt=fmt: t.contiguous(memory_format=fmt))
         dy, dx = (t.requires_grad_() for t in split(case.offset))
         for mode in ("edsc", "zeros"):
             args = normalize_args(case.input.requires_grad_(), case.vertical, case.horizontal, (dy, dx), case.mask,
@@ -284,7 +284,7 @@ def test_plans_of_split_offsets_and_edsc_mode(gen):
     ):
         fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
         case = make_inputs(2, channels, 12, 16, 5, 5, 2, 1, generator=gen).map(
-            lambda t: t.to(dtype).contiguous(memory_format=fmt).to("meta").requires_grad_())
+            lambda t, dtype=dtype, fmt=fmt: t.to(dtype).contiguous(memory_format=fmt).to("meta").requires_grad_())
         dy, dx = split(case.offset)
         plans = edsc_ext._plan(case.input, case.vertical, case.horizontal, (dy, dx), case.mask, **case.kwargs,
                                padding_mode="edsc", device=cuda)

@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ALL_PRESENT, PADDING_MODES, present_id
 import edsc_ext
 from edsc_ext import compat
 from edsc_ext.models import EDSC
+
+from conftest import ALL_PRESENT, PADDING_MODES, present_id
 
 REPO = Path(__file__).resolve().parent.parent
 Dim = torch.export.Dim
@@ -146,7 +147,8 @@ def test_export_edsc(multiple, sampling, tmp_path):
     runs = [edsc_inputs(multiple, 1, 96, 64, seed=1), edsc_inputs(multiple, 3, 64, 64, seed=2)]
     for args in runs:
         assert max_error(ep.module()(*args), eager(model, args)) < 1e-6
-    with pytest.raises(Exception):  # not a multiple of 32: the program's shape assertion fails
+    # Not a multiple of 32: the program's shape guard fails (its exception type varies across torch versions).
+    with pytest.raises(Exception):  # noqa: B017
         ep.module()(*edsc_inputs(multiple, 1, 80, 64))
     if sampling == "clean":
         return

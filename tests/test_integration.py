@@ -14,10 +14,23 @@ import pytest
 import torch
 
 import edsc_ext
-from conftest import (ALL_PRESENT, ARG_NAMES, GRAD_FACTOR, PADDING_MODES, TOLERANCES, Case, assert_close,
-                      assert_grads_close, default_grad_output, make_inputs, plans_of, requires_cuda)
 from edsc_ext import reference as R
 from edsc_ext.ops import normalize_args
+
+from conftest import (
+    ALL_PRESENT,
+    ARG_NAMES,
+    GRAD_FACTOR,
+    PADDING_MODES,
+    TOLERANCES,
+    Case,
+    assert_close,
+    assert_grads_close,
+    default_grad_output,
+    make_inputs,
+    plans_of,
+    requires_cuda,
+)
 
 F64, F32, F16, BF16 = torch.float64, torch.float32, torch.float16, torch.bfloat16
 OP = edsc_ext.deform_sepconv
@@ -475,8 +488,8 @@ def test_deterministic_cuda_bitwise(gen, deterministic, monkeypatch, config, pad
     with edsc_ext.kernel_policy(input_grad_tile=input_grad_path != "global"):
         backward = plans_of(case, padding_mode).backward
         tiled = input_grad_path != "global" and dtype != F64  # float64's float tile is not deterministic
-        assert backward == ("tiled" if tiled else "pixels") + ("_prefetch" if tiled and config[4:6] == (5, 5) else "") + \
-            "+fixed_point", backward
+        prefetch = "_prefetch" if tiled and config[4:6] == (5, 5) else ""
+        assert backward == ("tiled" if tiled else "pixels") + prefetch + "+fixed_point", backward
         out, grads = _assert_bitwise_repeatable(case, padding_mode)
     tol_dtype = F32 if dtype in (F32, F64) else dtype
     expected, expected_grads = reference_and_grads(case, padding_mode)

@@ -8,11 +8,11 @@ CPU; tests about timing and containers replace the network by a blend of the two
 
 from __future__ import annotations
 
-import errno
-import math
-import importlib.util
-import pickle
 import argparse
+import errno
+import importlib.util
+import math
+import pickle
 import subprocess
 import sys
 from fractions import Fraction
@@ -22,9 +22,10 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import needs_shared_data, shared_data_path
 from edsc_ext import evaluate, interpolate
 from edsc_ext.models import EDSC_m, EDSC_s, save_checkpoint
+
+from conftest import needs_shared_data, shared_data_path
 
 MISSING = [m for m in ("av", "PIL", "tqdm") if importlib.util.find_spec(m) is None]
 needs_apps = pytest.mark.skipif(bool(MISSING), reason=f"needs the apps extra ({', '.join(MISSING)} missing): "
@@ -34,7 +35,6 @@ if not MISSING:
     from PIL import Image
 
     from edsc_ext.apps import engine, images, timing, video
-    from edsc_ext.apps import interpolate as app
 
 MIDDLEBURY = shared_data_path("middlebury")
 needs_middlebury = needs_shared_data("middlebury")
@@ -856,7 +856,8 @@ def test_metrics(gen):
     assert evaluate.psnr(a, a) == float("inf")
     b = (a + 0.1).clamp(0, 1)
     assert evaluate.psnr(a, a + 0.1) == pytest.approx(20.0)
-    assert abs(evaluate.ssim(a, torch.rand(3, 24, 24, generator=gen, dtype=torch.float64))) < 0.2 < evaluate.ssim(a, b) < 1
+    noise = torch.rand(3, 24, 24, generator=gen, dtype=torch.float64)
+    assert abs(evaluate.ssim(a, noise)) < 0.2 < evaluate.ssim(a, b) < 1
 
 
 @needs_apps

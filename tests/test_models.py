@@ -20,11 +20,22 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_close, needs_shared_data, rel_error, requires_cuda, shared_data_path
 from edsc_ext import compat, model_benchmark
 from edsc_ext.apps import images
-from edsc_ext.models import (EDSC, FRAME_HEADS, HEAD_LAYOUTS, EDSC_m, EDSC_s, HetConv2d, block_diagonal,
-                             load_checkpoint, pad_to_multiple, save_checkpoint)
+from edsc_ext.models import (
+    EDSC,
+    FRAME_HEADS,
+    HEAD_LAYOUTS,
+    EDSC_m,
+    EDSC_s,
+    HetConv2d,
+    block_diagonal,
+    load_checkpoint,
+    pad_to_multiple,
+    save_checkpoint,
+)
+
+from conftest import assert_close, needs_shared_data, rel_error, requires_cuda, shared_data_path
 
 REPO = Path(__file__).resolve().parent.parent
 TABLES = shared_data_path("edsc")
@@ -486,7 +497,8 @@ def _write_triplet_folders(root: Path, count: int, names=("im1.png", "im2.png", 
         folder = root / f"clip{index}"
         folder.mkdir(parents=True)
         for name in names:
-            images.write_array(folder / name, torch.randint(0, 256, (32, 32, 3), dtype=torch.uint8, generator=generator))
+            pixels = torch.randint(0, 256, (32, 32, 3), dtype=torch.uint8, generator=generator)
+            images.write_array(folder / name, pixels)
     return root
 
 
@@ -650,7 +662,8 @@ def test_train_script_bad_path_exits_2_without_a_traceback(tmp_path, bad):
     not_a_checkpoint.write_text("not a checkpoint\n")
     argv = {"data": ["--data", str(tmp_path / "missing")],
             "resume": ["--data", str(data), "--resume", str(not_a_checkpoint)]}[bad]
-    result = subprocess.run([sys.executable, str(REPO / "examples" / "train.py"), *argv, "--out", str(tmp_path / "run")],
+    command = [sys.executable, str(REPO / "examples" / "train.py"), *argv, "--out", str(tmp_path / "run")]
+    result = subprocess.run(command,
                             cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr

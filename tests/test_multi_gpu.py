@@ -27,9 +27,18 @@ import torch
 from torch import nn
 
 import edsc_ext
-from conftest import (ARG_NAMES, GRAD_FACTOR, PADDING_MODES, assert_close, assert_grads_close,
-                      default_grad_output, make_inputs, requires_two_gpus)
 from edsc_ext import reference as R
+
+from conftest import (
+    ARG_NAMES,
+    GRAD_FACTOR,
+    PADDING_MODES,
+    assert_close,
+    assert_grads_close,
+    default_grad_output,
+    make_inputs,
+    requires_two_gpus,
+)
 from multi_gpu_helpers import RESULT_MARKER, allocation_count, device_uuid, seed_scenario
 
 F32, F64 = torch.float32, torch.float64
@@ -441,7 +450,8 @@ def check_ddp(tmp_path: Path, device: str, env: dict) -> None:
     assert abs(losses[0] - one_losses[0]) <= 1e-12 * abs(one_losses[0]), (
         f"first-step loss: DDP (mean over ranks) {losses[0]!r} != single process {one_losses[0]!r}")
     for step, (a, b) in enumerate(zip(losses, one_losses), 1):
-        assert abs(a - b) <= 1e-5 * abs(b), f"step {step}: DDP loss {a!r} != single-process loss {b!r}\n{losses}\n{one_losses}"
+        assert abs(a - b) <= 1e-5 * abs(b), (
+            f"step {step}: DDP loss {a!r} != single-process loss {b!r}\n{losses}\n{one_losses}")
 
     saved = torch.load(ddp_grads, weights_only=True)
     one = torch.load(one_grads, weights_only=True)

@@ -9,8 +9,9 @@ import math
 import pytest
 import torch
 
-from conftest import ALL_PRESENT, ARG_NAMES, PADDING_MODES, assert_close, make_inputs
 from edsc_ext import reference as R
+
+from conftest import ALL_PRESENT, ARG_NAMES, PADDING_MODES, assert_close, make_inputs
 
 F64 = torch.float64
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import edsc_ext
+
 from conftest import requires_cuda, requires_two_gpus
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64]

@@ -135,7 +135,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--sampling", choices=SAMPLINGS, default="compat")
     parser.add_argument("--time", type=time_in_unit_interval, default=0.5,
-                        help="time to interpolate, in (0, 1) (EDSC_s: 0.5 only; default 0.5; the truth is the midpoint)")
+                        help="time to interpolate, in (0, 1) (EDSC_s: 0.5 only; default 0.5; the truth is the "
+                             "midpoint)")
     parser.add_argument("--crop", type=int, default=None, help="score a centred SIZExSIZE crop only (quick checks)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     try:

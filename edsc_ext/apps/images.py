@@ -28,8 +28,8 @@ from torch import Tensor
 
 from .common import UserError, atomic_path, describe_os_error, require
 
-__all__ = ["read_image", "read_array", "array_to_tensor", "write_image", "write_array", "image_size", "to_uint8", "IMAGE_EXTENSIONS", "is_image_name",
-           "check_writable_image_name"]
+__all__ = ["read_image", "read_array", "array_to_tensor", "write_image", "write_array", "image_size", "to_uint8",
+           "IMAGE_EXTENSIONS", "is_image_name", "check_writable_image_name"]
 
 # The extensions taken as frames in a folder (and accepted as image outputs).
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".ppm", ".pgm", ".tif", ".tiff", ".webp")

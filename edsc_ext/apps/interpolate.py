@@ -33,12 +33,25 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..models import MODEL_NAMES, SAMPLINGS, EDSC
+from ..models import EDSC, MODEL_NAMES, SAMPLINGS
 from . import images, video
-from .common import (UserError, OneLineParser, atomic_path, describe_os_error, ensure_output_folder, note, progress,
-                     time_in_unit_interval)
-from .engine import (DEFAULT_MARGIN, MAX_BISECTION_DEPTH, Interpolator, check_times, default_device, is_dyadic,
-                     load_model)
+from .common import (
+    OneLineParser,
+    UserError,
+    atomic_path,
+    describe_os_error,
+    ensure_output_folder,
+    progress,
+    time_in_unit_interval,
+)
+from .engine import (
+    DEFAULT_MARGIN,
+    MAX_BISECTION_DEPTH,
+    Interpolator,
+    default_device,
+    is_dyadic,
+    load_model,
+)
 from .timing import DEFAULT_SCENE_THRESHOLD, Schedule, luma_thumbnail, parse_rate, scene_score
 
 __all__ = ["main", "build_parser", "load_model", "interpolate_frames", "interpolate_video", "progress", "read_frames",
@@ -232,7 +245,8 @@ def interpolate_video(model: EDSC, source, target, factor: Optional[int] = None,
         if bad:
             rate_text = f"--fps {_rate_text(fps)} from {_rate_text(src.rate)} fps" if fps is not None \
                 else f"--factor {factor}"
-            raise UserError(f"EDSC_s only interpolates midpoints (t = 1/2, 1/4, 3/4, ...), but {rate_text} needs frames "
+            raise UserError(f"EDSC_s only interpolates midpoints (t = 1/2, 1/4, 3/4, ...), but {rate_text} "
+                            f"needs frames "
                             f"at t = {float(bad[0]):.4g} (one of {len(bad)} such positions): use EDSC_m weights")
     engine = Interpolator(model, batch=batch, tile=tile, margin=margin, half=half, compile=compile, quiet=quiet)
 
@@ -378,7 +392,8 @@ def build_parser() -> OneLineParser:
     parser.add_argument("-o", "--output", required=True,
                         help="output image (pair mode), or video file / folder of frames (--video); a missing "
                              "folder is created")
-    parser.add_argument("--weights", required=True, help="EDSC checkpoint ({'model_state': ...} as released, or a state "
+    parser.add_argument("--weights", required=True,
+                        help="EDSC checkpoint ({'model_state': ...} as released, or a state "
                         "dict)")
     parser.add_argument("--model", choices=MODEL_NAMES, default=None,
                         help="EDSC_s or EDSC_m (default: read off the weights)")
@@ -396,7 +411,8 @@ def build_parser() -> OneLineParser:
                              help="frame rate of a folder of frames (default 25)")
     video_group.add_argument("--scene-threshold", type=float, default=DEFAULT_SCENE_THRESHOLD,
                              help="scene-cut score (mean absolute luma difference, in percent, of 64-pixel "
-                                  f"thumbnails) above which no frame is synthesised (default {DEFAULT_SCENE_THRESHOLD:g})")
+                                  f"thumbnails) above which no frame is synthesised "
+                                  f"(default {DEFAULT_SCENE_THRESHOLD:g})")
     video_group.add_argument("--no-scene-detect", action="store_true", help="interpolate across scene cuts too")
     video_group.add_argument("--codec", default=None,
                              help="video encoder (default: the input's, else the container's; e.g. libx264, libx265, "
@@ -442,7 +458,8 @@ def _run_pair(args) -> None:
                         f"is {second.shape[2]}x{second.shape[1]}")
     model = load_model(args.weights, args.model, args.sampling, _device(args.device))
     if not model.multiple and args.time != 0.5:
-        raise UserError(f"EDSC_s interpolates the midpoint only (--time 0.5), got --time {args.time}: use EDSC_m weights")
+        raise UserError(f"EDSC_s interpolates the midpoint only (--time 0.5), got --time {args.time}: "
+                        f"use EDSC_m weights")
     engine = Interpolator(model, batch=1, tile=args.tile, margin=args.tile_margin, half=args.half,
                           compile=args.compile, quiet=args.quiet)
     (middle,) = engine.interpolate([(first, second, Fraction(args.time) if not model.multiple else args.time)])

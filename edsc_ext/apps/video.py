@@ -141,7 +141,8 @@ def probe(path) -> VideoInfo:
         deep = bool(fmt and fmt.components and max(c.bits for c in fmt.components) > 8)
         copied = [(s.index, s.type, s.codec_context.name) for s in container.streams
                   if s.type in ("audio", "subtitle") and s.codec_context is not None]
-        return VideoInfo(path=path, width=ctx.width, height=ctx.height, codec=ctx.name, pix_fmt=ctx.pix_fmt or "yuv420p",
+        return VideoInfo(path=path, width=ctx.width, height=ctx.height, codec=ctx.name,
+                         pix_fmt=ctx.pix_fmt or "yuv420p",
                          rate=rate, time_base=time_base, times=times, end=end, crf=crf,
                          bit_rate=stream.bit_rate or ctx.bit_rate or None, deep=deep, copied=copied,
                          colorspace=_tag(ctx, "colorspace", 2), color_range=_tag(ctx, "color_range", 0),

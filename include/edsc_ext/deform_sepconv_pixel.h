@@ -21,8 +21,8 @@ struct DeformSepconvParams {
   // (N, 2*KH*KW, H_out, W_out), (dy, dx) per tap; or, where offset_dx is given (split offsets),
   // (N, KH*KW, H_out, W_out) holding dy only; nullptr without offsets.
   const scalar_t* offset;
-  const scalar_t* offset_dx;   // split offsets: (N, KH*KW, H_out, W_out), dx; else nullptr
-  const scalar_t* mask;        // (N, KH*KW, H_out, W_out) or nullptr
+  const scalar_t* offset_dx;  // split offsets: (N, KH*KW, H_out, W_out), dx; else nullptr
+  const scalar_t* mask;       // (N, KH*KW, H_out, W_out) or nullptr
   index_t batch, channels, height_in, width_in, height_out, width_out;
   // pad_h/pad_w: where tap 0 sits, y - pad_h (the call's padding, less the EDSC tap shift in EDSC
   // mode); frame_pad_h/w: the call's padding, where EDSC mode starts counting border pixels twice.
@@ -57,7 +57,7 @@ template <typename scalar_t>
 struct DeformSepconvParamGrads {
   scalar_t* vertical;
   scalar_t* horizontal;
-  scalar_t* offset;     // in the layout of DeformSepconvParams::offset
+  scalar_t* offset;  // in the layout of DeformSepconvParams::offset
   scalar_t* mask;
   scalar_t* offset_dx;  // split offsets: the dx gradient (written together with offset's)
 
@@ -126,14 +126,12 @@ struct HorizontalWeights {
 // the taps straight-line code. On the H200 straight-line taps won where the channel count is a
 // compile-time constant (RGB) and lost where a run-time channel count leaves a branch per channel
 // anyway (BENCHMARKS.md, "Measurements behind the kernel choices").
-template <int kChannelBlock, bool kChannelsLast, bool kBranchFree, typename scalar_t, typename acc_t,
-          typename index_t>
-EDSC_HOST_DEVICE bool accumulate_tap(const DeformSepconvParams<scalar_t, index_t>& p, const scalar_t* in,
-                                     index_t plane, int block, acc_t w, acc_t py, acc_t px,
-                                     acc_t (&acc)[kChannelBlock]) {
-  const auto s = make_bilinear_sample<acc_t, index_t>(py, px, p.height_in, p.width_in, p.padding_mode,
-                                                      input_pixel_stride<kChannelsLast>(p), p.frame_pad_h,
-                                                      p.frame_pad_w);
+template <int kChannelBlock, bool kChannelsLast, bool kBranchFree, typename scalar_t, typename acc_t, typename index_t>
+EDSC_HOST_DEVICE bool accumulate_tap(const DeformSepconvParams<scalar_t, index_t>& p, const scalar_t* in, index_t plane,
+                                     int block, acc_t w, acc_t py, acc_t px, acc_t (&acc)[kChannelBlock]) {
+  const auto s =
+      make_bilinear_sample<acc_t, index_t>(py, px, p.height_in, p.width_in, p.padding_mode,
+                                           input_pixel_stride<kChannelsLast>(p), p.frame_pad_h, p.frame_pad_w);
   w *= s.weight_scale();
   if constexpr (!kBranchFree) {
     if (!s.finite) {
@@ -168,13 +166,12 @@ struct GlobalPixelValues {
   const scalar_t* offs_dx;                    // the pixel's first dx (offs + stride unless split)
   DeformSepconvParamGrads<scalar_t> grads;    // whole tensors, nullptr where not asked for
   index_t vert_base, horz_base, offs_base, mask_base;
-  index_t stride;  // channel k of a per-pixel tensor is at k * stride from the pixel's first
+  index_t stride;           // channel k of a per-pixel tensor is at k * stride from the pixel's first
   index_t offs_tap_stride;  // from tap t's dy (or dx) to tap t + 1's: 2 * stride, or stride when split
   bool split_offsets;
 
   EDSC_HOST_DEVICE GlobalPixelValues(const DeformSepconvParams<scalar_t, index_t>& p, index_t n, index_t pixel,
-                                     index_t KH, index_t KW,
-                                     const DeformSepconvParamGrads<scalar_t>& param_grads = {})
+                                     index_t KH, index_t KW, const DeformSepconvParamGrads<scalar_t>& param_grads = {})
       : grads(param_grads) {
     const index_t hw_out = p.height_out * p.width_out;
     stride = channel_stride<kChannelsLast>(hw_out);
@@ -198,9 +195,13 @@ struct GlobalPixelValues {
   EDSC_HOST_DEVICE const scalar_t* horizontal_values() const { return horz; }
   EDSC_HOST_DEVICE index_t horizontal_stride() const { return stride; }
   template <typename acc_t>
-  EDSC_HOST_DEVICE acc_t vertical(index_t i) const { return load_param_or(vert, i * stride, acc_t(1)); }
+  EDSC_HOST_DEVICE acc_t vertical(index_t i) const {
+    return load_param_or(vert, i * stride, acc_t(1));
+  }
   template <typename acc_t>
-  EDSC_HOST_DEVICE acc_t mask_value(index_t, index_t t) const { return load_param_or(mask, t * stride, acc_t(1)); }
+  EDSC_HOST_DEVICE acc_t mask_value(index_t, index_t t) const {
+    return load_param_or(mask, t * stride, acc_t(1));
+  }
   EDSC_HOST_DEVICE bool has_offset() const { return offs != nullptr; }
   // Component 0 (dy) or 1 (dx) of tap t's offset.
   template <typename acc_t>
@@ -217,7 +218,9 @@ struct GlobalPixelValues {
   EDSC_HOST_DEVICE void store_horizontal_grad(index_t j, scalar_t v) const {
     grads.horizontal[horz_base + j * stride] = v;
   }
-  EDSC_HOST_DEVICE void store_mask_grad(index_t, index_t t, scalar_t v) const { grads.mask[mask_base + t * stride] = v; }
+  EDSC_HOST_DEVICE void store_mask_grad(index_t, index_t t, scalar_t v) const {
+    grads.mask[mask_base + t * stride] = v;
+  }
   EDSC_HOST_DEVICE void store_offset_grad(index_t, index_t t, scalar_t dy, scalar_t dx) const {
     grads.offset[offs_base + t * offs_tap_stride] = dy;
     if (split_offsets) {
@@ -249,7 +252,7 @@ EDSC_HOST_DEVICE void deform_sepconv_forward_pixel_with(const DeformSepconvParam
   for (int cc = 0; cc < kChannelBlock; ++cc) acc[cc] = acc_t(0);
 
   const HorizontalWeights<kKernelW, scalar_t, acc_t, index_t> horizontal(values.horizontal_values(),
-                                                                          values.horizontal_stride());
+                                                                         values.horizontal_stride());
 
   const int64_t y_base = static_cast<int64_t>(y) - p.pad_h;
   const int64_t x_base = static_cast<int64_t>(x) - p.pad_w;
@@ -289,9 +292,8 @@ EDSC_HOST_DEVICE void deform_sepconv_forward_pixel_with(const DeformSepconvParam
 // The same, reading the per-pixel tensors from global memory.
 template <int kChannelBlock, int kKernelH, int kKernelW, bool kChannelsLast, typename scalar_t, typename acc_t,
           typename index_t, bool kBranchFree = false>
-EDSC_HOST_DEVICE void deform_sepconv_forward_pixel(const DeformSepconvParams<scalar_t, index_t>& p,
-                                                   scalar_t* output, index_t n, index_t y, index_t x,
-                                                   index_t c0) {
+EDSC_HOST_DEVICE void deform_sepconv_forward_pixel(const DeformSepconvParams<scalar_t, index_t>& p, scalar_t* output,
+                                                   index_t n, index_t y, index_t x, index_t c0) {
   using Values = GlobalPixelValues<kChannelsLast, scalar_t, index_t>;
   Values values(p, n, y * p.width_out + x, kernel_extent<kKernelH>(p.kernel_h), kernel_extent<kKernelW>(p.kernel_w));
   deform_sepconv_forward_pixel_with<kChannelBlock, kKernelH, kKernelW, kChannelsLast, scalar_t, acc_t, index_t, Values,
@@ -326,7 +328,7 @@ EDSC_HOST_DEVICE void deform_sepconv_backward_pixel_with(const DeformSepconvPara
   const index_t c_end = param_grads ? p.channels : scatter_end;
 
   const HorizontalWeights<kKernelW, scalar_t, acc_t, index_t> horizontal(values.horizontal_values(),
-                                                                          values.horizontal_stride());
+                                                                         values.horizontal_stride());
   constexpr int kWidthSlots = kKernelW > 0 ? kKernelW : kMaxKernelWidth;
   acc_t grad_h[kWidthSlots];
   if (values.wants_horizontal_grad()) {
@@ -360,9 +362,9 @@ EDSC_HOST_DEVICE void deform_sepconv_backward_pixel_with(const DeformSepconvPara
         py += values.template offset_value<acc_t>(j, t, 0);
         px += values.template offset_value<acc_t>(j, t, 1);
       }
-      const auto s = make_bilinear_sample<acc_t, index_t>(py, px, p.height_in, p.width_in, p.padding_mode,
-                                                          input_pixel_stride<kChannelsLast>(p), p.frame_pad_h,
-                                                          p.frame_pad_w);
+      const auto s =
+          make_bilinear_sample<acc_t, index_t>(py, px, p.height_in, p.width_in, p.padding_mode,
+                                               input_pixel_stride<kChannelsLast>(p), p.frame_pad_h, p.frame_pad_w);
       // EDSC mode's doubled border samples scale the value and so every derivative of it.
       const acc_t scale = s.weight_scale();
       const acc_t w_scaled = w * scale;
@@ -431,8 +433,8 @@ EDSC_HOST_DEVICE void deform_sepconv_backward_pixel(const DeformSepconvParams<sc
                                                     const DeformSepconvParamGrads<scalar_t>& grads,
                                                     AddInputGrad& add_input_grad, index_t scatter_begin,
                                                     index_t scatter_end, index_t n, index_t y, index_t x) {
-  GlobalPixelValues<kChannelsLast, scalar_t, index_t> values(p, n, y * p.width_out + x, kernel_extent<kKernelH>(p.kernel_h),
-                                                             kernel_extent<kKernelW>(p.kernel_w), grads);
+  GlobalPixelValues<kChannelsLast, scalar_t, index_t> values(
+      p, n, y * p.width_out + x, kernel_extent<kKernelH>(p.kernel_h), kernel_extent<kKernelW>(p.kernel_w), grads);
   deform_sepconv_backward_pixel_with<kChannelBlock, kKernelH, kKernelW, kMaxKernelWidth, kChannelsLast, scalar_t,
                                      acc_t>(p, values, grad_output, add_input_grad, scatter_begin, scatter_end, n, y,
                                             x);
@@ -440,27 +442,27 @@ EDSC_HOST_DEVICE void deform_sepconv_backward_pixel(const DeformSepconvParams<sc
 
 // Instantiates `body` with the call's layout as a compile-time kChannelsLast.
 #define EDSC_DISPATCH_LAYOUT(channels_last, ...) \
-  [&] {                                         \
-    if (channels_last) {                        \
-      constexpr bool kChannelsLast = true;      \
-      return __VA_ARGS__();                     \
-    } else {                                    \
-      constexpr bool kChannelsLast = false;     \
-      return __VA_ARGS__();                     \
-    }                                           \
+  [&] {                                          \
+    if (channels_last) {                         \
+      constexpr bool kChannelsLast = true;       \
+      return __VA_ARGS__();                      \
+    } else {                                     \
+      constexpr bool kChannelsLast = false;      \
+      return __VA_ARGS__();                      \
+    }                                            \
   }()
 
 // Instantiates `body` with compile-time kernel sizes for the common 5x5 (EDSC, DSepConv, AdaCoF)
 // and run-time sizes otherwise.
 #define EDSC_DISPATCH_KERNEL_SIZE(kernel_h, kernel_w, ...) \
-  [&] {                                                   \
-    if ((kernel_h) == 5 && (kernel_w) == 5) {             \
-      constexpr int kKernelH = 5, kKernelW = 5;           \
-      return __VA_ARGS__();                               \
-    } else {                                              \
-      constexpr int kKernelH = 0, kKernelW = 0;           \
-      return __VA_ARGS__();                               \
-    }                                                     \
+  [&] {                                                    \
+    if ((kernel_h) == 5 && (kernel_w) == 5) {              \
+      constexpr int kKernelH = 5, kKernelW = 5;            \
+      return __VA_ARGS__();                                \
+    } else {                                               \
+      constexpr int kKernelH = 0, kKernelW = 0;            \
+      return __VA_ARGS__();                                \
+    }                                                      \
   }()
 
 }  // namespace edsc_ext

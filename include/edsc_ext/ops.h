@@ -1,13 +1,13 @@
 // Host-side declarations shared by the op registration and the CPU/CUDA backends.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <array>
 #include <cstdint>
 #include <limits>
 #include <optional>
 #include <tuple>
-
-#include <ATen/core/Tensor.h>
 
 #include "edsc_ext/deform_sepconv_pixel.h"
 

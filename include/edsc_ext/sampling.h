@@ -61,12 +61,12 @@ EDSC_HOST_DEVICE acc_t clamp_value(acc_t v, acc_t lo, acc_t hi) {
 // upper corner, which of the two corners lie inside the image, and d(coordinate)/d(offset).
 template <typename acc_t, typename index_t>
 struct AxisSample {
-  index_t lo;      // floor(coordinate); meaningful only where lo_in / hi_in
-  acc_t frac;      // coordinate - lo, the weight of corner lo + 1
-  bool lo_in;      // 0 <= lo < size
-  bool hi_in;      // 0 <= lo + 1 < size
-  acc_t dcoord;    // 1, or 0 where the border mode clamped the coordinate
-  acc_t scale;     // 2 where the EDSC mode counts the border pixel twice, else 1
+  index_t lo;    // floor(coordinate); meaningful only where lo_in / hi_in
+  acc_t frac;    // coordinate - lo, the weight of corner lo + 1
+  bool lo_in;    // 0 <= lo < size
+  bool hi_in;    // 0 <= lo + 1 < size
+  acc_t dcoord;  // 1, or 0 where the border mode clamped the coordinate
+  acc_t scale;   // 2 where the EDSC mode counts the border pixel twice, else 1
 };
 
 // Resolves a finite coordinate along an axis of length `size` under `padding_mode`.
@@ -135,10 +135,9 @@ struct BilinearSample {
 };
 
 template <typename acc_t, typename index_t>
-EDSC_HOST_DEVICE BilinearSample<acc_t, index_t> make_bilinear_sample(acc_t py, acc_t px, index_t height,
-                                                                     index_t width, int64_t padding_mode,
-                                                                     index_t pixel_stride, index_t frame_pad_h = 0,
-                                                                     index_t frame_pad_w = 0) {
+EDSC_HOST_DEVICE BilinearSample<acc_t, index_t> make_bilinear_sample(acc_t py, acc_t px, index_t height, index_t width,
+                                                                     int64_t padding_mode, index_t pixel_stride,
+                                                                     index_t frame_pad_h = 0, index_t frame_pad_w = 0) {
   BilinearSample<acc_t, index_t> s;
   s.row_stride = width * pixel_stride;
   s.pixel_stride = pixel_stride;
@@ -170,8 +169,7 @@ EDSC_HOST_DEVICE Corners<acc_t> load_corners(const BilinearSample<acc_t, index_t
 }
 
 template <typename acc_t, typename index_t>
-EDSC_HOST_DEVICE acc_t interpolate(const BilinearSample<acc_t, index_t>& s,
-                                   const Corners<acc_t>& c) {
+EDSC_HOST_DEVICE acc_t interpolate(const BilinearSample<acc_t, index_t>& s, const Corners<acc_t>& c) {
   const acc_t ly = s.y.frac, lx = s.x.frac;
   const acc_t top = c.v00 + lx * (c.v01 - c.v00);
   const acc_t bottom = c.v10 + lx * (c.v11 - c.v10);
@@ -180,15 +178,13 @@ EDSC_HOST_DEVICE acc_t interpolate(const BilinearSample<acc_t, index_t>& s,
 
 // dS/d(ly) and dS/d(lx) of the bilinear formula (before the border-clamp factor dcoord).
 template <typename acc_t, typename index_t>
-EDSC_HOST_DEVICE acc_t interpolate_dy(const BilinearSample<acc_t, index_t>& s,
-                                      const Corners<acc_t>& c) {
+EDSC_HOST_DEVICE acc_t interpolate_dy(const BilinearSample<acc_t, index_t>& s, const Corners<acc_t>& c) {
   const acc_t lx = s.x.frac;
   return (c.v10 - c.v00) + lx * ((c.v11 - c.v01) - (c.v10 - c.v00));
 }
 
 template <typename acc_t, typename index_t>
-EDSC_HOST_DEVICE acc_t interpolate_dx(const BilinearSample<acc_t, index_t>& s,
-                                      const Corners<acc_t>& c) {
+EDSC_HOST_DEVICE acc_t interpolate_dx(const BilinearSample<acc_t, index_t>& s, const Corners<acc_t>& c) {
   const acc_t ly = s.y.frac;
   return (c.v01 - c.v00) + ly * ((c.v11 - c.v10) - (c.v01 - c.v00));
 }

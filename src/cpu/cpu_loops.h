@@ -10,8 +10,8 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "edsc_ext/ops.h"
 #include "deform_sepconv_plan.h"
+#include "edsc_ext/ops.h"
 
 namespace edsc_ext {
 namespace {
@@ -19,13 +19,12 @@ namespace {
 // Runs `body` (a lambda) instantiated for the call's dtype (scalar_t, accumulating in acc_t), index
 // width (index_t), memory layout (kChannelsLast) and kernel size (kKernelH, kKernelW); `t` is the
 // call's DeformSepconvTensors.
-#define EDSC_DISPATCH_CPU_CALL(name, t, kernel_h, kernel_w, ...)                                   \
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, (t).input.scalar_type(), name, [&] {   \
-    using acc_t = at::opmath_type<scalar_t>;                                                    \
-    EDSC_DISPATCH_INDEX_TYPE((t).use_32bit_indexing, [&] {                                      \
-      EDSC_DISPATCH_LAYOUT((t).channels_last,                                                   \
-                           [&] { EDSC_DISPATCH_KERNEL_SIZE(kernel_h, kernel_w, __VA_ARGS__); }); \
-    });                                                                                         \
+#define EDSC_DISPATCH_CPU_CALL(name, t, kernel_h, kernel_w, ...)                                                    \
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, (t).input.scalar_type(), name, [&] {                    \
+    using acc_t = at::opmath_type<scalar_t>;                                                                        \
+    EDSC_DISPATCH_INDEX_TYPE((t).use_32bit_indexing, [&] {                                                          \
+      EDSC_DISPATCH_LAYOUT((t).channels_last, [&] { EDSC_DISPATCH_KERNEL_SIZE(kernel_h, kernel_w, __VA_ARGS__); }); \
+    });                                                                                                             \
   })
 
 // Instruction sets: the wheels target the x86-64 baseline (SSE2), which leaves the sampling math
@@ -85,8 +84,8 @@ EDSC_CPU_INLINE inline index_t pixel_step(index_t channels) {
 // Converts output row (n, y)'s vertical and horizontal weights to acc_t rows (ones when absent):
 // v_rows[i * W + x], h_rows[j * W + x].
 template <bool kChannelsLast, typename scalar_t, typename acc_t, typename index_t>
-EDSC_CPU_INLINE inline void load_grid_weight_rows(const DeformSepconvParams<scalar_t, index_t>& p, index_t n,
-                                                  index_t y, acc_t* v_rows, acc_t* h_rows) {
+EDSC_CPU_INLINE inline void load_grid_weight_rows(const DeformSepconvParams<scalar_t, index_t>& p, index_t n, index_t y,
+                                                  acc_t* v_rows, acc_t* h_rows) {
   const index_t KH = p.kernel_h, KW = p.kernel_w, width = p.width_out, hw_out = p.height_out * width;
   const PixelView<index_t> v_view = pixel_view<kChannelsLast>(n, y * width, KH, hw_out);
   const PixelView<index_t> h_view = pixel_view<kChannelsLast>(n, y * width, KW, hw_out);

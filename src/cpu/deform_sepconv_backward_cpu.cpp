@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "cpu_loops.h"
+#include "deform_sepconv_plan.h"
 #include "edsc_ext/deform_sepconv_call.h"
 #include "edsc_ext/kernel_policy.h"
 #include "edsc_ext/ops.h"
-#include "cpu_loops.h"
-#include "deform_sepconv_plan.h"
 
 namespace edsc_ext {
 namespace {
@@ -182,7 +182,8 @@ DeformSepconvBackwardResult deform_sepconv_backward_cpu(
   const DeformSepconvTensors t =
       prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg, &grad_output, offset_dx);
   auto grads = allocate_deform_sepconv_grads(t, output_mask);
-  const CpuBackwardPlan plan = plan_cpu_backward(describe_call(t, cfg, output_mask, false), this_cpu(), kernel_policy());
+  const CpuBackwardPlan plan =
+      plan_cpu_backward(describe_call(t, cfg, output_mask, false), this_cpu(), kernel_policy());
   if (plan.kernel == CpuBackwardKernel::kEmpty) return backward_result(grads);
 
   EDSC_DISPATCH_CPU_CALL("deform_sepconv_backward_cpu", t, kernel_h, kernel_w, [&] {
@@ -204,24 +205,25 @@ DeformSepconvBackwardResult deform_sepconv_backward_cpu(
       if (grid_taps) {
         at::parallel_for(0, p.batch * t.height_out, std::max<int64_t>(1, kPixelGrain / p.width_out),
                          [&](int64_t begin, int64_t end) {
-          GridTapRowScratch<acc_t> scratch(kernel_h, kernel_w, p.channels, p.width_out, p.width_in);
-          run_for_cpu(avx2, [&]() EDSC_CPU_INLINE {
-            for (int64_t row = begin; row < end; ++row) {
-              deform_sepconv_backward_grid_taps_row<kChannelsLast>(p, go, param_grads, static_cast<acc_t*>(nullptr),
-                                                                   static_cast<index_t>(row / t.height_out),
-                                                                   static_cast<index_t>(row % t.height_out), scratch);
-            }
-          });
-        });
+                           GridTapRowScratch<acc_t> scratch(kernel_h, kernel_w, p.channels, p.width_out, p.width_in);
+                           run_for_cpu(avx2, [&]() EDSC_CPU_INLINE {
+                             for (int64_t row = begin; row < end; ++row) {
+                               deform_sepconv_backward_grid_taps_row<kChannelsLast>(
+                                   p, go, param_grads, static_cast<acc_t*>(nullptr),
+                                   static_cast<index_t>(row / t.height_out), static_cast<index_t>(row % t.height_out),
+                                   scratch);
+                             }
+                           });
+                         });
         return;
       }
       NoInputGrad<acc_t> no_input_grad;
-      for_each_output_pixel<index_t>(avx2, p.batch, t.height_out, t.width_out,
-                                     [&](index_t n, index_t y, index_t x) EDSC_CPU_INLINE {
-        deform_sepconv_backward_pixel<kCpuChannelBlock, kKernelH, kKernelW, kMaxKernelWidth, kChannelsLast, scalar_t,
-                                      acc_t, index_t>(p, go, param_grads, no_input_grad, index_t(0), index_t(0), n,
-                                                      y, x);
-      });
+      for_each_output_pixel<index_t>(
+          avx2, p.batch, t.height_out, t.width_out, [&](index_t n, index_t y, index_t x) EDSC_CPU_INLINE {
+            deform_sepconv_backward_pixel<kCpuChannelBlock, kKernelH, kKernelW, kMaxKernelWidth, kChannelsLast,
+                                          scalar_t, acc_t, index_t>(p, go, param_grads, no_input_grad, index_t(0),
+                                                                    index_t(0), n, y, x);
+          });
     };
     if (gin == nullptr) {
       parameter_grad_pass();
@@ -243,8 +245,7 @@ DeformSepconvBackwardResult deform_sepconv_backward_cpu(
             for (int64_t task = begin; task < end; ++task) {
               const index_t n = static_cast<index_t>(task / bands);
               const int64_t band = task % bands;
-              const auto add =
-                  add_into(band == 0 ? gin + n * image : extra + (n * (bands - 1) + band - 1) * image);
+              const auto add = add_into(band == 0 ? gin + n * image : extra + (n * (bands - 1) + band - 1) * image);
               const index_t y_begin = static_cast<index_t>(band * t.height_out / bands);
               const index_t y_end = static_cast<index_t>((band + 1) * t.height_out / bands);
               if (grid_taps) {
@@ -255,9 +256,9 @@ DeformSepconvBackwardResult deform_sepconv_backward_cpu(
               }
               for (index_t y = y_begin; y < y_end; ++y) {
                 for (index_t x = 0; x < p.width_out; ++x) {
-                  deform_sepconv_backward_pixel<kCpuChannelBlock, kKernelH, kKernelW, kMaxKernelWidth,
-                                                kChannelsLast, scalar_t, acc_t, index_t>(
-                      p, go, param_grads, add, index_t(0), p.channels, n, y, x);
+                  deform_sepconv_backward_pixel<kCpuChannelBlock, kKernelH, kKernelW, kMaxKernelWidth, kChannelsLast,
+                                                scalar_t, acc_t, index_t>(p, go, param_grads, add, index_t(0),
+                                                                          p.channels, n, y, x);
                 }
               }
             }
@@ -292,8 +293,8 @@ DeformSepconvBackwardResult deform_sepconv_backward_cpu(
                 const auto add = add_into(gin + n * image);
                 for (index_t y = 0; y < p.height_out; ++y) {
                   for (index_t x = 0; x < p.width_out; ++x) {
-                    deform_sepconv_backward_pixel<kBlock, kKernelH, kKernelW, kMaxKernelWidth, kChannelsLast,
-                                                  scalar_t, acc_t, index_t>(p, go, none, add, c0, c1, n, y, x);
+                    deform_sepconv_backward_pixel<kBlock, kKernelH, kKernelW, kMaxKernelWidth, kChannelsLast, scalar_t,
+                                                  acc_t, index_t>(p, go, none, add, c0, c1, n, y, x);
                   }
                 }
               }

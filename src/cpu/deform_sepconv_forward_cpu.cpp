@@ -9,11 +9,11 @@
 #include <algorithm>
 #include <vector>
 
+#include "cpu_loops.h"
+#include "deform_sepconv_plan.h"
 #include "edsc_ext/deform_sepconv_call.h"
 #include "edsc_ext/kernel_policy.h"
 #include "edsc_ext/ops.h"
-#include "cpu_loops.h"
-#include "deform_sepconv_plan.h"
 
 namespace edsc_ext {
 namespace {
@@ -27,9 +27,8 @@ namespace {
 // `sum` and `acc` (W_out) are scratch.
 template <bool kChannelsLast, typename scalar_t, typename acc_t, typename index_t>
 EDSC_CPU_INLINE inline void deform_sepconv_forward_grid_taps_row(const DeformSepconvParams<scalar_t, index_t>& p,
-                                                                 scalar_t* output, index_t n, index_t y,
-                                                                 acc_t* weights, acc_t* in_row, acc_t* sum,
-                                                                 acc_t* acc) {
+                                                                 scalar_t* output, index_t n, index_t y, acc_t* weights,
+                                                                 acc_t* in_row, acc_t* sum, acc_t* acc) {
   const index_t KH = p.kernel_h, KW = p.kernel_w, width = p.width_out, width_in = p.width_in;
   const index_t hw_out = p.height_out * width;
   const PixelView<index_t> m_view = pixel_view<kChannelsLast>(n, y * width, KH * KW, hw_out);
@@ -87,19 +86,19 @@ void forward_grid_tap_rows(const DeformSepconvParams<scalar_t, index_t>& p, scal
   const int64_t height = p.height_out, width = p.width_out;
   at::parallel_for(0, p.batch * height, std::max<int64_t>(1, kPixelGrain / std::max<int64_t>(1, width)),
                    [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> scratch((p.kernel_h + p.kernel_w + 2) * width + p.width_in);
-    acc_t* weights = scratch.data();
-    acc_t* sum = weights + (p.kernel_h + p.kernel_w) * width;
-    acc_t* acc = sum + width;
-    acc_t* in_row = acc + width;
-    run_for_cpu(avx2, [&]() EDSC_CPU_INLINE {
-      for (int64_t row = begin; row < end; ++row) {
-        deform_sepconv_forward_grid_taps_row<kChannelsLast>(p, out, static_cast<index_t>(row / height),
-                                                            static_cast<index_t>(row % height), weights, in_row, sum,
-                                                            acc);
-      }
-    });
-  });
+                     std::vector<acc_t> scratch((p.kernel_h + p.kernel_w + 2) * width + p.width_in);
+                     acc_t* weights = scratch.data();
+                     acc_t* sum = weights + (p.kernel_h + p.kernel_w) * width;
+                     acc_t* acc = sum + width;
+                     acc_t* in_row = acc + width;
+                     run_for_cpu(avx2, [&]() EDSC_CPU_INLINE {
+                       for (int64_t row = begin; row < end; ++row) {
+                         deform_sepconv_forward_grid_taps_row<kChannelsLast>(p, out, static_cast<index_t>(row / height),
+                                                                             static_cast<index_t>(row % height),
+                                                                             weights, in_row, sum, acc);
+                       }
+                     });
+                   });
 }
 
 at::Tensor deform_sepconv_forward_cpu(const at::Tensor& input, const std::optional<at::Tensor>& vertical,
@@ -132,13 +131,13 @@ at::Tensor deform_sepconv_forward_cpu(const at::Tensor& input, const std::option
       EDSC_DISPATCH_CPU_CALL("deform_sepconv_forward_cpu", t, kernel_h, kernel_w, [&] {
         const auto p = make_params<scalar_t, index_t>(t, cfg);
         scalar_t* out = output.mutable_data_ptr<scalar_t>();
-        for_each_output_pixel<index_t>(plan.avx2, p.batch, t.height_out, t.width_out,
-                                       [&](index_t n, index_t y, index_t x) EDSC_CPU_INLINE {
-          for (index_t c0 = 0; c0 < p.channels; c0 += kCpuChannelBlock) {
-            deform_sepconv_forward_pixel<kCpuChannelBlock, kKernelH, kKernelW, kChannelsLast, scalar_t, acc_t, index_t>(
-                p, out, n, y, x, c0);
-          }
-        });
+        for_each_output_pixel<index_t>(
+            plan.avx2, p.batch, t.height_out, t.width_out, [&](index_t n, index_t y, index_t x) EDSC_CPU_INLINE {
+              for (index_t c0 = 0; c0 < p.channels; c0 += kCpuChannelBlock) {
+                deform_sepconv_forward_pixel<kCpuChannelBlock, kKernelH, kKernelW, kChannelsLast, scalar_t, acc_t,
+                                             index_t>(p, out, n, y, x, c0);
+              }
+            });
       });
       break;
   }

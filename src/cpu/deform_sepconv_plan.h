@@ -34,9 +34,9 @@ struct CpuFacts {
 CpuFacts this_cpu();
 
 enum class CpuForwardKernel {
-  kEmpty,         // no output elements: nothing runs
-  kGridTapRows,   // calls without offsets (takes_grid_taps): whole rows a tap, vectorised along x
-  kPixels,        // one output pixel at a time, bilinear samples (include/edsc_ext/deform_sepconv_pixel.h)
+  kEmpty,        // no output elements: nothing runs
+  kGridTapRows,  // calls without offsets (takes_grid_taps): whole rows a tap, vectorised along x
+  kPixels,       // one output pixel at a time, bilinear samples (include/edsc_ext/deform_sepconv_pixel.h)
 };
 
 struct CpuForwardPlan {

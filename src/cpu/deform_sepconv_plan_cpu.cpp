@@ -1,10 +1,10 @@
 // The CPU planners (deform_sepconv_plan.h). Named *_cpu.cpp: the JIT build names objects by base name.
-#include "deform_sepconv_plan.h"
-
 #include <ATen/Parallel.h>
 #include <ATen/Version.h>
 
 #include <algorithm>
+
+#include "deform_sepconv_plan.h"
 
 namespace edsc_ext {
 namespace {
@@ -16,8 +16,8 @@ namespace {
 // count (deform_sepconv_backward_cpu.cpp).
 int64_t cpu_backward_bands(const DeformSepconvCall& c, int64_t scratch_bytes) {
   const int64_t image_bytes = c.channels * c.height_in * c.width_in * (c.element_size == 8 ? 8 : 4);  // acc_t
-  const int64_t wanted = std::min(c.batch >= kCpuTasks ? 1 : (kCpuTasks + c.batch - 1) / c.batch,
-                                  std::max<int64_t>(c.height_out, 1));
+  const int64_t wanted =
+      std::min(c.batch >= kCpuTasks ? 1 : (kCpuTasks + c.batch - 1) / c.batch, std::max<int64_t>(c.height_out, 1));
   const int64_t fit = std::min(wanted, 1 + scratch_bytes / std::max<int64_t>(1, c.batch * image_bytes));
   return (fit == wanted || fit > c.channels) ? fit : 0;
 }
@@ -75,9 +75,12 @@ CpuBackwardPlan plan_cpu_backward(const DeformSepconvCall& call, const CpuFacts&
 
 std::string plan_name(const CpuForwardPlan& plan) {
   switch (plan.kernel) {
-    case CpuForwardKernel::kEmpty: return "empty";
-    case CpuForwardKernel::kGridTapRows: return std::string("grid_taps_rows") + isa_name(plan.avx2);
-    case CpuForwardKernel::kPixels: return std::string("pixels") + isa_name(plan.avx2);
+    case CpuForwardKernel::kEmpty:
+      return "empty";
+    case CpuForwardKernel::kGridTapRows:
+      return std::string("grid_taps_rows") + isa_name(plan.avx2);
+    case CpuForwardKernel::kPixels:
+      return std::string("pixels") + isa_name(plan.avx2);
   }
   return "unknown";
 }
@@ -85,11 +88,20 @@ std::string plan_name(const CpuForwardPlan& plan) {
 std::string plan_name(const CpuBackwardPlan& plan) {
   const char* kernel = "unknown";
   switch (plan.kernel) {
-    case CpuBackwardKernel::kEmpty: return "empty";
-    case CpuBackwardKernel::kGridTapRows: kernel = "grid_taps_rows"; break;
-    case CpuBackwardKernel::kPixelsParams: kernel = "pixels_params"; break;
-    case CpuBackwardKernel::kPixelsFused: kernel = "pixels_fused"; break;
-    case CpuBackwardKernel::kPixelsTwoPass: kernel = "pixels_two_pass"; break;
+    case CpuBackwardKernel::kEmpty:
+      return "empty";
+    case CpuBackwardKernel::kGridTapRows:
+      kernel = "grid_taps_rows";
+      break;
+    case CpuBackwardKernel::kPixelsParams:
+      kernel = "pixels_params";
+      break;
+    case CpuBackwardKernel::kPixelsFused:
+      kernel = "pixels_fused";
+      break;
+    case CpuBackwardKernel::kPixelsTwoPass:
+      kernel = "pixels_two_pass";
+      break;
   }
   return kernel + std::string(isa_name(plan.avx2));
 }

@@ -63,8 +63,8 @@ template <int kChannelBlock, int kKernelH, int kKernelW, int kMaxWidth, bool kCh
 __global__ void __launch_bounds__(kThreadsPerBlock)
     deform_sepconv_backward_cuda_kernel(const DeformSepconvParams<scalar_t, index_t> p,
                                         const scalar_t* __restrict__ grad_output,
-                                        const DeformSepconvParamGrads<scalar_t> param_grads,
-                                        const InputGrad input_grad, bool with_input_grad, int64_t work_items) {
+                                        const DeformSepconvParamGrads<scalar_t> param_grads, const InputGrad input_grad,
+                                        bool with_input_grad, int64_t work_items) {
   using acc_t = at::opmath_type<scalar_t>;
   const index_t hw = p.height_out * p.width_out;
   for (int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < work_items;
@@ -74,9 +74,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     const index_t n = item / hw;
     InputGrad add = input_grad.at_batch(n);
     deform_sepconv_backward_pixel<kChannelBlock, kKernelH, kKernelW, kMaxWidth, kChannelsLast, scalar_t, acc_t,
-                                  index_t>(
-        p, grad_output, param_grads, add, index_t(0), with_input_grad ? p.channels : index_t(0), n,
-        pixel / p.width_out, pixel % p.width_out);
+                                  index_t>(p, grad_output, param_grads, add, index_t(0),
+                                           with_input_grad ? p.channels : index_t(0), n, pixel / p.width_out,
+                                           pixel % p.width_out);
   }
 }
 
@@ -96,8 +96,9 @@ __device__ float block_sum(float v, float* scratch) {
 // GlobalAdd: GlobalAtomicAdd, or FixedPointAtomicAdd when deterministic (float32 and the half
 // types only, whose tile is fixed point and so order-independent). kWarpStaged (channels_last, 5x5,
 // fixed point): each warp, a row of the tile, stages its per-pixel values through shared memory
-// (warp_staged_values.cuh); its static shared memory is warp_staged_static_bytes (the planner's). kExactBlock: the call has exactly kChannelBlock channels and the tile
-// holds them all (one pass); knowing that at compile time removes the channel loops' branches.
+// (warp_staged_values.cuh); its static shared memory is warp_staged_static_bytes (the planner's). kExactBlock: the call
+// has exactly kChannelBlock channels and the tile holds them all (one pass); knowing that at compile time removes the
+// channel loops' branches.
 template <int kChannelBlock, int kKernelH, int kKernelW, int kMaxWidth, bool kChannelsLast, bool kWarpStaged,
           bool kExactBlock, typename scalar_t, typename index_t, typename GlobalAdd>
 __global__ void __launch_bounds__(kTileThreads, 2)
@@ -136,8 +137,8 @@ __global__ void __launch_bounds__(kTileThreads, 2)
   // Inactive lanes run the staged pixel code too (the copies are shared), at a real pixel.
   const index_t y_in = min(y, p.height_out - 1), x_in = min(x, p.width_out - 1);
 
-  using TileAdd = std::conditional_t<kFixedPoint, FixedPointTileAdd<index_t, GlobalAdd>,
-                                     FloatTileAdd<acc_t, index_t, GlobalAdd>>;
+  using TileAdd =
+      std::conditional_t<kFixedPoint, FixedPointTileAdd<index_t, GlobalAdd>, FloatTileAdd<acc_t, index_t, GlobalAdd>>;
   using word_t = std::conditional_t<kFixedPoint, int, acc_t>;
   constexpr int kWords = kFixedPoint ? 2 : 1;
   word_t* tile = reinterpret_cast<word_t*>(shared_raw);
@@ -198,8 +199,8 @@ __global__ void __launch_bounds__(kTileThreads, 2)
         c0 == 0 ? param_grads : DeformSepconvParamGrads<scalar_t>{nullptr, nullptr, nullptr, nullptr};
     if constexpr (kWarpStaged) {
       if (c0 > 0) values.restart_without_grads();
-      deform_sepconv_backward_pixel_with<kChannelBlock, kKernelH, kKernelW, kMaxWidth, kChannelsLast, scalar_t,
-                                         acc_t>(p, values, grad_output, add, c0, c0 + pass_channels, n, y_in, x_in);
+      deform_sepconv_backward_pixel_with<kChannelBlock, kKernelH, kKernelW, kMaxWidth, kChannelsLast, scalar_t, acc_t>(
+          p, values, grad_output, add, c0, c0 + pass_channels, n, y_in, x_in);
       values.finish();
     } else if (active) {
       deform_sepconv_backward_pixel<kChannelBlock, kKernelH, kKernelW, kMaxWidth, kChannelsLast, scalar_t, acc_t,

@@ -22,8 +22,8 @@ FixedPointInputGrad prepare_fixed_point_input_grad(const DeformSepconvTensors& t
   if (t.mask.defined()) per_pixel = per_pixel * t.mask.abs().amax(1).to(at::kDouble);
   FixedPointInputGrad w;
   w.bound = per_pixel.sum() * (cfg.padding_mode == kPaddingEdsc ? 4.0 : 1.0);
-  w.scale = at::where(w.bound > 0, at::scalar_tensor(4.611686018427387904e18, f64) / w.bound,
-                      at::scalar_tensor(1.0, f64));
+  w.scale =
+      at::where(w.bound > 0, at::scalar_tensor(4.611686018427387904e18, f64) / w.bound, at::scalar_tensor(1.0, f64));
   w.sums = at::empty(t.input.sizes(), t.input.options().dtype(at::kLong).memory_format(t.memory_format())).zero_();
   w.poisoned = at::zeros({1}, t.input.options().dtype(at::kInt));
   return w;
@@ -51,15 +51,14 @@ DeformSepconvBackwardResult deform_sepconv_backward_cuda(
     const auto nchw = [](const std::optional<at::Tensor>& t) -> std::optional<at::Tensor> {
       return t.has_value() ? std::optional<at::Tensor>(t->contiguous()) : t;
     };
-    auto grads = deform_sepconv_backward_cuda(grad_output.contiguous(), input.contiguous(), nchw(vertical),
-                                              nchw(horizontal), nchw(offset), nchw(mask), kernel_h, kernel_w, pad_h,
-                                              pad_w, dilation_h, dilation_w, padding_mode, output_mask,
-                                              nchw(offset_dx));
+    auto grads = deform_sepconv_backward_cuda(
+        grad_output.contiguous(), input.contiguous(), nchw(vertical), nchw(horizontal), nchw(offset), nchw(mask),
+        kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode, output_mask, nchw(offset_dx));
     const auto back = [](const at::Tensor& g) {
       return g.numel() > 0 ? g.contiguous(at::MemoryFormat::ChannelsLast) : g;
     };
-    return {back(std::get<0>(grads)), back(std::get<1>(grads)), back(std::get<2>(grads)), back(std::get<3>(grads)),
-            back(std::get<4>(grads)), back(std::get<5>(grads))};
+    return {back(std::get<0>(grads)), back(std::get<1>(grads)), back(std::get<2>(grads)),
+            back(std::get<3>(grads)), back(std::get<4>(grads)), back(std::get<5>(grads))};
   }
   const DeformSepconvConfig cfg{kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode};
   const DeformSepconvTensors t =

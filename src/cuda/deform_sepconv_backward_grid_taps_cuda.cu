@@ -135,33 +135,43 @@ void launch_grid_taps_param_grads(const DeformSepconvTensors& t, const DeformSep
   TORCH_INTERNAL_ASSERT(t.input.element_size() <= 4 && t.input.size(1) <= kSmallChannels,
                         "grid-tap backward: not planned for this call");
   const auto stream = c10::cuda::getCurrentCUDAStream(t.input.device().index());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, t.input.scalar_type(), "deform_sepconv_backward_grid_taps_cuda", [&] {
-    if constexpr (sizeof(scalar_t) <= 4) {
-      const auto param_grads = make_param_grads<scalar_t>(grads);
-      const auto p = make_params<scalar_t, int64_t>(t, cfg);
-      const scalar_t* go = t.grad_output.const_data_ptr<scalar_t>();
-      const GridWindow window = plan.window;
-      const size_t shared = static_cast<size_t>(plan.grid_tap_shared_bytes);
-      const auto launch = [&](auto kernel) {
-        opt_in_dynamic_shared(kernel, shared);
-        kernel<<<grid_taps_grid(t), kGridTileThreads, shared, stream>>>(p, go, param_grads, window);
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-      };
-      const auto with_channels = [&](auto channel_count) {
-        constexpr int kChannels = decltype(channel_count)::value;
-        EDSC_DISPATCH_LAYOUT(t.channels_last, [&] {
-          t.mask.defined() ? launch(deform_sepconv_backward_grid_taps_cuda_kernel<kChannels, kChannelsLast, true, scalar_t>)
-                           : launch(deform_sepconv_backward_grid_taps_cuda_kernel<kChannels, kChannelsLast, false, scalar_t>);
-        });
-      };
-      switch (t.input.size(1)) {
-        case 1: with_channels(std::integral_constant<int, 1>{}); break;
-        case 2: with_channels(std::integral_constant<int, 2>{}); break;
-        case 3: with_channels(std::integral_constant<int, 3>{}); break;
-        default: with_channels(std::integral_constant<int, 4>{}); break;
-      }
-    }
-  });
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, t.input.scalar_type(), "deform_sepconv_backward_grid_taps_cuda", [&] {
+        if constexpr (sizeof(scalar_t) <= 4) {
+          const auto param_grads = make_param_grads<scalar_t>(grads);
+          const auto p = make_params<scalar_t, int64_t>(t, cfg);
+          const scalar_t* go = t.grad_output.const_data_ptr<scalar_t>();
+          const GridWindow window = plan.window;
+          const size_t shared = static_cast<size_t>(plan.grid_tap_shared_bytes);
+          const auto launch = [&](auto kernel) {
+            opt_in_dynamic_shared(kernel, shared);
+            kernel<<<grid_taps_grid(t), kGridTileThreads, shared, stream>>>(p, go, param_grads, window);
+            C10_CUDA_KERNEL_LAUNCH_CHECK();
+          };
+          const auto with_channels = [&](auto channel_count) {
+            constexpr int kChannels = decltype(channel_count)::value;
+            EDSC_DISPATCH_LAYOUT(t.channels_last, [&] {
+              t.mask.defined()
+                  ? launch(deform_sepconv_backward_grid_taps_cuda_kernel<kChannels, kChannelsLast, true, scalar_t>)
+                  : launch(deform_sepconv_backward_grid_taps_cuda_kernel<kChannels, kChannelsLast, false, scalar_t>);
+            });
+          };
+          switch (t.input.size(1)) {
+            case 1:
+              with_channels(std::integral_constant<int, 1>{});
+              break;
+            case 2:
+              with_channels(std::integral_constant<int, 2>{});
+              break;
+            case 3:
+              with_channels(std::integral_constant<int, 3>{});
+              break;
+            default:
+              with_channels(std::integral_constant<int, 4>{});
+              break;
+          }
+        }
+      });
 }
 
 }  // namespace edsc_ext

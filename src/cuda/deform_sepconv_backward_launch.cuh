@@ -20,12 +20,12 @@ void launch_deform_sepconv_backward(const DeformSepconvTensors& t, const DeformS
   const bool deterministic = plan.deterministic;
   at::Tensor grad_input_acc;
   if (plan.kernel_input_grad && !deterministic) {
-    grad_input_acc = std::is_same_v<acc_t, scalar_t>
-                         ? grads[0]
-                         : at::empty(input.sizes(), input.options()
-                                                        .dtype(c10::CppTypeToScalarType<acc_t>::value)
-                                                        .memory_format(t.memory_format()))
-                               .zero_();
+    grad_input_acc =
+        std::is_same_v<acc_t, scalar_t>
+            ? grads[0]
+            : at::empty(input.sizes(),
+                        input.options().dtype(c10::CppTypeToScalarType<acc_t>::value).memory_format(t.memory_format()))
+                  .zero_();
   }
   acc_t* grad_input = grad_input_acc.defined() ? grad_input_acc.mutable_data_ptr<acc_t>() : nullptr;
   const DeformSepconvParamGrads<scalar_t> param_grads =
@@ -35,84 +35,86 @@ void launch_deform_sepconv_backward(const DeformSepconvTensors& t, const DeformS
   EDSC_DISPATCH_INDEX_TYPE(t.use_32bit_indexing, [&] {
     EDSC_DISPATCH_KERNEL_SIZE(cfg.kernel_h, cfg.kernel_w, [&] {
       EDSC_DISPATCH_CHANNEL_BLOCK(plan.channel_block, [&] {
-      EDSC_DISPATCH_LAYOUT(t.channels_last, [&] {
-        const auto p = make_params<scalar_t, index_t>(t, cfg);
-        const scalar_t* go = t.grad_output.const_data_ptr<scalar_t>();
-        // Static kernel sizes hold their accumulators in registers; run-time ones in a local array.
-        constexpr int kMaxWidth = kKernelW > 0 ? kKernelW : static_cast<int>(kMaxKernelWidth);
-        const InputGradLayout<index_t> layout = input_grad_layout<kChannelsLast>(p);
-        // Launches `kernel` (tiled or one thread per pixel) with the input-gradient adder that the
-        // plan asks for: fixed-point int64 atomics when deterministic, float atomics otherwise.
-        const auto with_global_add = [&](auto&& launch) {
-          if (deterministic) {
-            launch(FixedPointAtomicAdd<acc_t, index_t>{
-                reinterpret_cast<unsigned long long*>(fixed_point.sums.mutable_data_ptr<int64_t>()),
-                fixed_point.scale.const_data_ptr<double>(), fixed_point.poisoned.mutable_data_ptr<int>(), layout});
-          } else {
-            launch(GlobalAtomicAdd<acc_t, index_t>{grad_input, layout});
-          }
-        };
-        if constexpr (std::is_same_v<index_t, int32_t>) {
-          if (plan.kernel == CudaBackwardKernel::kTiled) {
-            const TileFootprint& footprint = plan.footprint;
-            const size_t shared = static_cast<size_t>(plan.tile_shared_bytes);
-            const int64_t tiles = input.size(0) * ((t.height_out + kTileH - 1) / kTileH) *
-                                  ((t.width_out + kTileW - 1) / kTileW);
-            with_global_add([&](auto add) {
-              if constexpr (kFixedPointTile || !std::is_same_v<decltype(add), FixedPointAtomicAdd<acc_t, index_t>>) {
-                const auto launch = [&](auto kernel) {
-                  kernel<<<static_cast<unsigned int>(tiles), dim3(kTileW, kTileH), shared, stream>>>(
-                      p, go, param_grads, add, static_cast<index_t>(footprint.rows),
-                      static_cast<index_t>(footprint.cols), static_cast<index_t>(footprint.channels_per_pass),
-                      plan.prefetch);
-                  C10_CUDA_KERNEL_LAUNCH_CHECK();
-                };
-                constexpr bool kCanStage =
-                    kChannelsLast && kFixedPointTile && kKernelH == kWarpStagedKernel && kKernelW == kWarpStagedKernel;
-                if constexpr (kCanStage) {
-                  if (plan.warp_staged) {
-                    if constexpr (kChannelBlock == 3) {
-                      if (plan.exact_rgb) {
-                        const auto kernel = deform_sepconv_backward_tiled_cuda_kernel<kChannelBlock, kKernelH, kKernelW,
-                                                                                      kMaxWidth, kChannelsLast, true,
-                                                                                      true, scalar_t, index_t,
-                                                                                      decltype(add)>;
-                        opt_in_dynamic_shared_once(kernel, shared);
-                        return launch(kernel);
+        EDSC_DISPATCH_LAYOUT(t.channels_last, [&] {
+          const auto p = make_params<scalar_t, index_t>(t, cfg);
+          const scalar_t* go = t.grad_output.const_data_ptr<scalar_t>();
+          // Static kernel sizes hold their accumulators in registers; run-time ones in a local array.
+          constexpr int kMaxWidth = kKernelW > 0 ? kKernelW : static_cast<int>(kMaxKernelWidth);
+          const InputGradLayout<index_t> layout = input_grad_layout<kChannelsLast>(p);
+          // Launches `kernel` (tiled or one thread per pixel) with the input-gradient adder that the
+          // plan asks for: fixed-point int64 atomics when deterministic, float atomics otherwise.
+          const auto with_global_add = [&](auto&& launch) {
+            if (deterministic) {
+              launch(FixedPointAtomicAdd<acc_t, index_t>{
+                  reinterpret_cast<unsigned long long*>(fixed_point.sums.mutable_data_ptr<int64_t>()),
+                  fixed_point.scale.const_data_ptr<double>(), fixed_point.poisoned.mutable_data_ptr<int>(), layout});
+            } else {
+              launch(GlobalAtomicAdd<acc_t, index_t>{grad_input, layout});
+            }
+          };
+          if constexpr (std::is_same_v<index_t, int32_t>) {
+            if (plan.kernel == CudaBackwardKernel::kTiled) {
+              const TileFootprint& footprint = plan.footprint;
+              const size_t shared = static_cast<size_t>(plan.tile_shared_bytes);
+              const int64_t tiles =
+                  input.size(0) * ((t.height_out + kTileH - 1) / kTileH) * ((t.width_out + kTileW - 1) / kTileW);
+              with_global_add([&](auto add) {
+                if constexpr (kFixedPointTile || !std::is_same_v<decltype(add), FixedPointAtomicAdd<acc_t, index_t>>) {
+                  const auto launch = [&](auto kernel) {
+                    kernel<<<static_cast<unsigned int>(tiles), dim3(kTileW, kTileH), shared, stream>>>(
+                        p, go, param_grads, add, static_cast<index_t>(footprint.rows),
+                        static_cast<index_t>(footprint.cols), static_cast<index_t>(footprint.channels_per_pass),
+                        plan.prefetch);
+                    C10_CUDA_KERNEL_LAUNCH_CHECK();
+                  };
+                  constexpr bool kCanStage = kChannelsLast && kFixedPointTile && kKernelH == kWarpStagedKernel &&
+                                             kKernelW == kWarpStagedKernel;
+                  if constexpr (kCanStage) {
+                    if (plan.warp_staged) {
+                      if constexpr (kChannelBlock == 3) {
+                        if (plan.exact_rgb) {
+                          const auto kernel =
+                              deform_sepconv_backward_tiled_cuda_kernel<kChannelBlock, kKernelH, kKernelW, kMaxWidth,
+                                                                        kChannelsLast, true, true, scalar_t, index_t,
+                                                                        decltype(add)>;
+                          opt_in_dynamic_shared_once(kernel, shared);
+                          return launch(kernel);
+                        }
                       }
+                      const auto kernel =
+                          deform_sepconv_backward_tiled_cuda_kernel<kChannelBlock, kKernelH, kKernelW, kMaxWidth,
+                                                                    kChannelsLast, true, false, scalar_t, index_t,
+                                                                    decltype(add)>;
+                      opt_in_dynamic_shared_once(kernel, shared);
+                      return launch(kernel);
                     }
-                    const auto kernel = deform_sepconv_backward_tiled_cuda_kernel<kChannelBlock, kKernelH, kKernelW,
-                                                                                  kMaxWidth, kChannelsLast, true, false,
-                                                                                  scalar_t, index_t, decltype(add)>;
-                    opt_in_dynamic_shared_once(kernel, shared);
-                    return launch(kernel);
                   }
-                }
-                if constexpr (!kChannelsLast && kChannelBlock == 3 && kKernelH == kSpecializedKernel &&
-                              kKernelW == kSpecializedKernel) {
-                  if (plan.exact_rgb) {
-                    return launch(deform_sepconv_backward_tiled_cuda_kernel<kChannelBlock, kKernelH, kKernelW,
-                                                                            kMaxWidth, kChannelsLast, false, true,
-                                                                            scalar_t, index_t, decltype(add)>);
+                  if constexpr (!kChannelsLast && kChannelBlock == 3 && kKernelH == kSpecializedKernel &&
+                                kKernelW == kSpecializedKernel) {
+                    if (plan.exact_rgb) {
+                      return launch(deform_sepconv_backward_tiled_cuda_kernel<kChannelBlock, kKernelH, kKernelW,
+                                                                              kMaxWidth, kChannelsLast, false, true,
+                                                                              scalar_t, index_t, decltype(add)>);
+                    }
                   }
+                  launch(deform_sepconv_backward_tiled_cuda_kernel<kChannelBlock, kKernelH, kKernelW, kMaxWidth,
+                                                                   kChannelsLast, false, false, scalar_t, index_t,
+                                                                   decltype(add)>);
                 }
-                launch(deform_sepconv_backward_tiled_cuda_kernel<kChannelBlock, kKernelH, kKernelW, kMaxWidth,
-                                                                 kChannelsLast, false, false, scalar_t, index_t,
-                                                                 decltype(add)>);
-              }
-            });
-            return;
+              });
+              return;
+            }
           }
-        }
-        TORCH_INTERNAL_ASSERT(plan.kernel == CudaBackwardKernel::kPixels, "backward: the plan's kernel is not compiled ",
-                              "for this call (tiled with 64-bit indices)");
-        with_global_add([&](auto add) {
-          deform_sepconv_backward_cuda_kernel<kChannelBlock, kKernelH, kKernelW, kMaxWidth, kChannelsLast, scalar_t,
-                                              index_t><<<blocks_for(pixels), kThreadsPerBlock, 0, stream>>>(
-              p, go, param_grads, add, plan.kernel_input_grad, pixels);
-          C10_CUDA_KERNEL_LAUNCH_CHECK();
+          TORCH_INTERNAL_ASSERT(plan.kernel == CudaBackwardKernel::kPixels,
+                                "backward: the plan's kernel is not compiled ",
+                                "for this call (tiled with 64-bit indices)");
+          with_global_add([&](auto add) {
+            deform_sepconv_backward_cuda_kernel<kChannelBlock, kKernelH, kKernelW, kMaxWidth, kChannelsLast, scalar_t,
+                                                index_t><<<blocks_for(pixels), kThreadsPerBlock, 0, stream>>>(
+                p, go, param_grads, add, plan.kernel_input_grad, pixels);
+            C10_CUDA_KERNEL_LAUNCH_CHECK();
+          });
         });
-      });
       });
     });
   });

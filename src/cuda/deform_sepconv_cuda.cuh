@@ -2,13 +2,13 @@
 // device facts the planners take, the channel-block dispatch and the asynchronous copies.
 #pragma once
 
+#include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <ATen/Dispatch.h>
-#include <ATen/ATen.h>
 #include <ATen/OpMathType.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -16,10 +16,10 @@
 
 #include <type_traits>
 
+#include "deform_sepconv_plan.h"
 #include "edsc_ext/deform_sepconv_call.h"
 #include "edsc_ext/kernel_policy.h"
 #include "edsc_ext/ops.h"
-#include "deform_sepconv_plan.h"
 #include "launch.cuh"
 
 namespace edsc_ext {
@@ -37,10 +37,10 @@ void dispatch_channel_block(int planned_block, const Body& body) {
   }
   return body(std::integral_constant<int, 4>{});
 }
-#define EDSC_DISPATCH_CHANNEL_BLOCK(planned_block, ...)                                  \
-  dispatch_channel_block<kKernelH, kKernelW>(planned_block, [&](auto channel_block) {    \
-    constexpr int kChannelBlock = decltype(channel_block)::value;                        \
-    return __VA_ARGS__();                                                                \
+#define EDSC_DISPATCH_CHANNEL_BLOCK(planned_block, ...)                               \
+  dispatch_channel_block<kKernelH, kKernelW>(planned_block, [&](auto channel_block) { \
+    constexpr int kChannelBlock = decltype(channel_block)::value;                     \
+    return __VA_ARGS__();                                                             \
   })
 
 // The kernels' view of a call's params: with kExactBlock (the call has exactly kChannelBlock
@@ -65,11 +65,9 @@ __device__ __forceinline__ void copy_async(void* shared, const void* global, int
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const unsigned int dst = static_cast<unsigned int>(__cvta_generic_to_shared(shared));
   if constexpr (kBytes == 16) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(global), "r"(src_bytes)
-                 : "memory");
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(global), "r"(src_bytes) : "memory");
   } else {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(global), "n"(kBytes),
-                 "r"(src_bytes)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(global), "n"(kBytes), "r"(src_bytes)
                  : "memory");
   }
 #else
@@ -90,11 +88,21 @@ __device__ __forceinline__ void copy_async_commit() {
 __device__ __forceinline__ void copy_async_wait(int pending) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   switch (pending) {
-    case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
-    case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
-    case 2: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
-    case 3: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
-    default: asm volatile("cp.async.wait_group 4;\n" ::: "memory"); break;
+    case 0:
+      asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+      break;
+    case 1:
+      asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+      break;
+    case 2:
+      asm volatile("cp.async.wait_group 2;\n" ::: "memory");
+      break;
+    case 3:
+      asm volatile("cp.async.wait_group 3;\n" ::: "memory");
+      break;
+    default:
+      asm volatile("cp.async.wait_group 4;\n" ::: "memory");
+      break;
   }
 #endif
 }

@@ -29,11 +29,20 @@ at::Tensor deform_sepconv_forward_cuda(const at::Tensor& input, const std::optio
   const CudaForwardPlan plan =
       plan_cuda_forward(describe_call(t, cfg, {}, false), cuda_device_facts(input.device().index()), kernel_policy());
   switch (plan.kernel) {
-    case CudaForwardKernel::kEmpty: break;
-    case CudaForwardKernel::kGridTaps: launch_grid_taps_forward(t, cfg, plan, output); break;
-    case CudaForwardKernel::kStaged: launch_staged_forward(t, cfg, plan, output); break;
-    case CudaForwardKernel::kLanePairs: launch_lane_pairs_forward(t, cfg, plan, output); break;
-    case CudaForwardKernel::kPixels: launch_pixels_forward(t, cfg, plan, output); break;
+    case CudaForwardKernel::kEmpty:
+      break;
+    case CudaForwardKernel::kGridTaps:
+      launch_grid_taps_forward(t, cfg, plan, output);
+      break;
+    case CudaForwardKernel::kStaged:
+      launch_staged_forward(t, cfg, plan, output);
+      break;
+    case CudaForwardKernel::kLanePairs:
+      launch_lane_pairs_forward(t, cfg, plan, output);
+      break;
+    case CudaForwardKernel::kPixels:
+      launch_pixels_forward(t, cfg, plan, output);
+      break;
   }
   return output;
 }

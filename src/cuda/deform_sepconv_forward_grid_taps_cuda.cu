@@ -14,8 +14,8 @@ namespace {
 // sum_jj wh[jj] * mask * window. The mask's values of row ii start at first_mask + ii * mask_row.
 template <bool kWhole, int kPassChannels, bool kMask, typename scalar_t, typename acc_t>
 __device__ __forceinline__ void accumulate_grid_chunk(const acc_t* first, const GridWindow& window,
-                                                      const scalar_t* first_mask, int64_t mask_row,
-                                                      int64_t mask_column, const acc_t (&wv)[kGridTapChunk],
+                                                      const scalar_t* first_mask, int64_t mask_row, int64_t mask_column,
+                                                      const acc_t (&wv)[kGridTapChunk],
                                                       const acc_t (&wh)[kGridTapChunk], int64_t rows, int64_t cols,
                                                       acc_t (&acc)[kPassChannels]) {
   const int window_size = window.size();
@@ -104,34 +104,40 @@ void launch_grid_taps_forward(const DeformSepconvTensors& t, const DeformSepconv
                               const CudaForwardPlan& plan, at::Tensor& output) {
   TORCH_INTERNAL_ASSERT(t.input.element_size() <= 4, "grid-tap forward: not planned for this call");
   const auto stream = c10::cuda::getCurrentCUDAStream(t.input.device().index());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, t.input.scalar_type(), "deform_sepconv_forward_grid_taps_cuda", [&] {
-    if constexpr (sizeof(scalar_t) <= 4) {
-      const auto p = make_params<scalar_t, int64_t>(t, cfg);
-      scalar_t* out = output.mutable_data_ptr<scalar_t>();
-      const GridWindow window = plan.window;
-      const size_t shared = static_cast<size_t>(plan.pass_channels) * window.size() * sizeof(at::opmath_type<scalar_t>);
-      const dim3 grid = grid_taps_grid(t);
-      const auto launch = [&](auto kernel) {
-        opt_in_dynamic_shared(kernel, shared);
-        kernel<<<grid, kGridTileThreads, shared, stream>>>(p, out, window);
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-      };
-      // A mask is a load a tap; sepconv has none, and then the taps are loads from shared memory only.
-      const auto dispatch_mask = [&](auto pass) {
-        constexpr int kPass = decltype(pass)::value;
-        EDSC_DISPATCH_LAYOUT(t.channels_last, [&] {
-          p.mask ? launch(deform_sepconv_forward_grid_taps_cuda_kernel<kPass, kChannelsLast, true, scalar_t>)
-                 : launch(deform_sepconv_forward_grid_taps_cuda_kernel<kPass, kChannelsLast, false, scalar_t>);
-        });
-      };
-      switch (plan.pass_channels) {
-        case 4: return dispatch_mask(std::integral_constant<int, 4>{});
-        case 3: return dispatch_mask(std::integral_constant<int, 3>{});
-        case 2: return dispatch_mask(std::integral_constant<int, 2>{});
-        default: return dispatch_mask(std::integral_constant<int, 1>{});
-      }
-    }
-  });
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, t.input.scalar_type(), "deform_sepconv_forward_grid_taps_cuda", [&] {
+        if constexpr (sizeof(scalar_t) <= 4) {
+          const auto p = make_params<scalar_t, int64_t>(t, cfg);
+          scalar_t* out = output.mutable_data_ptr<scalar_t>();
+          const GridWindow window = plan.window;
+          const size_t shared =
+              static_cast<size_t>(plan.pass_channels) * window.size() * sizeof(at::opmath_type<scalar_t>);
+          const dim3 grid = grid_taps_grid(t);
+          const auto launch = [&](auto kernel) {
+            opt_in_dynamic_shared(kernel, shared);
+            kernel<<<grid, kGridTileThreads, shared, stream>>>(p, out, window);
+            C10_CUDA_KERNEL_LAUNCH_CHECK();
+          };
+          // A mask is a load a tap; sepconv has none, and then the taps are loads from shared memory only.
+          const auto dispatch_mask = [&](auto pass) {
+            constexpr int kPass = decltype(pass)::value;
+            EDSC_DISPATCH_LAYOUT(t.channels_last, [&] {
+              p.mask ? launch(deform_sepconv_forward_grid_taps_cuda_kernel<kPass, kChannelsLast, true, scalar_t>)
+                     : launch(deform_sepconv_forward_grid_taps_cuda_kernel<kPass, kChannelsLast, false, scalar_t>);
+            });
+          };
+          switch (plan.pass_channels) {
+            case 4:
+              return dispatch_mask(std::integral_constant<int, 4>{});
+            case 3:
+              return dispatch_mask(std::integral_constant<int, 3>{});
+            case 2:
+              return dispatch_mask(std::integral_constant<int, 2>{});
+            default:
+              return dispatch_mask(std::integral_constant<int, 1>{});
+          }
+        }
+      });
 }
 
 }  // namespace edsc_ext

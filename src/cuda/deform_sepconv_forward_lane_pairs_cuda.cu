@@ -82,8 +82,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock, sizeof(scalar_t) == 4 ? 3 : 
       }
       if (p.mask) stage_run_16_bytes(st.mask, p.mask + run * kTaps, kLanePairPixels * kTaps, count * kTaps, lane);
       copy_async_commit();
-      copy_async_wait(0);  // this lane's copies have landed ...
-      __syncwarp();        // ... and every lane's
+      copy_async_wait(0);                      // this lane's copies have landed ...
+      __syncwarp();                            // ... and every lane's
       const int slot = min(local, count - 1);  // the pixel g
       vertical = p.vertical ? st.vertical + slot * K : nullptr;
       horizontal = p.horizontal ? st.horizontal + slot * K : nullptr;
@@ -137,25 +137,27 @@ __global__ void __launch_bounds__(kThreadsPerBlock, sizeof(scalar_t) == 4 ? 3 : 
 
 void launch_lane_pairs_forward(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
                                const CudaForwardPlan& plan, at::Tensor& output) {
-  TORCH_INTERNAL_ASSERT(t.use_32bit_indexing && t.input.element_size() <= 4, "lane-pair forward: not planned for this call");
+  TORCH_INTERNAL_ASSERT(t.use_32bit_indexing && t.input.element_size() <= 4,
+                        "lane-pair forward: not planned for this call");
   const auto stream = c10::cuda::getCurrentCUDAStream(t.input.device().index());
   const int64_t pixels = t.input.size(0) * t.height_out * t.width_out;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, t.input.scalar_type(), "deform_sepconv_forward_lane_pairs_cuda", [&] {
-    if constexpr (sizeof(scalar_t) <= 4) {
-      const auto p = make_params<scalar_t, int32_t>(t, cfg);
-      scalar_t* out = output.mutable_data_ptr<scalar_t>();
-      const auto launch = [&](auto kernel) {
-        kernel<<<blocks_for(pixels * kLanesPerPixel), kThreadsPerBlock, 0, stream>>>(p, out, pixels);
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-      };
-      if (plan.exact_rgb) {
-        return plan.staged_values ? launch(deform_sepconv_forward_lane_pairs_cuda_kernel<true, true, scalar_t>)
-                                  : launch(deform_sepconv_forward_lane_pairs_cuda_kernel<true, false, scalar_t>);
-      }
-      plan.staged_values ? launch(deform_sepconv_forward_lane_pairs_cuda_kernel<false, true, scalar_t>)
-                         : launch(deform_sepconv_forward_lane_pairs_cuda_kernel<false, false, scalar_t>);
-    }
-  });
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, t.input.scalar_type(), "deform_sepconv_forward_lane_pairs_cuda", [&] {
+        if constexpr (sizeof(scalar_t) <= 4) {
+          const auto p = make_params<scalar_t, int32_t>(t, cfg);
+          scalar_t* out = output.mutable_data_ptr<scalar_t>();
+          const auto launch = [&](auto kernel) {
+            kernel<<<blocks_for(pixels * kLanesPerPixel), kThreadsPerBlock, 0, stream>>>(p, out, pixels);
+            C10_CUDA_KERNEL_LAUNCH_CHECK();
+          };
+          if (plan.exact_rgb) {
+            return plan.staged_values ? launch(deform_sepconv_forward_lane_pairs_cuda_kernel<true, true, scalar_t>)
+                                      : launch(deform_sepconv_forward_lane_pairs_cuda_kernel<true, false, scalar_t>);
+          }
+          plan.staged_values ? launch(deform_sepconv_forward_lane_pairs_cuda_kernel<false, true, scalar_t>)
+                             : launch(deform_sepconv_forward_lane_pairs_cuda_kernel<false, false, scalar_t>);
+        }
+      });
 }
 
 }  // namespace edsc_ext

@@ -91,12 +91,13 @@ __global__ void __launch_bounds__(kStagedPixels)
       const acc_t py0 = static_cast<acc_t>(y_base + static_cast<int64_t>(i) * p.dilation_h);
       EDSC_UNROLL
       for (int j = 0; j < K; ++j) {
-        const acc_t w = wv * staged_value(p.horizontal, j, acc_t(1)) * staged_value(p.mask, row + 1 + 2 * K + j, acc_t(1));
+        const acc_t w =
+            wv * staged_value(p.horizontal, j, acc_t(1)) * staged_value(p.mask, row + 1 + 2 * K + j, acc_t(1));
         const acc_t py = py0 + staged_value(p.offset, row + 1 + 2 * j, acc_t(0));
         const acc_t px = static_cast<acc_t>(x_base + static_cast<int64_t>(j) * p.dilation_w) +
                          staged_value(p.offset, row + 2 + 2 * j, acc_t(0));
         accumulate_tap<kChannelBlock, /*kChannelsLast=*/false, /*kBranchFree=*/false>(p, in, plane, block, w, py, px,
-                                                                                     acc);
+                                                                                      acc);
       }
     }
     if (active) {
@@ -118,19 +119,22 @@ void launch_staged_forward(const DeformSepconvTensors& t, const DeformSepconvCon
   const auto stream = c10::cuda::getCurrentCUDAStream(t.input.device().index());
   const int64_t hw = t.height_out * t.width_out;
   const unsigned int blocks = static_cast<unsigned int>(t.input.size(0) * ((hw + kStagedPixels - 1) / kStagedPixels));
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, t.input.scalar_type(), "deform_sepconv_forward_staged_cuda", [&] {
-    if constexpr (sizeof(scalar_t) == kStagedElementSize) {
-      const auto p = make_params<scalar_t, int32_t>(t, cfg);
-      scalar_t* out = output.mutable_data_ptr<scalar_t>();
-      const size_t shared = kStagedSegments * kStagedPixels * sizeof(scalar_t);
-      if (plan.chunk_bytes == 16) {
-        deform_sepconv_forward_staged_cuda_kernel<kStagedChannelBlock, 16, scalar_t><<<blocks, kStagedPixels, shared, stream>>>(p, out);
-      } else {
-        deform_sepconv_forward_staged_cuda_kernel<kStagedChannelBlock, 4, scalar_t><<<blocks, kStagedPixels, shared, stream>>>(p, out);
-      }
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    }
-  });
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, t.input.scalar_type(), "deform_sepconv_forward_staged_cuda",
+                                  [&] {
+                                    if constexpr (sizeof(scalar_t) == kStagedElementSize) {
+                                      const auto p = make_params<scalar_t, int32_t>(t, cfg);
+                                      scalar_t* out = output.mutable_data_ptr<scalar_t>();
+                                      const size_t shared = kStagedSegments * kStagedPixels * sizeof(scalar_t);
+                                      if (plan.chunk_bytes == 16) {
+                                        deform_sepconv_forward_staged_cuda_kernel<kStagedChannelBlock, 16, scalar_t>
+                                            <<<blocks, kStagedPixels, shared, stream>>>(p, out);
+                                      } else {
+                                        deform_sepconv_forward_staged_cuda_kernel<kStagedChannelBlock, 4, scalar_t>
+                                            <<<blocks, kStagedPixels, shared, stream>>>(p, out);
+                                      }
+                                      C10_CUDA_KERNEL_LAUNCH_CHECK();
+                                    }
+                                  });
 }
 
 }  // namespace edsc_ext

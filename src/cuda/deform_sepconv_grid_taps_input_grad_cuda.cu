@@ -10,11 +10,11 @@
 // so that a thread's KW taps are contiguous (16-byte loads), and dL/dout_c(o) V_i(o) for each tile
 // row's i. No atomics, one write per element, so it is deterministic too. The bilinear backward
 // scattered this with global float atomics, most of sepconv's forward+backward time (BENCHMARKS.md).
+#include <vector>
+
 #include "deform_sepconv_backward_cuda.cuh"
 #include "grid_tap_window.cuh"
 #include "shared_memory_opt_in.cuh"
-
-#include <vector>
 
 namespace edsc_ext {
 namespace {
@@ -29,8 +29,8 @@ __global__ void __launch_bounds__(kGridTileThreads)
                                                     const VirtualDomain domain, const GatherLayout layout) {
   using acc_t = at::opmath_type<scalar_t>;
   extern __shared__ __align__(16) unsigned char gather_raw[];
-  acc_t* h_staged = reinterpret_cast<acc_t*>(gather_raw);          // [kGridTileWidth][h_stride]
-  acc_t* a_staged = h_staged + kGridTileWidth * layout.h_stride;   // [kChannels][kGridTileHeight][a_row]
+  acc_t* h_staged = reinterpret_cast<acc_t*>(gather_raw);         // [kGridTileWidth][h_stride]
+  acc_t* a_staged = h_staged + kGridTileWidth * layout.h_stride;  // [kChannels][kGridTileHeight][a_row]
 
   const int KH = static_cast<int>(p.kernel_h), KW = static_cast<int>(p.kernel_w);
   const int64_t n = blockIdx.z;
@@ -149,10 +149,18 @@ void launch_gather(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg
       });
     };
     switch (channels) {
-      case 1: with_channels(std::integral_constant<int, 1>{}); break;
-      case 2: with_channels(std::integral_constant<int, 2>{}); break;
-      case 3: with_channels(std::integral_constant<int, 3>{}); break;
-      default: with_channels(std::integral_constant<int, 4>{}); break;
+      case 1:
+        with_channels(std::integral_constant<int, 1>{});
+        break;
+      case 2:
+        with_channels(std::integral_constant<int, 2>{});
+        break;
+      case 3:
+        with_channels(std::integral_constant<int, 3>{});
+        break;
+      default:
+        with_channels(std::integral_constant<int, 4>{});
+        break;
     }
     if (cfg.padding_mode == kPaddingBorder) {
       virt = fold_clamped(fold_clamped(virt, 2, -domain.y0, height), 3, -domain.x0, width);
@@ -167,7 +175,8 @@ void launch_gather_input_grad(const DeformSepconvTensors& t, const DeformSepconv
                               const CudaBackwardPlan& plan, at::Tensor& grad_input) {
   TORCH_INTERNAL_ASSERT(t.input.element_size() <= 4 && t.input.size(1) <= kSmallChannels && !t.mask.defined(),
                         "gathered input gradient: not planned for this call");
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, t.input.scalar_type(), "deform_sepconv_grid_taps_input_grad",
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, t.input.scalar_type(),
+                                  "deform_sepconv_grid_taps_input_grad",
                                   [&] { launch_gather<scalar_t>(t, cfg, plan, grad_input); });
 }
 

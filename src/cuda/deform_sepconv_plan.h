@@ -18,7 +18,7 @@
 namespace edsc_ext {
 
 struct CudaDeviceFacts {
-  int64_t major = 0, minor = 0;                // compute capability
+  int64_t major = 0, minor = 0;               // compute capability
   int64_t shared_memory_per_block_optin = 0;  // cudaDevAttrMaxSharedMemoryPerBlockOptin
 };
 
@@ -119,12 +119,12 @@ enum class CudaForwardKernel {
 
 struct CudaForwardPlan {
   CudaForwardKernel kernel = CudaForwardKernel::kEmpty;
-  int pass_channels = 0;      // kGridTaps: channels staged together (4, 3, 2 or 1)
-  GridWindow window{};        // kGridTaps
-  int chunk_bytes = 0;        // kStaged: bytes a cp.async copy moves (16 or 4)
-  bool staged_values = false; // kLanePairs: each warp's per-pixel values through shared memory
-  bool exact_rgb = false;     // kLanePairs, kPixels: exactly 3 channels, a compile-time constant
-  bool prefetch = false;      // kPixels: each warp prefetches its per-pixel values into L2
+  int pass_channels = 0;       // kGridTaps: channels staged together (4, 3, 2 or 1)
+  GridWindow window{};         // kGridTaps
+  int chunk_bytes = 0;         // kStaged: bytes a cp.async copy moves (16 or 4)
+  bool staged_values = false;  // kLanePairs: each warp's per-pixel values through shared memory
+  bool exact_rgb = false;      // kLanePairs, kPixels: exactly 3 channels, a compile-time constant
+  bool prefetch = false;       // kPixels: each warp prefetches its per-pixel values into L2
 };
 
 enum class CudaBackwardKernel {
@@ -134,25 +134,25 @@ enum class CudaBackwardKernel {
 };
 
 struct CudaBackwardPlan {
-  bool empty = false;                  // no output pixels or no channels: the gradients as allocated
-  bool nchw_copies = false;            // channels_last with > kSmallChannels channels: run on NCHW copies
-  bool gather_input_grad = false;      // the input gradient gathered (grid taps, no mask)
+  bool empty = false;              // no output pixels or no channels: the gradients as allocated
+  bool nchw_copies = false;        // channels_last with > kSmallChannels channels: run on NCHW copies
+  bool gather_input_grad = false;  // the input gradient gathered (grid taps, no mask)
   VirtualDomain gather_domain{};
   GatherLayout gather_layout{};
   int64_t gather_shared_bytes = 0;
-  bool grid_tap_param_grads = false;   // the per-pixel gradients from the grid-tap window
+  bool grid_tap_param_grads = false;  // the per-pixel gradients from the grid-tap window
   GridWindow window{};
   int64_t grid_tap_shared_bytes = 0;
   CudaBackwardKernel kernel = CudaBackwardKernel::kNone;  // the bilinear kernel for the rest
-  bool kernel_input_grad = false;      // ... adds the input gradient
-  bool kernel_param_grads = false;     // ... computes the per-pixel gradients
-  bool deterministic = false;          // ... adds the input gradient as fixed-point integers
-  int channel_block = 4;               // channels a thread handles per step (3 for 5x5 RGB-like counts)
-  TileFootprint footprint{};           // kTiled
-  int64_t tile_shared_bytes = 0;       // kTiled: dynamic shared memory
-  bool warp_staged = false;            // kTiled, channels_last 5x5: per-pixel values staged a warp at a time
-  bool exact_rgb = false;              // kTiled: exactly 3 channels in one pass, a compile-time constant
-  bool prefetch = false;               // kTiled, NCHW 5x5: the L2 prefetch
+  bool kernel_input_grad = false;                         // ... adds the input gradient
+  bool kernel_param_grads = false;                        // ... computes the per-pixel gradients
+  bool deterministic = false;                             // ... adds the input gradient as fixed-point integers
+  int channel_block = 4;          // channels a thread handles per step (3 for 5x5 RGB-like counts)
+  TileFootprint footprint{};      // kTiled
+  int64_t tile_shared_bytes = 0;  // kTiled: dynamic shared memory
+  bool warp_staged = false;       // kTiled, channels_last 5x5: per-pixel values staged a warp at a time
+  bool exact_rgb = false;         // kTiled: exactly 3 channels in one pass, a compile-time constant
+  bool prefetch = false;          // kTiled, NCHW 5x5: the L2 prefetch
 };
 
 CudaForwardPlan plan_cuda_forward(const DeformSepconvCall& call, const CudaDeviceFacts& device,

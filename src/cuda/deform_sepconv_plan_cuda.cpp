@@ -1,10 +1,10 @@
 // The CUDA planners (deform_sepconv_plan.h), plain C++ compiled into every build. The conditions
 // below are the kernels' requirements (what they were written and measured for); BENCHMARKS.md has
 // the measurements behind the choices. Named *_cuda.cpp: the JIT build names objects by base name.
-#include "deform_sepconv_plan.h"
-
 #include <algorithm>
 #include <limits>
+
+#include "deform_sepconv_plan.h"
 
 namespace edsc_ext {
 namespace {
@@ -89,8 +89,8 @@ CudaForwardPlan plan_cuda_forward(const DeformSepconvCall& c, const CudaDeviceFa
     }
   }
   // Not float64: its staged values would not fit 48 KB, and it was not measured unstaged.
-  if (specialized && !policy.plain_forward && c.channels_last && c.channels <= kSmallChannels &&
-      c.element_size <= 4 && c.offset_pairs_aligned && !c.split_offsets) {
+  if (specialized && !policy.plain_forward && c.channels_last && c.channels <= kSmallChannels && c.element_size <= 4 &&
+      c.offset_pairs_aligned && !c.split_offsets) {
     plan.kernel = CudaForwardKernel::kLanePairs;
     plan.staged_values = c.per_pixel_alignment >= 16;  // the 16-byte copies' alignment
     plan.exact_rgb = c.channels == 3;
@@ -158,8 +158,7 @@ CudaBackwardPlan plan_cuda_backward(const DeformSepconvCall& c, const CudaDevice
   // deterministic, a fixed-point tile (float64's float tile depends on the order of its adds).
   const TileFootprint footprint = tile_footprint(c.cfg, c.channels);
   const bool fixed_point_tile = c.element_size <= 4;
-  const int64_t tiles =
-      c.batch * ((c.height_out + kTileH - 1) / kTileH) * ((c.width_out + kTileW - 1) / kTileW);
+  const int64_t tiles = c.batch * ((c.height_out + kTileH - 1) / kTileH) * ((c.width_out + kTileW - 1) / kTileW);
   const bool tiled = plan.kernel_input_grad && policy.input_grad_tile && footprint.channels_per_pass >= 1 &&
                      (!fixed_point_tile || c.cfg.kernel_h * c.cfg.kernel_w <= kFixedPointMaxTaps) &&
                      (fixed_point_tile || !plan.deterministic) && c.use_32bit_indexing &&
@@ -184,9 +183,12 @@ CudaBackwardPlan plan_cuda_backward(const DeformSepconvCall& c, const CudaDevice
 
 std::string plan_name(const CudaForwardPlan& plan) {
   switch (plan.kernel) {
-    case CudaForwardKernel::kEmpty: return "empty";
-    case CudaForwardKernel::kGridTaps: return "grid_taps";
-    case CudaForwardKernel::kStaged: return "staged";
+    case CudaForwardKernel::kEmpty:
+      return "empty";
+    case CudaForwardKernel::kGridTaps:
+      return "grid_taps";
+    case CudaForwardKernel::kStaged:
+      return "staged";
     case CudaForwardKernel::kLanePairs:
       return std::string("lane_pairs") + (plan.exact_rgb ? "_rgb" : "") + (plan.staged_values ? "_staged" : "");
     case CudaForwardKernel::kPixels:
@@ -202,12 +204,15 @@ std::string plan_name(const CudaBackwardPlan& plan) {
   if (plan.grid_tap_param_grads) part("grid_taps_params");
   if (plan.gather_input_grad) part("gather_input_grad");
   switch (plan.kernel) {
-    case CudaBackwardKernel::kNone: break;
+    case CudaBackwardKernel::kNone:
+      break;
     case CudaBackwardKernel::kTiled:
       part(std::string("tiled") + (plan.warp_staged ? "_warp_staged" : "") + (plan.exact_rgb ? "_rgb" : "") +
            (plan.prefetch ? "_prefetch" : ""));
       break;
-    case CudaBackwardKernel::kPixels: part("pixels"); break;
+    case CudaBackwardKernel::kPixels:
+      part("pixels");
+      break;
   }
   if (plan.kernel != CudaBackwardKernel::kNone && plan.deterministic) part("fixed_point");
   return name.empty() ? "none" : name;

@@ -62,8 +62,7 @@ struct FixedPointAtomicAdd {
       atomicOr(poisoned, 1);
       return;
     }
-    atomicAdd(grad + layout.offset(c, y, x),
-              static_cast<unsigned long long>(static_cast<long long>(llrint(scaled))));
+    atomicAdd(grad + layout.offset(c, y, x), static_cast<unsigned long long>(static_cast<long long>(llrint(scaled))));
 #endif
   }
 };
@@ -107,9 +106,7 @@ struct FixedPointTileAdd {
   float scale, inv_scale;
   bool enabled;
   GlobalAdd fallback;
-  __device__ int* element_at(index_t c, index_t r, index_t q) const {
-    return tile + ((c - c0) * rows + r) * cols + q;
-  }
+  __device__ int* element_at(index_t c, index_t r, index_t q) const { return tile + ((c - c0) * rows + r) * cols + q; }
   __device__ void add_at(int* element, float v) const {
     const float scaled = v * scale;
     // Adding 1.5 * 2^39 leaves round(scaled / 2^16) in the low significand bits (|scaled| < 2^38);

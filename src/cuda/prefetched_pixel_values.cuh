@@ -24,8 +24,8 @@ __device__ __forceinline__ void prefetch_l2(const void* address) {
 // present per-pixel tensors: plane m < 2K + 3K^2 is vertical m, horizontal m - K, offset m - 2K
 // (split offsets: dy, then dx), then mask. Lane `lane` takes planes lane, lane + 32, ...
 template <int K, typename scalar_t>
-__device__ __forceinline__ void prefetch_warp_planes_l2(const DeformSepconvParams<scalar_t, int32_t>& p,
-                                                        int32_t first, int32_t last, int lane) {
+__device__ __forceinline__ void prefetch_warp_planes_l2(const DeformSepconvParams<scalar_t, int32_t>& p, int32_t first,
+                                                        int32_t last, int lane) {
   constexpr int kPlanes = 2 * K + 3 * K * K;
   const int32_t hw = p.height_out * p.width_out;
   const int32_t n_first = first / hw, pixel_first = first - n_first * hw;

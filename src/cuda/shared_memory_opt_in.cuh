@@ -40,9 +40,11 @@ void opt_in_dynamic_shared_once(Kernel kernel, size_t dynamic) {
   }
   auto& [static_bytes, opted_in] = found->second;
   TORCH_INTERNAL_ASSERT(static_bytes + dynamic <= at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin,
-                        "planned shared memory (", static_bytes, " static + ", dynamic, " dynamic bytes) exceeds the device's");
+                        "planned shared memory (", static_bytes, " static + ", dynamic,
+                        " dynamic bytes) exceeds the device's");
   if (dynamic > opted_in) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dynamic)));
+    C10_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dynamic)));
     opted_in = dynamic;
   }
 }

@@ -168,7 +168,9 @@ struct WarpStagedPixelValues {
     }
   }
 
-  __device__ const scalar_t* horizontal_values() const { return p.horizontal ? buf.horizontal + lane * kKernel : nullptr; }
+  __device__ const scalar_t* horizontal_values() const {
+    return p.horizontal ? buf.horizontal + lane * kKernel : nullptr;
+  }
   __device__ index_t horizontal_stride() const { return 1; }
   template <typename acc_t>
   __device__ acc_t vertical(index_t i) const {

@@ -3,6 +3,8 @@
 // dispatcher and checks hand-computed results, on the CPU and, when present, on a GPU.
 //
 //   edsc_ext_cpp_test /path/to/libedsc_ext_ops.so
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <dlfcn.h>
 
 #include <array>
@@ -12,9 +14,6 @@
 #include <string>
 #include <tuple>
 #include <vector>
-
-#include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 
 namespace {
 
@@ -58,12 +57,10 @@ at::Tensor per_channel(const std::vector<double>& per_channel, int64_t h, int64_
 void run_cases(const at::Device device) {
   const std::string on = " [" + device.str() + "]";
   const auto o = at::TensorOptions().dtype(at::kDouble).device(device);
-  auto forward = c10::Dispatcher::singleton()
-                     .findSchemaOrThrow("edsc_ext::deform_sepconv_forward", "")
-                     .typed<ForwardFn>();
-  auto backward = c10::Dispatcher::singleton()
-                      .findSchemaOrThrow("edsc_ext::deform_sepconv_backward", "")
-                      .typed<BackwardFn>();
+  auto forward =
+      c10::Dispatcher::singleton().findSchemaOrThrow("edsc_ext::deform_sepconv_forward", "").typed<ForwardFn>();
+  auto backward =
+      c10::Dispatcher::singleton().findSchemaOrThrow("edsc_ext::deform_sepconv_backward", "").typed<BackwardFn>();
   auto vector_add = c10::Dispatcher::singleton().findSchemaOrThrow("edsc_ext::vector_add", "").typed<AddFn>();
 
   // input[r][c] = 3r + c + 1:  1 2 3 / 4 5 6 / 7 8 9
@@ -103,9 +100,8 @@ void run_cases(const at::Device device) {
   //    (y + 1, x + 1) (shift 1 - (K-1)//2 = 1), clamped into the image, and a coordinate >= 2
   //    (= size - 1) counts its border pixel twice along that axis.
   const at::Tensor zero_offset = at::zeros({1, 1, 3, 3}, o);
-  const at::Tensor edsc =
-      forward.call(input, std::nullopt, std::nullopt, zero_offset, std::nullopt, 1, 1, 0, 0, 1, 1, /*edsc*/ 2,
-                   zero_offset.clone());
+  const at::Tensor edsc = forward.call(input, std::nullopt, std::nullopt, zero_offset, std::nullopt, 1, 1, 0, 0, 1, 1,
+                                       /*edsc*/ 2, zero_offset.clone());
   expect_close("edsc forward, split offsets" + on, edsc, {5, 12, 12, 16, 36, 36, 16, 36, 36});
 
   expect_close("vector_add" + on, vector_add.call(at::arange(2, o), at::full({2}, 3.0, o)), {3, 4});

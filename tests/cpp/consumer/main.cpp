@@ -1,25 +1,24 @@
 // A program linked to edsc_ext::ops (find_package(edsc_ext)) that loads nothing itself: the ops must
 // be registered with the dispatcher because the program links the library, and the installed
 // headers must compile. Checks one hand-computed sepconv result on the CPU.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
 #include <cmath>
 #include <cstdio>
 #include <optional>
 #include <vector>
 
-#include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
-
 #include "edsc_ext/ops.h"  // installed header (include/edsc_ext/), from the target's include dirs
 
 int main() {
   using OptTensor = std::optional<at::Tensor>;
-  using ForwardFn = at::Tensor(const at::Tensor&, const OptTensor&, const OptTensor&, const OptTensor&,
-                               const OptTensor&, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                               const OptTensor&);
+  using ForwardFn =
+      at::Tensor(const at::Tensor&, const OptTensor&, const OptTensor&, const OptTensor&, const OptTensor&, int64_t,
+                 int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, const OptTensor&);
   try {
-    auto forward = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("edsc_ext::deform_sepconv_forward", "")
-                       .typed<ForwardFn>();
+    auto forward =
+        c10::Dispatcher::singleton().findSchemaOrThrow("edsc_ext::deform_sepconv_forward", "").typed<ForwardFn>();
     const auto o = at::TensorOptions().dtype(at::kDouble);
     // input 1 2 3 / 4 5 6 / 7 8 9; 2x2 separable kernel, vertical (1, 2), horizontal (1, 3) everywhere:
     // out[y][x] = in[y][x] + 3 in[y][x+1] + 2 in[y+1][x] + 6 in[y+1][x+1]
