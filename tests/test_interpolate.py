@@ -860,6 +860,21 @@ def test_metrics(gen):
     assert abs(evaluate.ssim(a, noise)) < 0.2 < evaluate.ssim(a, b) < 1
 
 
+def test_metrics_equal_scikit_image(gen):
+    """PSNR and SSIM against scikit-image's (Gaussian window, sigma 1.5, population covariance, as
+    Wang et al.): random images and a smoothed, noisy, shifted version of each, several sizes."""
+    metrics = pytest.importorskip("skimage.metrics")
+    for h, w in ((24, 24), (37, 50), (64, 31)):
+        a = torch.rand(3, h, w, generator=gen, dtype=torch.float64)
+        smooth = torch.nn.functional.avg_pool2d(a.unsqueeze(0), 3, stride=1, padding=1, count_include_pad=False)[0]
+        b = (0.7 * smooth + 0.3 * torch.rand(3, h, w, generator=gen, dtype=torch.float64)).roll(1, dims=2)
+        x, y = a.permute(1, 2, 0).numpy(), b.permute(1, 2, 0).numpy()
+        expected_ssim = metrics.structural_similarity(x, y, data_range=1.0, channel_axis=2, gaussian_weights=True,
+                                                      sigma=1.5, use_sample_covariance=False)
+        assert evaluate.ssim(b, a) == pytest.approx(expected_ssim, abs=1e-9)
+        assert evaluate.psnr(b, a) == pytest.approx(metrics.peak_signal_noise_ratio(x, y, data_range=1.0), abs=1e-9)
+
+
 @needs_apps
 @needs_middlebury
 def test_evaluate_prints_a_table(weights, capsys):
