@@ -181,7 +181,6 @@ def normalize_args(input, vertical=None, horizontal=None, offset=None, mask=None
             f"output size would be negative: H_out = H_in + 2*pad_h - dilation_h*(KH-1) = {h_out}, "
             f"W_out = W_in + 2*pad_w - dilation_w*(KW-1) = {w_out} for input of shape {tuple(input.shape)}, "
             f"KH={kh}, KW={kw}, padding=({ph}, {pw}), dilation=({dh}, {dw})")
-    offset_name = "offset" if offset_dx is None else "offset[0] (dy)"
     for name, t in (("vertical", vertical), ("horizontal", horizontal), (offset_name, offset), ("mask", mask),
                     ("offset[1] (dx)", offset_dx)):
         if t is not None and tuple(t.shape[2:]) != (h_out, w_out):
@@ -251,12 +250,18 @@ def deform_sepconv(input: Tensor, vertical: Optional[Tensor] = None, horizontal:
         place, others are converted once (the CUDA backward of a channels_last call with more
         than 4 channels runs on NCHW copies, which is faster there).
     """
+    args = _promoted_args(input, vertical, horizontal, offset, mask, kernel_size=kernel_size, padding=padding,
+                          dilation=dilation, padding_mode=padding_mode)
+    return torch.ops.edsc_ext.deform_sepconv_forward(*args.op_args(), **args.op_kwargs())
+
+
+def _promoted_args(input, vertical, horizontal, offset, mask, **geometry) -> DeformSepconvArgs:
+    """normalize_args() of a call after the autocast policy (_autocast_promote), split offsets included."""
     offset, offset_dx = split_offset(offset)
     input, vertical, horizontal, offset, mask, offset_dx = _autocast_promote(
         input, vertical, horizontal, offset, mask, offset_dx)
-    args = normalize_args(input, vertical, horizontal, offset if offset_dx is None else (offset, offset_dx), mask,
-                          kernel_size=kernel_size, padding=padding, dilation=dilation, padding_mode=padding_mode)
-    return torch.ops.edsc_ext.deform_sepconv_forward(*args.op_args(), **args.op_kwargs())
+    return normalize_args(input, vertical, horizontal, offset if offset_dx is None else (offset, offset_dx), mask,
+                          **geometry)
 
 
 def _autocast_enabled(device_type: str) -> bool:
@@ -346,11 +351,8 @@ def _plan(input: Tensor, vertical: Optional[Tensor] = None, horizontal: Optional
     described one (:class:`CudaDeviceFacts`, :class:`CpuFacts`), so that meta tensors describe the
     call without memory or a GPU.
     """
-    offset, offset_dx = split_offset(offset)
-    input, vertical, horizontal, offset, mask, offset_dx = _autocast_promote(
-        input, vertical, horizontal, offset, mask, offset_dx)
-    args = normalize_args(input, vertical, horizontal, offset if offset_dx is None else (offset, offset_dx), mask,
-                          kernel_size=kernel_size, padding=padding, dilation=dilation, padding_mode=padding_mode)
+    args = _promoted_args(input, vertical, horizontal, offset, mask, kernel_size=kernel_size, padding=padding,
+                          dilation=dilation, padding_mode=padding_mode)
     tensors = args.op_args()[:5]
     output_mask = [t is not None and t.requires_grad for t in tensors]
     target = input.device if device is None else device
@@ -366,6 +368,7 @@ def _plan(input: Tensor, vertical: Optional[Tensor] = None, horizontal: Optional
     elif not (isinstance(target, torch.device) and target.type == "cpu"):
         raise ValueError(f"_plan: device must be 'cpu', a CUDA device, CudaDeviceFacts or CpuFacts, got {target!r} "
                          f"(meta tensors need device=...)")
+    offset_dx = args.offset_dx
     output_mask[3] = output_mask[3] or (offset_dx is not None and offset_dx.requires_grad)
     detached = [None if t is None else t.detach() for t in tensors]
     names = torch.ops.edsc_ext.deform_sepconv_plan(*detached, *args.op_args()[5:], output_mask, cpu_facts, cuda_device,
