@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .compat import compat_deform_sepconv
-from .ops import deform_sepconv
+from .ops import deform_sepconv, natively_supported
 
 __all__ = ["HetConv2d", "EDSC", "EDSC_s", "EDSC_m", "CapturedEDSC", "load_checkpoint", "save_checkpoint",
            "state_dict_of", "pad_to_multiple", "SAMPLINGS", "MODEL_NAMES", "HEAD_LAYOUTS"]
@@ -360,11 +360,16 @@ class EDSC(nn.Module):
 
     def synthesize(self, frame: Tensor, vertical: Tensor, horizontal: Tensor, offset_x: Tensor,
                    offset_y: Tensor, mask: Tensor) -> Tensor:
-        """Adaptive convolution of one (unpadded) frame with the heads' outputs, in the frame's dtype
-        (under autocast the heads run in half precision; the sampling stays in the frame's)."""
-        dtype = frame.dtype
-        vertical, horizontal, offset_x, offset_y, mask = (
-            t.to(dtype) for t in (vertical, horizontal, offset_x, offset_y, mask))
+        """Adaptive convolution of one (unpadded) frame with the heads' outputs, in the frame's dtype.
+        Under autocast the heads run in half precision, and the op reads their outputs as they are
+        with a float32 frame (the sampling is computed in float32, with no copies); other dtypes
+        are cast to the frame's."""
+        per_pixel = (vertical, horizontal, offset_x, offset_y, mask)
+        dtypes = {t.dtype for t in per_pixel}
+        dtype = dtypes.pop() if len(dtypes) == 1 else frame.dtype
+        if not natively_supported(frame.dtype, dtype):
+            dtype = frame.dtype
+        vertical, horizontal, offset_x, offset_y, mask = (t if t.dtype == dtype else t.to(dtype) for t in per_pixel)
         pad = self.kernel_size // 2
         if self.sampling == "compat":
             # Identical to FunctionDSepconv on the replicate-padded frame, without the padded copy.

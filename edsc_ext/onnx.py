@@ -54,6 +54,10 @@ def _deform_sepconv_forward_onnx(input, vertical, horizontal, offset, mask, kern
 
     kh, kw = int(kernel_h), int(kernel_w)
     taps = kh * kw
+    # Mixed precision (half-type per-pixel tensors, a float32 frame): ONNX arithmetic takes one
+    # type, the frame's, as the kernels compute (a cast to the same type is removed by runtimes).
+    vertical, horizontal, offset, mask, offset_dx = (
+        None if t is None else op.CastLike(t, input) for t in (vertical, horizontal, offset, mask, offset_dx))
     mode = _GRID_PADDING[int(padding_mode)]
     edsc = int(padding_mode) == _EDSC
     # "edsc" moves tap 0 by 1 - (K-1)//2 along each axis (edsc_ext.reference.edsc_tap_shift).

@@ -103,11 +103,36 @@ def _check_tensor(t, name: str, input: Tensor, optional: bool = True) -> None:
     if t.device != input.device:
         raise ValueError(f"{name} is on {t.device} but input is on {input.device}; "
                          "all tensors must be on one device")
-    if t.dtype != input.dtype:
-        raise TypeError(f"{name} has dtype {t.dtype} but input has dtype {input.dtype}; "
-                        "all tensors must share one dtype (cast them, or use autocast)")
     if t.shape[0] != input.shape[0]:
         raise ValueError(f"{name} has batch size {t.shape[0]} but input has batch size {input.shape[0]}")
+
+
+# The per-pixel dtypes the kernels read natively with a frame of another dtype (mixed precision):
+# float16 / bfloat16 kernels, offsets and masks with a float32 frame, as autocast makes them.
+MIXED_PRECISION = {torch.float32: (torch.float16, torch.bfloat16)}
+
+
+def natively_supported(frame_dtype: torch.dtype, per_pixel_dtype: torch.dtype) -> bool:
+    """Whether the kernels take a frame of ``frame_dtype`` with per-pixel tensors of ``per_pixel_dtype``."""
+    return per_pixel_dtype == frame_dtype or per_pixel_dtype in MIXED_PRECISION.get(frame_dtype, ())
+
+
+def _check_dtypes(input: Tensor, named_per_pixel) -> None:
+    """The dtype rule: the per-pixel tensors share one dtype, the input's or (mixed precision) a
+    half type with a float32 input; the output and the input's gradient have the input's dtype,
+    each per-pixel gradient its tensor's."""
+    present = [(name, t) for name, t in named_per_pixel if t is not None]
+    if not present:
+        return
+    first_name, first = present[0]
+    for name, t in present[1:]:
+        if t.dtype != first.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but {first_name} has dtype {first.dtype}; the per-pixel "
+                            "tensors must share one dtype (cast them, or use autocast)")
+    if not natively_supported(input.dtype, first.dtype):
+        raise TypeError(f"{first_name} has dtype {first.dtype} but input has dtype {input.dtype}; per-pixel tensors "
+                        "must have the input's dtype, or float16 / bfloat16 with a float32 input (cast them, or use "
+                        "autocast)")
 
 
 def check_geometry(kernel_size, padding, dilation, padding_mode):
@@ -142,6 +167,8 @@ def normalize_args(input, vertical=None, horizontal=None, offset=None, mask=None
     for name, t in (("vertical", vertical), ("horizontal", horizontal), ("offset", offset), ("mask", mask)):
         _check_tensor(t, offset_name if name == "offset" else name, input)
     _check_tensor(offset_dx, "offset[1] (dx)", input)
+    _check_dtypes(input, (("vertical", vertical), ("horizontal", horizontal), (offset_name, offset),
+                          ("offset[1] (dx)", offset_dx), ("mask", mask)))
     kernel_size, (ph, pw), (dh, dw) = check_geometry(kernel_size, padding, dilation, padding_mode)
 
     kh = vertical.shape[1] if vertical is not None else None
@@ -232,6 +259,9 @@ def deform_sepconv(input: Tensor, vertical: Optional[Tensor] = None, horizontal:
             or a pair ``(dy, dx)`` of (N, KH*KW, H_out, W_out) tensors (split offsets, as networks
             with one head per component make them), read where they are, with no stacked copy.
         mask: (N, KH*KW, H_out, W_out) per-tap modulation.
+            The per-pixel tensors (vertical, horizontal, offset, mask) share one dtype: the input's,
+            or float16 / bfloat16 with a float32 input (mixed precision, read as it is, computed in
+            float32; under autocast see :func:`autocast_dtypes`).
         kernel_size: (KH, KW) when vertical or horizontal is absent and it cannot be inferred.
         padding: int or (pad_h, pad_w), virtual padding of the input (no padded copy is made).
         dilation: int or (dil_h, dil_w) spacing of the taps.
@@ -244,7 +274,7 @@ def deform_sepconv(input: Tensor, vertical: Optional[Tensor] = None, horizontal:
             ``[0, padded size - 1)`` of the frame replicate-padded by ``padding``.
 
     Returns:
-        (N, C, H_out, W_out) tensor, ``H_out = H_in + 2*pad_h - dil_h*(KH-1)`` (likewise W_out),
+        (N, C, H_out, W_out) tensor of the input's dtype, ``H_out = H_in + 2*pad_h - dil_h*(KH-1)`` (likewise W_out),
         in ``torch.channels_last`` when ``input`` is (and not also contiguous), else contiguous;
         the gradients follow the same rule. Tensors already in that memory format are used in
         place, others are converted once (the CUDA backward of a channels_last call with more
@@ -274,8 +304,8 @@ def _autocast_enabled(device_type: str) -> bool:
 
 
 def promoted_dtype(dtypes) -> torch.dtype:
-    """The autocast policy of deform_sepconv: the widest floating dtype among the arguments, with
-    float16 and bfloat16 together promoted to float32 (neither holds the other)."""
+    """The widest floating dtype among ``dtypes``, with float16 and bfloat16 together promoted to
+    float32 (neither holds the other)."""
     dtypes = set(dtypes)
     if torch.float64 in dtypes:
         return torch.float64
@@ -284,21 +314,37 @@ def promoted_dtype(dtypes) -> torch.dtype:
     return dtypes.pop()
 
 
-def _autocast_promote(*tensors):
-    """Under autocast, cast the arguments to promoted_dtype() instead of failing on mixed dtypes.
+def autocast_dtypes(frame_dtype: torch.dtype, per_pixel_dtypes) -> Tuple[torch.dtype, torch.dtype]:
+    """The autocast policy of deform_sepconv: the (frame, per-pixel) dtypes a call runs in.
 
-    The op is numerically sensitive (positions are offsets added to pixel coordinates), so unlike
-    convolutions it is never downcast: an fp32 frame with fp16 kernels runs in fp32. The casts are
-    differentiable, so each argument's gradient comes back in its own dtype.
+    Nothing is ever downcast: the op is numerically sensitive (positions are offsets added to pixel
+    coordinates), and an autocast network's float32 frame stays float32. Per-pixel tensors of
+    several dtypes meet at their widest (promoted_dtype). A pair the kernels read natively
+    (natively_supported: the same dtype, or half-type per-pixel tensors with a float32 frame, the
+    usual autocast case) is then used as it is, with no copy; any other pair runs in the wider of
+    the two for all tensors (a float16 frame with float32 kernels: float32).
     """
-    input = tensors[0]
-    if not isinstance(input, Tensor) or not _autocast_enabled(input.device.type):
-        return tensors
-    floating = [t.dtype for t in tensors if isinstance(t, Tensor) and t.dtype.is_floating_point]
-    if len(set(floating)) <= 1:
-        return tensors
-    dtype = promoted_dtype(floating)
-    return tuple(t.to(dtype) if isinstance(t, Tensor) and t.dtype.is_floating_point else t for t in tensors)
+    per_pixel = promoted_dtype(per_pixel_dtypes) if per_pixel_dtypes else frame_dtype
+    if natively_supported(frame_dtype, per_pixel):
+        return frame_dtype, per_pixel
+    widest = promoted_dtype({frame_dtype, per_pixel})
+    return widest, widest
+
+
+def _autocast_promote(input, *per_pixel):
+    """Under autocast, cast the arguments to the dtypes of autocast_dtypes() instead of failing on
+    mixed dtypes. The casts are differentiable, so each argument's gradient comes back in its own
+    dtype; tensors already in their dtype are passed as they are.
+    """
+    if not isinstance(input, Tensor) or not _autocast_enabled(input.device.type) or not input.dtype.is_floating_point:
+        return (input, *per_pixel)
+    floating = {t.dtype for t in per_pixel if isinstance(t, Tensor) and t.dtype.is_floating_point}
+    frame_dtype, per_pixel_dtype = autocast_dtypes(input.dtype, floating)
+
+    def cast(t, dtype):
+        return t.to(dtype) if isinstance(t, Tensor) and t.dtype.is_floating_point and t.dtype != dtype else t
+
+    return (cast(input, frame_dtype), *(cast(t, per_pixel_dtype) for t in per_pixel))
 
 
 # --------------------------------------------------------------------------------------------

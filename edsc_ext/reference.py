@@ -108,16 +108,17 @@ def deform_sepconv(input: Tensor, vertical: Optional[Tensor] = None, horizontal:
 
     Pure PyTorch and differentiable by autograd in all five tensors. Loops over the taps, so only one
     tap's samples exist at a time. Computes in the dtype of ``input`` (float16 and bfloat16 in
-    float32, like the kernels, whose coordinates would otherwise be rounded), and returns that dtype.
+    float32, like the kernels, whose coordinates would otherwise be rounded; so are half-type
+    per-pixel tensors with a float32 input), and returns that dtype.
     """
     args = normalize_args(input, vertical, horizontal, offset, mask, kernel_size=kernel_size,
                           padding=padding, dilation=dilation, padding_mode=padding_mode)
     dtype = input.dtype
     offset, offset_dx = args.offset, args.offset_dx
     compute = torch.promote_types(dtype, torch.float32)
-    if compute != dtype:
-        input, vertical, horizontal, offset, mask, offset_dx = (
-            None if t is None else t.to(compute) for t in (input, vertical, horizontal, offset, mask, offset_dx))
+    input, vertical, horizontal, offset, mask, offset_dx = (
+        t if t is None or t.dtype == compute else t.to(compute)
+        for t in (input, vertical, horizontal, offset, mask, offset_dx))
     n, c, height, width = input.shape
     h_out, w_out = args.output_size
     rows, cols = _positions(args, input.dtype)
@@ -166,6 +167,12 @@ def deform_sepconv_grid_sample(input: Tensor, vertical: Optional[Tensor] = None,
     """
     args = normalize_args(input, vertical, horizontal, offset, mask, kernel_size=kernel_size,
                           padding=padding, dilation=dilation, padding_mode=padding_mode)
+    if any(t is not None and t.dtype != input.dtype for t in args.per_pixel):
+        # Mixed precision: the per-pixel tensors in the frame's dtype, as the kernels compute.
+        args = args._replace(**{name: getattr(args, name).to(input.dtype)
+                                for name in ("vertical", "horizontal", "offset", "mask", "offset_dx")
+                                if getattr(args, name) is not None})
+        vertical, horizontal, mask = args.vertical, args.horizontal, args.mask
     offset = args.offset
     n, c, height, width = input.shape
     kh, kw = args.kernel_h, args.kernel_w

@@ -33,14 +33,16 @@ namespace edsc_ext {
 
 namespace {
 
+// `dtype`: the dtype the tensor must have, named by `dtype_source` in the message.
 at::Tensor checked_optional(const std::optional<at::Tensor>& t, const char* name, const at::Tensor& input,
-                            int64_t channels, int64_t height_out, int64_t width_out, at::MemoryFormat format) {
+                            int64_t channels, int64_t height_out, int64_t width_out, at::MemoryFormat format,
+                            at::ScalarType dtype, const char* dtype_source) {
   if (!t.has_value() || !t->defined()) return at::Tensor();
   const at::Tensor& v = *t;
   TORCH_CHECK_VALUE(v.device() == input.device(), name, " is on ", v.device(), " but input is on ", input.device(),
                     "; all tensors must be on one device");
-  TORCH_CHECK_TYPE(v.scalar_type() == input.scalar_type(), name, " has dtype ", v.scalar_type(),
-                   " but input has dtype ", input.scalar_type());
+  TORCH_CHECK_TYPE(v.scalar_type() == dtype, name, " has dtype ", v.scalar_type(), " but ", dtype_source, " has dtype ",
+                   dtype);
   TORCH_CHECK_VALUE(v.dim() == 4 && v.size(0) == input.size(0) && v.size(1) == channels && v.size(2) == height_out &&
                         v.size(3) == width_out,
                     name, " must have shape (", input.size(0), ", ", channels, ", ", height_out, ", ", width_out,
@@ -137,15 +139,35 @@ DeformSepconvTensors prepare_deform_sepconv(const at::Tensor& input, const std::
   t.channels_last = wants_channels_last(input);
   const at::MemoryFormat format = t.memory_format();
   t.input = input.contiguous(format);
-  t.vertical = checked_optional(vertical, "vertical", input, cfg.kernel_h, t.height_out, t.width_out, format);
-  t.horizontal = checked_optional(horizontal, "horizontal", input, cfg.kernel_w, t.height_out, t.width_out, format);
-  t.offset = checked_optional(offset, split_offsets ? "offset (dy)" : "offset", input, (split_offsets ? 1 : 2) * taps,
-                              t.height_out, t.width_out, format);
-  t.offset_dx = checked_optional(offset_dx, "offset_dx", input, taps, t.height_out, t.width_out, format);
-  t.mask = checked_optional(mask, "mask", input, taps, t.height_out, t.width_out, format);
+  // The per-pixel tensors share the first present one's dtype: the input's, or float16 / bfloat16
+  // with a float32 input (mixed precision).
+  const char* param_source = "input";
+  t.param_dtype = input.scalar_type();
+  const std::pair<const std::optional<at::Tensor>*, const char*> per_pixel[] = {
+      {&vertical, "vertical"}, {&horizontal, "horizontal"}, {&offset, "offset"}, {&mask, "mask"}};
+  for (const auto& [tensor, name] : per_pixel) {
+    if (tensor->has_value() && (*tensor)->defined()) {
+      t.param_dtype = (*tensor)->scalar_type();
+      param_source = name;
+      break;
+    }
+  }
+  const bool mixed = t.param_dtype != input.scalar_type();
+  TORCH_CHECK_TYPE(
+      !mixed || (input.scalar_type() == at::kFloat && (t.param_dtype == at::kHalf || t.param_dtype == at::kBFloat16)),
+      param_source, " has dtype ", t.param_dtype, " but input has dtype ", input.scalar_type(),
+      "; per-pixel tensors must have the input's dtype, or float16 / bfloat16 with a float32 input");
+  const auto checked = [&](const std::optional<at::Tensor>& v, const char* name, int64_t channels) {
+    return checked_optional(v, name, input, channels, t.height_out, t.width_out, format, t.param_dtype, param_source);
+  };
+  t.vertical = checked(vertical, "vertical", cfg.kernel_h);
+  t.horizontal = checked(horizontal, "horizontal", cfg.kernel_w);
+  t.offset = checked(offset, split_offsets ? "offset (dy)" : "offset", (split_offsets ? 1 : 2) * taps);
+  t.offset_dx = checked(offset_dx, "offset_dx", taps);
+  t.mask = checked(mask, "mask", taps);
   if (grad_output) {
-    t.grad_output =
-        checked_optional(*grad_output, "grad_output", input, input.size(1), t.height_out, t.width_out, format);
+    t.grad_output = checked_optional(*grad_output, "grad_output", input, input.size(1), t.height_out, t.width_out,
+                                     format, input.scalar_type(), "input");
   }
 
   // 32-bit indices when every element offset (and every coordinate term) fits.
@@ -170,6 +192,7 @@ DeformSepconvCall describe_call(const DeformSepconvTensors& t, const DeformSepco
   c.width_out = t.width_out;
   c.cfg = cfg;
   c.element_size = t.input.element_size();
+  c.param_element_size = static_cast<int64_t>(c10::elementSize(t.param_dtype));
   c.channels_last = t.channels_last;
   c.use_32bit_indexing = t.use_32bit_indexing;
   c.has_vertical = t.vertical.defined();

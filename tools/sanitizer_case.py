@@ -1,7 +1,7 @@
 """A small CUDA forward+backward over every code path, for compute-sanitizer (memcheck, racecheck).
 
 Offsets reach far outside the image, some are NaN or 1e30, and every dtype and padding mode runs, with
-one offset tensor and with split offsets, so an
+one offset tensor and with split offsets, and float32 frames with half-type per-pixel tensors, so an
 out-of-bounds read or write anywhere in the kernels shows up.
 """
 import torch
@@ -77,6 +77,16 @@ def run_every_path() -> None:
                     out = edsc_ext.deform_sepconv(frame, rest[1], rest[2], (dy, dx), rest[4], padding=pad,
                                                   dilation=dil, padding_mode=mode)
                     out.backward(torch.randn_like(out))
+                    if dtype == torch.float32:
+                        # Mixed precision: half-type per-pixel tensors (2-byte loads and
+                        # gradient stores, the L2 prefetch of 2-byte planes) with this float32 frame.
+                        for half in (torch.float16, torch.bfloat16):
+                            per_pixel = [t.detach().to(half).requires_grad_() for t in (rest[1], rest[2], dy, dx,
+                                                                                          rest[4])]
+                            for offset in (tuple(per_pixel[2:4]), None):
+                                out = edsc_ext.deform_sepconv(frame, per_pixel[0], per_pixel[1], offset, per_pixel[4],
+                                                              padding=pad, dilation=dil, padding_mode=mode)
+                                out.backward(torch.randn_like(out))
     torch.cuda.synchronize(device)
 
 

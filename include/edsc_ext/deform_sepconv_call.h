@@ -16,7 +16,9 @@ namespace edsc_ext {
 struct DeformSepconvCall {
   int64_t batch = 0, channels = 0, height_in = 0, width_in = 0, height_out = 0, width_out = 0;
   DeformSepconvConfig cfg{};
-  int64_t element_size = 4;  // bytes of the dtype: 8 float64, 4 float32, 2 float16 / bfloat16
+  int64_t element_size = 4;  // bytes of the frame's dtype: 8 float64, 4 float32, 2 float16 / bfloat16
+  // Bytes of the per-pixel tensors' dtype: element_size, or 2 with a float32 frame (mixed precision).
+  int64_t param_element_size = 4;
   bool channels_last = false;
   bool use_32bit_indexing = true;
   bool has_vertical = false, has_horizontal = false, has_offset = false, has_mask = false;
@@ -36,6 +38,9 @@ struct DeformSepconvCall {
   bool input_grad() const { return grads[0]; }
   bool any_per_pixel_grad() const { return grads[1] || grads[2] || grads[3] || grads[4]; }
   bool square_kernel(int64_t k) const { return cfg.kernel_h == k && cfg.kernel_w == k; }
+  // Per-pixel tensors in float16 / bfloat16 with a float32 frame: only the kernels that read them
+  // through GlobalPixelValues (include/edsc_ext/deform_sepconv_pixel.h) take such calls.
+  bool mixed_precision() const { return param_element_size != element_size; }
 };
 
 // The facts of a prepared call (prepare_deform_sepconv). `output_mask` as the backward op takes it.

@@ -13,16 +13,20 @@ namespace edsc_ext {
 // their loads and multiplies rather than reading a tensor of ones or zeros. Every 4-D tensor of a
 // call (gradients and output included) has one memory layout: NCHW-contiguous, or channels_last
 // (NHWC) when the input is, so that channels_last training code pays no layout copies.
-template <typename scalar_t, typename index_t>
+// scalar_t is the frame's (input, output, their gradients) dtype, param_t the per-pixel tensors'
+// (and their gradients'): the same, or float16 / bfloat16 with a float32 frame (mixed precision,
+// as autocast makes them), read as they are and accumulated in acc_t.
+template <typename scalar_t, typename index_t, typename param_t = scalar_t>
 struct DeformSepconvParams {
-  const scalar_t* input;       // (N, C, H_in, W_in)
-  const scalar_t* vertical;    // (N, KH, H_out, W_out) or nullptr
-  const scalar_t* horizontal;  // (N, KW, H_out, W_out) or nullptr
+  using param_type = param_t;
+  const scalar_t* input;      // (N, C, H_in, W_in)
+  const param_t* vertical;    // (N, KH, H_out, W_out) or nullptr
+  const param_t* horizontal;  // (N, KW, H_out, W_out) or nullptr
   // (N, 2*KH*KW, H_out, W_out), (dy, dx) per tap; or, where offset_dx is given (split offsets),
   // (N, KH*KW, H_out, W_out) holding dy only; nullptr without offsets.
-  const scalar_t* offset;
-  const scalar_t* offset_dx;  // split offsets: (N, KH*KW, H_out, W_out), dx; else nullptr
-  const scalar_t* mask;       // (N, KH*KW, H_out, W_out) or nullptr
+  const param_t* offset;
+  const param_t* offset_dx;  // split offsets: (N, KH*KW, H_out, W_out), dx; else nullptr
+  const param_t* mask;       // (N, KH*KW, H_out, W_out) or nullptr
   index_t batch, channels, height_in, width_in, height_out, width_out;
   // pad_h/pad_w: where tap 0 sits, y - pad_h (the call's padding, less the EDSC tap shift in EDSC
   // mode); frame_pad_h/w: the call's padding, where EDSC mode starts counting border pixels twice.
@@ -43,12 +47,12 @@ EDSC_HOST_DEVICE index_t channel_stride(index_t pixels) {
 
 // input[n, c, y, x] is at n * C * H_in * W_in + c * input_channel_stride + (y * W_in + x) *
 // input_pixel_stride.
-template <bool kChannelsLast, typename scalar_t, typename index_t>
-EDSC_HOST_DEVICE index_t input_channel_stride(const DeformSepconvParams<scalar_t, index_t>& p) {
+template <bool kChannelsLast, typename scalar_t, typename index_t, typename param_t>
+EDSC_HOST_DEVICE index_t input_channel_stride(const DeformSepconvParams<scalar_t, index_t, param_t>& p) {
   return channel_stride<kChannelsLast>(p.height_in * p.width_in);
 }
-template <bool kChannelsLast, typename scalar_t, typename index_t>
-EDSC_HOST_DEVICE index_t input_pixel_stride(const DeformSepconvParams<scalar_t, index_t>& p) {
+template <bool kChannelsLast, typename scalar_t, typename index_t, typename param_t>
+EDSC_HOST_DEVICE index_t input_pixel_stride(const DeformSepconvParams<scalar_t, index_t, param_t>& p) {
   return kChannelsLast ? p.channels : index_t(1);
 }
 
@@ -126,9 +130,11 @@ struct HorizontalWeights {
 // the taps straight-line code. On the H200 straight-line taps won where the channel count is a
 // compile-time constant (RGB) and lost where a run-time channel count leaves a branch per channel
 // anyway (BENCHMARKS.md, "Measurements behind the kernel choices").
-template <int kChannelBlock, bool kChannelsLast, bool kBranchFree, typename scalar_t, typename acc_t, typename index_t>
-EDSC_HOST_DEVICE bool accumulate_tap(const DeformSepconvParams<scalar_t, index_t>& p, const scalar_t* in, index_t plane,
-                                     int block, acc_t w, acc_t py, acc_t px, acc_t (&acc)[kChannelBlock]) {
+template <int kChannelBlock, bool kChannelsLast, bool kBranchFree, typename scalar_t, typename acc_t, typename index_t,
+          typename param_t>
+EDSC_HOST_DEVICE bool accumulate_tap(const DeformSepconvParams<scalar_t, index_t, param_t>& p, const scalar_t* in,
+                                     index_t plane, int block, acc_t w, acc_t py, acc_t px,
+                                     acc_t (&acc)[kChannelBlock]) {
   const auto s =
       make_bilinear_sample<acc_t, index_t>(py, px, p.height_in, p.width_in, p.padding_mode,
                                            input_pixel_stride<kChannelsLast>(p), p.frame_pad_h, p.frame_pad_w);
@@ -160,18 +166,19 @@ EDSC_HOST_DEVICE void finish_taps(bool finite, acc_t (&acc)[kChannelBlock]) {
 // channels_last kernels pass a policy with the same interface that stages a warp's rows of taps
 // in shared memory instead (begin_row / end_row, called by every lane, active or not, in step).
 // Taps are named by their row i, column j and index t = i * KW + j.
-template <bool kChannelsLast, typename scalar_t, typename index_t>
+template <bool kChannelsLast, typename scalar_t, typename index_t, typename param_t = scalar_t>
 struct GlobalPixelValues {
-  const scalar_t *vert, *horz, *offs, *mask;  // the pixel's first value; nullptr for an absent tensor
-  const scalar_t* offs_dx;                    // the pixel's first dx (offs + stride unless split)
-  DeformSepconvParamGrads<scalar_t> grads;    // whole tensors, nullptr where not asked for
+  using param_type = param_t;
+  const param_t *vert, *horz, *offs, *mask;  // the pixel's first value; nullptr for an absent tensor
+  const param_t* offs_dx;                    // the pixel's first dx (offs + stride unless split)
+  DeformSepconvParamGrads<param_t> grads;    // whole tensors, nullptr where not asked for
   index_t vert_base, horz_base, offs_base, mask_base;
   index_t stride;           // channel k of a per-pixel tensor is at k * stride from the pixel's first
   index_t offs_tap_stride;  // from tap t's dy (or dx) to tap t + 1's: 2 * stride, or stride when split
   bool split_offsets;
 
-  EDSC_HOST_DEVICE GlobalPixelValues(const DeformSepconvParams<scalar_t, index_t>& p, index_t n, index_t pixel,
-                                     index_t KH, index_t KW, const DeformSepconvParamGrads<scalar_t>& param_grads = {})
+  EDSC_HOST_DEVICE GlobalPixelValues(const DeformSepconvParams<scalar_t, index_t, param_t>& p, index_t n, index_t pixel,
+                                     index_t KH, index_t KW, const DeformSepconvParamGrads<param_t>& param_grads = {})
       : grads(param_grads) {
     const index_t hw_out = p.height_out * p.width_out;
     stride = channel_stride<kChannelsLast>(hw_out);
@@ -192,7 +199,7 @@ struct GlobalPixelValues {
   EDSC_HOST_DEVICE void begin_row(index_t) {}
   EDSC_HOST_DEVICE void end_row(index_t) {}
 
-  EDSC_HOST_DEVICE const scalar_t* horizontal_values() const { return horz; }
+  EDSC_HOST_DEVICE const param_t* horizontal_values() const { return horz; }
   EDSC_HOST_DEVICE index_t horizontal_stride() const { return stride; }
   template <typename acc_t>
   EDSC_HOST_DEVICE acc_t vertical(index_t i) const {
@@ -214,14 +221,12 @@ struct GlobalPixelValues {
   EDSC_HOST_DEVICE bool wants_horizontal_grad() const { return grads.horizontal != nullptr; }
   EDSC_HOST_DEVICE bool wants_offset_grad() const { return grads.offset != nullptr; }
   EDSC_HOST_DEVICE bool wants_mask_grad() const { return grads.mask != nullptr; }
-  EDSC_HOST_DEVICE void store_vertical_grad(index_t i, scalar_t v) const { grads.vertical[vert_base + i * stride] = v; }
-  EDSC_HOST_DEVICE void store_horizontal_grad(index_t j, scalar_t v) const {
+  EDSC_HOST_DEVICE void store_vertical_grad(index_t i, param_t v) const { grads.vertical[vert_base + i * stride] = v; }
+  EDSC_HOST_DEVICE void store_horizontal_grad(index_t j, param_t v) const {
     grads.horizontal[horz_base + j * stride] = v;
   }
-  EDSC_HOST_DEVICE void store_mask_grad(index_t, index_t t, scalar_t v) const {
-    grads.mask[mask_base + t * stride] = v;
-  }
-  EDSC_HOST_DEVICE void store_offset_grad(index_t, index_t t, scalar_t dy, scalar_t dx) const {
+  EDSC_HOST_DEVICE void store_mask_grad(index_t, index_t t, param_t v) const { grads.mask[mask_base + t * stride] = v; }
+  EDSC_HOST_DEVICE void store_offset_grad(index_t, index_t t, param_t dy, param_t dx) const {
     grads.offset[offs_base + t * offs_tap_stride] = dy;
     if (split_offsets) {
       grads.offset_dx[offs_base + t * offs_tap_stride] = dx;
@@ -235,8 +240,8 @@ struct GlobalPixelValues {
 // computed once and reused for the block of channels. `values`: see GlobalPixelValues;
 // kBranchFree: see accumulate_tap.
 template <int kChannelBlock, int kKernelH, int kKernelW, bool kChannelsLast, typename scalar_t, typename acc_t,
-          typename index_t, typename PixelValues, bool kBranchFree = false>
-EDSC_HOST_DEVICE void deform_sepconv_forward_pixel_with(const DeformSepconvParams<scalar_t, index_t>& p,
+          typename index_t, typename PixelValues, bool kBranchFree = false, typename param_t = scalar_t>
+EDSC_HOST_DEVICE void deform_sepconv_forward_pixel_with(const DeformSepconvParams<scalar_t, index_t, param_t>& p,
                                                         PixelValues& values, scalar_t* output, index_t n, index_t y,
                                                         index_t x, index_t c0) {
   const index_t KH = kernel_extent<kKernelH>(p.kernel_h);
@@ -251,8 +256,8 @@ EDSC_HOST_DEVICE void deform_sepconv_forward_pixel_with(const DeformSepconvParam
   EDSC_UNROLL
   for (int cc = 0; cc < kChannelBlock; ++cc) acc[cc] = acc_t(0);
 
-  const HorizontalWeights<kKernelW, scalar_t, acc_t, index_t> horizontal(values.horizontal_values(),
-                                                                         values.horizontal_stride());
+  const HorizontalWeights<kKernelW, typename PixelValues::param_type, acc_t, index_t> horizontal(
+      values.horizontal_values(), values.horizontal_stride());
 
   const int64_t y_base = static_cast<int64_t>(y) - p.pad_h;
   const int64_t x_base = static_cast<int64_t>(x) - p.pad_w;
@@ -291,10 +296,10 @@ EDSC_HOST_DEVICE void deform_sepconv_forward_pixel_with(const DeformSepconvParam
 
 // The same, reading the per-pixel tensors from global memory.
 template <int kChannelBlock, int kKernelH, int kKernelW, bool kChannelsLast, typename scalar_t, typename acc_t,
-          typename index_t, bool kBranchFree = false>
-EDSC_HOST_DEVICE void deform_sepconv_forward_pixel(const DeformSepconvParams<scalar_t, index_t>& p, scalar_t* output,
-                                                   index_t n, index_t y, index_t x, index_t c0) {
-  using Values = GlobalPixelValues<kChannelsLast, scalar_t, index_t>;
+          typename index_t, bool kBranchFree = false, typename param_t = scalar_t>
+EDSC_HOST_DEVICE void deform_sepconv_forward_pixel(const DeformSepconvParams<scalar_t, index_t, param_t>& p,
+                                                   scalar_t* output, index_t n, index_t y, index_t x, index_t c0) {
+  using Values = GlobalPixelValues<kChannelsLast, scalar_t, index_t, param_t>;
   Values values(p, n, y * p.width_out + x, kernel_extent<kKernelH>(p.kernel_h), kernel_extent<kKernelW>(p.kernel_w));
   deform_sepconv_forward_pixel_with<kChannelBlock, kKernelH, kKernelW, kChannelsLast, scalar_t, acc_t, index_t, Values,
                                     kBranchFree>(p, values, output, n, y, x, c0);
@@ -309,8 +314,8 @@ EDSC_HOST_DEVICE void deform_sepconv_forward_pixel(const DeformSepconvParams<sca
 // kChannelBlock at a time, unrolled, so one tap's corner loads for several channels are in flight
 // together. `values`: see GlobalPixelValues.
 template <int kChannelBlock, int kKernelH, int kKernelW, int kMaxKernelWidth, bool kChannelsLast, typename scalar_t,
-          typename acc_t, typename index_t, typename PixelValues, typename AddInputGrad>
-EDSC_HOST_DEVICE void deform_sepconv_backward_pixel_with(const DeformSepconvParams<scalar_t, index_t>& p,
+          typename acc_t, typename index_t, typename PixelValues, typename AddInputGrad, typename param_t>
+EDSC_HOST_DEVICE void deform_sepconv_backward_pixel_with(const DeformSepconvParams<scalar_t, index_t, param_t>& p,
                                                          PixelValues& values, const scalar_t* grad_output,
                                                          AddInputGrad& add_input_grad, index_t scatter_begin,
                                                          index_t scatter_end, index_t n, index_t y, index_t x) {
@@ -327,8 +332,9 @@ EDSC_HOST_DEVICE void deform_sepconv_backward_pixel_with(const DeformSepconvPara
   const index_t c_begin = param_grads ? index_t(0) : scatter_begin;
   const index_t c_end = param_grads ? p.channels : scatter_end;
 
-  const HorizontalWeights<kKernelW, scalar_t, acc_t, index_t> horizontal(values.horizontal_values(),
-                                                                         values.horizontal_stride());
+  using value_t = typename PixelValues::param_type;  // the per-pixel tensors' and their gradients' dtype
+  const HorizontalWeights<kKernelW, value_t, acc_t, index_t> horizontal(values.horizontal_values(),
+                                                                        values.horizontal_stride());
   constexpr int kWidthSlots = kKernelW > 0 ? kKernelW : kMaxKernelWidth;
   acc_t grad_h[kWidthSlots];
   if (values.wants_horizontal_grad()) {
@@ -409,31 +415,31 @@ EDSC_HOST_DEVICE void deform_sepconv_backward_pixel_with(const DeformSepconvPara
       grad_lx *= scale;
       if (values.wants_vertical_grad()) grad_v += grad_w * wh * wm;
       if (values.wants_horizontal_grad()) grad_h[j] += grad_w * wv * wm;
-      if (values.wants_mask_grad()) values.store_mask_grad(j, t, static_cast<scalar_t>(grad_w * wv * wh));
+      if (values.wants_mask_grad()) values.store_mask_grad(j, t, static_cast<value_t>(grad_w * wv * wh));
       if (values.wants_offset_grad()) {
-        values.store_offset_grad(j, t, static_cast<scalar_t>(grad_ly * w * s.y.dcoord),
-                                 static_cast<scalar_t>(grad_lx * w * s.x.dcoord));
+        values.store_offset_grad(j, t, static_cast<value_t>(grad_ly * w * s.y.dcoord),
+                                 static_cast<value_t>(grad_lx * w * s.x.dcoord));
       }
     }
-    if (values.wants_vertical_grad()) values.store_vertical_grad(i, static_cast<scalar_t>(grad_v));
+    if (values.wants_vertical_grad()) values.store_vertical_grad(i, static_cast<value_t>(grad_v));
     values.end_row(i);
   }
   if (values.active() && values.wants_horizontal_grad()) {
     EDSC_UNROLL
-    for (index_t j = 0; j < KW; ++j) values.store_horizontal_grad(j, static_cast<scalar_t>(grad_h[j]));
+    for (index_t j = 0; j < KW; ++j) values.store_horizontal_grad(j, static_cast<value_t>(grad_h[j]));
   }
 }
 
 // The same, reading and writing global memory; `grads` are the per-pixel tensors' gradient
 // outputs (nullptr where not asked for).
 template <int kChannelBlock, int kKernelH, int kKernelW, int kMaxKernelWidth, bool kChannelsLast, typename scalar_t,
-          typename acc_t, typename index_t, typename AddInputGrad>
-EDSC_HOST_DEVICE void deform_sepconv_backward_pixel(const DeformSepconvParams<scalar_t, index_t>& p,
+          typename acc_t, typename index_t, typename AddInputGrad, typename param_t>
+EDSC_HOST_DEVICE void deform_sepconv_backward_pixel(const DeformSepconvParams<scalar_t, index_t, param_t>& p,
                                                     const scalar_t* grad_output,
-                                                    const DeformSepconvParamGrads<scalar_t>& grads,
+                                                    const DeformSepconvParamGrads<param_t>& grads,
                                                     AddInputGrad& add_input_grad, index_t scatter_begin,
                                                     index_t scatter_end, index_t n, index_t y, index_t x) {
-  GlobalPixelValues<kChannelsLast, scalar_t, index_t> values(
+  GlobalPixelValues<kChannelsLast, scalar_t, index_t, param_t> values(
       p, n, y * p.width_out + x, kernel_extent<kKernelH>(p.kernel_h), kernel_extent<kKernelW>(p.kernel_w), grads);
   deform_sepconv_backward_pixel_with<kChannelBlock, kKernelH, kKernelW, kMaxKernelWidth, kChannelsLast, scalar_t,
                                      acc_t>(p, values, grad_output, add_input_grad, scatter_begin, scatter_end, n, y,

@@ -26,6 +26,10 @@ struct DeformSepconvTensors {
   // offset_dx defined: split offsets, offset holding dy and offset_dx dx (DeformSepconvParams).
   at::Tensor input, vertical, horizontal, offset, mask, grad_output, offset_dx;
   int64_t height_out = 0, width_out = 0;
+  // The dtype of the per-pixel tensors (vertical, horizontal, offset, mask, offset_dx), which all
+  // share one: the input's, or float16 / bfloat16 with a float32 input (mixed precision). The
+  // input's when none is given.
+  at::ScalarType param_dtype = at::ScalarType::Undefined;
   bool use_32bit_indexing = true;
   bool channels_last = false;  // the call's layout; kernels take it as kChannelsLast (EDSC_DISPATCH_LAYOUT)
 
@@ -76,15 +80,16 @@ scalar_t* mutable_data_or_null(const at::Tensor& t) {
   return (t.defined() && t.numel() > 0) ? t.mutable_data_ptr<scalar_t>() : nullptr;
 }
 
-template <typename scalar_t, typename index_t>
-DeformSepconvParams<scalar_t, index_t> make_params(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg) {
-  DeformSepconvParams<scalar_t, index_t> p;
+template <typename scalar_t, typename index_t, typename param_t = scalar_t>
+DeformSepconvParams<scalar_t, index_t, param_t> make_params(const DeformSepconvTensors& t,
+                                                            const DeformSepconvConfig& cfg) {
+  DeformSepconvParams<scalar_t, index_t, param_t> p;
   p.input = t.input.const_data_ptr<scalar_t>();
-  p.vertical = data_or_null<scalar_t>(t.vertical);
-  p.horizontal = data_or_null<scalar_t>(t.horizontal);
-  p.offset = data_or_null<scalar_t>(t.offset);
-  p.offset_dx = data_or_null<scalar_t>(t.offset_dx);
-  p.mask = data_or_null<scalar_t>(t.mask);
+  p.vertical = data_or_null<param_t>(t.vertical);
+  p.horizontal = data_or_null<param_t>(t.horizontal);
+  p.offset = data_or_null<param_t>(t.offset);
+  p.offset_dx = data_or_null<param_t>(t.offset_dx);
+  p.mask = data_or_null<param_t>(t.mask);
   p.batch = static_cast<index_t>(t.input.size(0));
   p.channels = static_cast<index_t>(t.input.size(1));
   p.height_in = static_cast<index_t>(t.input.size(2));
@@ -111,6 +116,30 @@ DeformSepconvParamGrads<scalar_t> make_param_grads(const DeformSepconvGrads& gra
           mutable_data_or_null<scalar_t>(grads[3]), mutable_data_or_null<scalar_t>(grads[4]),
           mutable_data_or_null<scalar_t>(grads[kOffsetDxGrad])};
 }
+
+// Runs `body` with scalar_t (the frame's dtype) and param_t (the per-pixel tensors', see
+// DeformSepconvTensors::param_dtype) as compile-time types: one type for the four floating dtypes,
+// or a float frame with float16 / bfloat16 per-pixel tensors (prepare_deform_sepconv allows no other).
+#define EDSC_DISPATCH_FRAME_AND_PARAM_TYPES(frame_dtype, param_dtype, name, ...)                                      \
+  [&] {                                                                                                               \
+    const at::ScalarType edsc_frame_dtype = (frame_dtype), edsc_param_dtype = (param_dtype);                          \
+    if (edsc_param_dtype == edsc_frame_dtype) {                                                                       \
+      return AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, edsc_frame_dtype, name, [&] {                  \
+        using param_t = scalar_t;                                                                                     \
+        return __VA_ARGS__();                                                                                         \
+      });                                                                                                             \
+    }                                                                                                                 \
+    TORCH_CHECK(                                                                                                      \
+        edsc_frame_dtype == at::kFloat && (edsc_param_dtype == at::kHalf || edsc_param_dtype == at::kBFloat16), name, \
+        ": no kernels for a ", edsc_frame_dtype, " frame with ", edsc_param_dtype, " per-pixel tensors");             \
+    using scalar_t = float;                                                                                           \
+    if (edsc_param_dtype == at::kHalf) {                                                                              \
+      using param_t = at::Half;                                                                                       \
+      return __VA_ARGS__();                                                                                           \
+    }                                                                                                                 \
+    using param_t = at::BFloat16;                                                                                     \
+    return __VA_ARGS__();                                                                                             \
+  }()
 
 // Runs body.template operator()<index_t>() with 32-bit indices when every offset fits.
 #define EDSC_DISPATCH_INDEX_TYPE(use_32bit, ...) \

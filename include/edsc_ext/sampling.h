@@ -38,9 +38,7 @@ enum PaddingMode : int64_t {
 EDSC_HOST_DEVICE int64_t edsc_tap_shift(int64_t kernel) { return 1 - (kernel - 1) / 2; }
 
 // Whether a mode clamps coordinates into the image (and so reads only pixels inside it).
-EDSC_HOST_DEVICE bool clamps_coordinates(int64_t padding_mode) {
-  return padding_mode == kPaddingBorder || padding_mode == kPaddingEdsc;
-}
+EDSC_HOST_DEVICE bool clamps_coordinates(int64_t padding_mode) { return padding_mode != kPaddingZeros; }
 
 template <typename acc_t>
 EDSC_HOST_DEVICE bool is_finite(acc_t v) {
@@ -83,13 +81,15 @@ EDSC_HOST_DEVICE AxisSample<acc_t, index_t> sample_axis(acc_t coord, index_t siz
   AxisSample<acc_t, index_t> s;
   s.dcoord = acc_t(1);
   s.scale = acc_t(1);
-  if (padding_mode == kPaddingEdsc &&
-      (coord < static_cast<acc_t>(-frame_pad) || coord >= static_cast<acc_t>(size - 1 + frame_pad))) {
-    s.scale = acc_t(2);
-  }
   if (clamps_coordinates(padding_mode)) {
     const acc_t hi = static_cast<acc_t>(size - 1);
     if (coord <= acc_t(0) || coord >= hi) {
+      // EDSC mode's doubling lies inside the clamped range (frame_pad >= 0), so samples inside
+      // the image, most of them, pay nothing for it.
+      if (padding_mode == kPaddingEdsc &&
+          (coord < static_cast<acc_t>(-frame_pad) || coord >= static_cast<acc_t>(size - 1 + frame_pad))) {
+        s.scale = acc_t(2);
+      }
       coord = coord <= acc_t(0) ? acc_t(0) : hi;
       s.dcoord = acc_t(0);
     }

@@ -16,11 +16,11 @@
 namespace edsc_ext {
 namespace {
 
-// Runs `body` (a lambda) instantiated for the call's dtype (scalar_t, accumulating in acc_t), index
-// width (index_t), memory layout (kChannelsLast) and kernel size (kKernelH, kKernelW); `t` is the
-// call's DeformSepconvTensors.
+// Runs `body` (a lambda) instantiated for the call's dtypes (the frame's scalar_t, the per-pixel
+// tensors' param_t, accumulating in acc_t), index width (index_t), memory layout (kChannelsLast)
+// and kernel size (kKernelH, kKernelW); `t` is the call's DeformSepconvTensors.
 #define EDSC_DISPATCH_CPU_CALL(name, t, kernel_h, kernel_w, ...)                                                    \
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, (t).input.scalar_type(), name, [&] {                    \
+  EDSC_DISPATCH_FRAME_AND_PARAM_TYPES((t).input.scalar_type(), (t).param_dtype, name, [&] {                         \
     using acc_t = at::opmath_type<scalar_t>;                                                                        \
     EDSC_DISPATCH_INDEX_TYPE((t).use_32bit_indexing, [&] {                                                          \
       EDSC_DISPATCH_LAYOUT((t).channels_last, [&] { EDSC_DISPATCH_KERNEL_SIZE(kernel_h, kernel_w, __VA_ARGS__); }); \
@@ -83,9 +83,9 @@ EDSC_CPU_INLINE inline index_t pixel_step(index_t channels) {
 
 // Converts output row (n, y)'s vertical and horizontal weights to acc_t rows (ones when absent):
 // v_rows[i * W + x], h_rows[j * W + x].
-template <bool kChannelsLast, typename scalar_t, typename acc_t, typename index_t>
-EDSC_CPU_INLINE inline void load_grid_weight_rows(const DeformSepconvParams<scalar_t, index_t>& p, index_t n, index_t y,
-                                                  acc_t* v_rows, acc_t* h_rows) {
+template <bool kChannelsLast, typename scalar_t, typename acc_t, typename index_t, typename param_t>
+EDSC_CPU_INLINE inline void load_grid_weight_rows(const DeformSepconvParams<scalar_t, index_t, param_t>& p, index_t n,
+                                                  index_t y, acc_t* v_rows, acc_t* h_rows) {
   const index_t KH = p.kernel_h, KW = p.kernel_w, width = p.width_out, hw_out = p.height_out * width;
   const PixelView<index_t> v_view = pixel_view<kChannelsLast>(n, y * width, KH, hw_out);
   const PixelView<index_t> h_view = pixel_view<kChannelsLast>(n, y * width, KW, hw_out);

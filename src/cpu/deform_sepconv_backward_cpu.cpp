@@ -63,12 +63,11 @@ struct GridTapRowScratch {
 // not wanted). Per tap (i, j) and pixel x, with T_c the input value the tap read:
 // s = sum_c dL/dout_c * T_c; dV_i += H_j M s; dH_j += V_i M s; dM = V_i H_j s; and
 // dL/dout_c * V_i * H_j * M goes to the input pixel. All loops run along x over whole rows.
-template <bool kChannelsLast, typename scalar_t, typename acc_t, typename index_t>
-EDSC_CPU_INLINE inline void deform_sepconv_backward_grid_taps_row(const DeformSepconvParams<scalar_t, index_t>& p,
-                                                                  const scalar_t* grad_output,
-                                                                  const DeformSepconvParamGrads<scalar_t>& grads,
-                                                                  acc_t* image_grad, index_t n, index_t y,
-                                                                  GridTapRowScratch<acc_t>& b) {
+template <bool kChannelsLast, typename scalar_t, typename acc_t, typename index_t, typename param_t>
+EDSC_CPU_INLINE inline void deform_sepconv_backward_grid_taps_row(
+    const DeformSepconvParams<scalar_t, index_t, param_t>& p, const scalar_t* grad_output,
+    const DeformSepconvParamGrads<param_t>& grads, acc_t* image_grad, index_t n, index_t y,
+    GridTapRowScratch<acc_t>& b) {
   const index_t KH = p.kernel_h, KW = p.kernel_w, C = p.channels, width = p.width_out, width_in = p.width_in;
   const index_t hw_out = p.height_out * width;
   const PixelView<index_t> v_view = pixel_view<kChannelsLast>(n, y * width, KH, hw_out);
@@ -102,7 +101,7 @@ EDSC_CPU_INLINE inline void deform_sepconv_backward_grid_taps_row(const DeformSe
     std::fill(b.gv, b.gv + width, acc_t(0));
     for (index_t j = 0; j < KW; ++j) {
       const acc_t* h = b.h_rows + j * width;
-      const scalar_t* m = p.mask ? p.mask + m_view.base + (i * KW + j) * m_view.stride : nullptr;
+      const param_t* m = p.mask ? p.mask + m_view.base + (i * KW + j) * m_view.stride : nullptr;
       std::fill(b.s, b.s + width, acc_t(0));
       const GridTapColumns<index_t> cols(j, p.pad_w, width, width_in);
       if (row_inside) {
@@ -117,8 +116,8 @@ EDSC_CPU_INLINE inline void deform_sepconv_backward_grid_taps_row(const DeformSe
         }
       }
       if (grads.mask) {
-        scalar_t* gm = grads.mask + m_view.base + (i * KW + j) * m_view.stride;
-        for (index_t x = 0; x < width; ++x) gm[x * m_step] = static_cast<scalar_t>(v[x] * h[x] * b.s[x]);
+        param_t* gm = grads.mask + m_view.base + (i * KW + j) * m_view.stride;
+        for (index_t x = 0; x < width; ++x) gm[x * m_step] = static_cast<param_t>(v[x] * h[x] * b.s[x]);
       }
       if (m) {
         for (index_t x = 0; x < width; ++x) b.s[x] *= static_cast<acc_t>(m[x * m_step]);
@@ -142,7 +141,7 @@ EDSC_CPU_INLINE inline void deform_sepconv_backward_grid_taps_row(const DeformSe
     if (grads.vertical) {
       for (index_t x = 0; x < width; ++x) {
         grads.vertical[v_view.base + i * v_view.stride + x * pixel_step<kChannelsLast>(KH)] =
-            static_cast<scalar_t>(b.gv[x]);
+            static_cast<param_t>(b.gv[x]);
       }
     }
     if (image_grad && row_inside) {
@@ -156,7 +155,7 @@ EDSC_CPU_INLINE inline void deform_sepconv_backward_grid_taps_row(const DeformSe
     for (index_t j = 0; j < KW; ++j) {
       for (index_t x = 0; x < width; ++x) {
         grads.horizontal[h_view.base + j * h_view.stride + x * pixel_step<kChannelsLast>(KW)] =
-            static_cast<scalar_t>(b.gh[j * width + x]);
+            static_cast<param_t>(b.gh[j * width + x]);
       }
     }
   }
@@ -187,9 +186,9 @@ DeformSepconvBackwardResult deform_sepconv_backward_cpu(
   if (plan.kernel == CpuBackwardKernel::kEmpty) return backward_result(grads);
 
   EDSC_DISPATCH_CPU_CALL("deform_sepconv_backward_cpu", t, kernel_h, kernel_w, [&] {
-    const auto p = make_params<scalar_t, index_t>(t, cfg);
+    const auto p = make_params<scalar_t, index_t, param_t>(t, cfg);
     const scalar_t* go = t.grad_output.const_data_ptr<scalar_t>();
-    const auto param_grads = make_param_grads<scalar_t>(grads);
+    const auto param_grads = make_param_grads<param_t>(grads);
     // Half types accumulate the input gradient in a float plane, rounded once at the end.
     at::Tensor acc;
     if (grads[0].numel() > 0) {
@@ -282,7 +281,7 @@ DeformSepconvBackwardResult deform_sepconv_backward_cpu(
         // channel's adds are the same either way, so the thread count changes no bit.
         const auto input_grad_pass = [&](auto channel_block) {
           constexpr int kBlock = decltype(channel_block)::value;
-          const DeformSepconvParamGrads<scalar_t> none{};
+          const DeformSepconvParamGrads<param_t> none{};
           const index_t blocks = (p.channels + kBlock - 1) / kBlock;
           at::parallel_for(0, p.batch * blocks, 1, [&](int64_t begin, int64_t end) {
             run_for_cpu(avx2, [&]() EDSC_CPU_INLINE {

@@ -25,10 +25,10 @@ namespace {
 // and corners per tap (BENCHMARKS.md, "CPU", has the times). The weight
 // rows are converted to acc_t once per row (`weights`: KH + KW rows of W_out); `in_row` (W_in),
 // `sum` and `acc` (W_out) are scratch.
-template <bool kChannelsLast, typename scalar_t, typename acc_t, typename index_t>
-EDSC_CPU_INLINE inline void deform_sepconv_forward_grid_taps_row(const DeformSepconvParams<scalar_t, index_t>& p,
-                                                                 scalar_t* output, index_t n, index_t y, acc_t* weights,
-                                                                 acc_t* in_row, acc_t* sum, acc_t* acc) {
+template <bool kChannelsLast, typename scalar_t, typename acc_t, typename index_t, typename param_t>
+EDSC_CPU_INLINE inline void deform_sepconv_forward_grid_taps_row(
+    const DeformSepconvParams<scalar_t, index_t, param_t>& p, scalar_t* output, index_t n, index_t y, acc_t* weights,
+    acc_t* in_row, acc_t* sum, acc_t* acc) {
   const index_t KH = p.kernel_h, KW = p.kernel_w, width = p.width_out, width_in = p.width_in;
   const index_t hw_out = p.height_out * width;
   const PixelView<index_t> m_view = pixel_view<kChannelsLast>(n, y * width, KH * KW, hw_out);
@@ -52,7 +52,7 @@ EDSC_CPU_INLINE inline void deform_sepconv_forward_grid_taps_row(const DeformSep
         const GridTapColumns<index_t> cols(j, p.pad_w, width, width_in);
         const index_t shift = cols.shift, inside_begin = cols.begin, inside_end = cols.end;
         if (p.mask) {
-          const scalar_t* m = p.mask + m_view.base + (i * KW + j) * m_view.stride;
+          const param_t* m = p.mask + m_view.base + (i * KW + j) * m_view.stride;
           const index_t m_step = pixel_step<kChannelsLast>(KH * KW);
           for (index_t x = inside_begin; x < inside_end; ++x) {
             sum[x] += h[x] * static_cast<acc_t>(m[x * m_step]) * in_row[x + shift];
@@ -81,8 +81,8 @@ EDSC_CPU_INLINE inline void deform_sepconv_forward_grid_taps_row(const DeformSep
 
 // Rows of a call without offsets (CpuForwardKernel::kGridTapRows), in tasks of whole rows, about
 // kPixelGrain pixels each, with one scratch a task.
-template <bool kChannelsLast, typename scalar_t, typename acc_t, typename index_t>
-void forward_grid_tap_rows(const DeformSepconvParams<scalar_t, index_t>& p, scalar_t* out, bool avx2) {
+template <bool kChannelsLast, typename scalar_t, typename acc_t, typename index_t, typename param_t>
+void forward_grid_tap_rows(const DeformSepconvParams<scalar_t, index_t, param_t>& p, scalar_t* out, bool avx2) {
   const int64_t height = p.height_out, width = p.width_out;
   at::parallel_for(0, p.batch * height, std::max<int64_t>(1, kPixelGrain / std::max<int64_t>(1, width)),
                    [&](int64_t begin, int64_t end) {
@@ -117,11 +117,11 @@ at::Tensor deform_sepconv_forward_cpu(const at::Tensor& input, const std::option
     case CpuForwardKernel::kEmpty:
       break;
     case CpuForwardKernel::kGridTapRows:
-      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "deform_sepconv_forward_cpu", [&] {
+      EDSC_DISPATCH_FRAME_AND_PARAM_TYPES(input.scalar_type(), t.param_dtype, "deform_sepconv_forward_cpu", [&] {
         using acc_t = at::opmath_type<scalar_t>;
         EDSC_DISPATCH_INDEX_TYPE(t.use_32bit_indexing, [&] {
           EDSC_DISPATCH_LAYOUT(t.channels_last, [&] {
-            forward_grid_tap_rows<kChannelsLast, scalar_t, acc_t>(make_params<scalar_t, index_t>(t, cfg),
+            forward_grid_tap_rows<kChannelsLast, scalar_t, acc_t>(make_params<scalar_t, index_t, param_t>(t, cfg),
                                                                   output.mutable_data_ptr<scalar_t>(), plan.avx2);
           });
         });
@@ -129,7 +129,7 @@ at::Tensor deform_sepconv_forward_cpu(const at::Tensor& input, const std::option
       break;
     case CpuForwardKernel::kPixels:
       EDSC_DISPATCH_CPU_CALL("deform_sepconv_forward_cpu", t, kernel_h, kernel_w, [&] {
-        const auto p = make_params<scalar_t, index_t>(t, cfg);
+        const auto p = make_params<scalar_t, index_t, param_t>(t, cfg);
         scalar_t* out = output.mutable_data_ptr<scalar_t>();
         for_each_output_pixel<index_t>(
             plan.avx2, p.batch, t.height_out, t.width_out, [&](index_t n, index_t y, index_t x) EDSC_CPU_INLINE {

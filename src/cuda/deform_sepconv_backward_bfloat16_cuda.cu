@@ -3,8 +3,9 @@
 
 namespace edsc_ext {
 
-template void launch_deform_sepconv_backward<c10::BFloat16>(const DeformSepconvTensors&, const DeformSepconvConfig&,
-                                                            const CudaBackwardPlan&, DeformSepconvGrads&,
-                                                            const FixedPointInputGrad&);
+template void launch_deform_sepconv_backward<c10::BFloat16, c10::BFloat16>(const DeformSepconvTensors&,
+                                                                           const DeformSepconvConfig&,
+                                                                           const CudaBackwardPlan&, DeformSepconvGrads&,
+                                                                           const FixedPointInputGrad&);
 
 }  // namespace edsc_ext

@@ -24,17 +24,17 @@ namespace {
 // Bound on the summed magnitude of one output pixel's input-gradient contributions:
 // max_c |dL/dout| * sum_t |V_i H_j M_t| (each bilinear weight is <= 1). NaN or inf data make it
 // NaN or inf, which disables the tile.
-template <int kKernelH, int kKernelW, bool kChannelsLast, typename scalar_t, typename index_t>
-__device__ float input_grad_bound(const DeformSepconvParams<scalar_t, index_t>& p, const scalar_t* grad_output,
+template <int kKernelH, int kKernelW, bool kChannelsLast, typename scalar_t, typename index_t, typename param_t>
+__device__ float input_grad_bound(const DeformSepconvParams<scalar_t, index_t, param_t>& p, const scalar_t* grad_output,
                                   index_t n, index_t y, index_t x) {
   const index_t KH = kernel_extent<kKernelH>(p.kernel_h);
   const index_t KW = kernel_extent<kKernelW>(p.kernel_w);
   const index_t hw_out = p.height_out * p.width_out;
   const index_t pixel = y * p.width_out + x;
   const index_t tap_stride = channel_stride<kChannelsLast>(hw_out);
-  const scalar_t* vert = p.vertical ? p.vertical + pixel_view<kChannelsLast>(n, pixel, KH, hw_out).base : nullptr;
-  const scalar_t* horz = p.horizontal ? p.horizontal + pixel_view<kChannelsLast>(n, pixel, KW, hw_out).base : nullptr;
-  const scalar_t* mask = p.mask ? p.mask + pixel_view<kChannelsLast>(n, pixel, KH * KW, hw_out).base : nullptr;
+  const param_t* vert = p.vertical ? p.vertical + pixel_view<kChannelsLast>(n, pixel, KH, hw_out).base : nullptr;
+  const param_t* horz = p.horizontal ? p.horizontal + pixel_view<kChannelsLast>(n, pixel, KW, hw_out).base : nullptr;
+  const param_t* mask = p.mask ? p.mask + pixel_view<kChannelsLast>(n, pixel, KH * KW, hw_out).base : nullptr;
   float weights = 0.0f;
   EDSC_NO_UNROLL
   for (index_t i = 0; i < KH; ++i) {
@@ -59,11 +59,11 @@ __device__ float input_grad_bound(const DeformSepconvParams<scalar_t, index_t>& 
 // gradient through global atomics (InputGrad: GlobalAtomicAdd, or FixedPointAtomicAdd when
 // deterministic).
 template <int kChannelBlock, int kKernelH, int kKernelW, int kMaxWidth, bool kChannelsLast, typename scalar_t,
-          typename index_t, typename InputGrad>
+          typename index_t, typename InputGrad, typename param_t>
 __global__ void __launch_bounds__(kThreadsPerBlock)
-    deform_sepconv_backward_cuda_kernel(const DeformSepconvParams<scalar_t, index_t> p,
+    deform_sepconv_backward_cuda_kernel(const DeformSepconvParams<scalar_t, index_t, param_t> p,
                                         const scalar_t* __restrict__ grad_output,
-                                        const DeformSepconvParamGrads<scalar_t> param_grads, const InputGrad input_grad,
+                                        const DeformSepconvParamGrads<param_t> param_grads, const InputGrad input_grad,
                                         bool with_input_grad, int64_t work_items) {
   using acc_t = at::opmath_type<scalar_t>;
   const index_t hw = p.height_out * p.width_out;
@@ -100,11 +100,11 @@ __device__ float block_sum(float v, float* scratch) {
 // has exactly kChannelBlock channels and the tile holds them all (one pass); knowing that at compile time removes the
 // channel loops' branches.
 template <int kChannelBlock, int kKernelH, int kKernelW, int kMaxWidth, bool kChannelsLast, bool kWarpStaged,
-          bool kExactBlock, typename scalar_t, typename index_t, typename GlobalAdd>
+          bool kExactBlock, typename scalar_t, typename index_t, typename GlobalAdd, typename param_t>
 __global__ void __launch_bounds__(kTileThreads, 2)
-    deform_sepconv_backward_tiled_cuda_kernel(const DeformSepconvParams<scalar_t, index_t> params,
+    deform_sepconv_backward_tiled_cuda_kernel(const DeformSepconvParams<scalar_t, index_t, param_t> params,
                                               const scalar_t* __restrict__ grad_output,
-                                              const DeformSepconvParamGrads<scalar_t> param_grads,
+                                              const DeformSepconvParamGrads<param_t> param_grads,
                                               const GlobalAdd input_grad, index_t rows, index_t cols,
                                               index_t pass_capacity, bool prefetch) {
   decltype(auto) p = with_exact_block<kExactBlock, kChannelBlock>(params);
@@ -195,8 +195,8 @@ __global__ void __launch_bounds__(kTileThreads, 2)
     __syncthreads();
     add.c0 = c0;
     // The parameter gradients need all channels once: on the first pass only.
-    const DeformSepconvParamGrads<scalar_t> pass_grads =
-        c0 == 0 ? param_grads : DeformSepconvParamGrads<scalar_t>{nullptr, nullptr, nullptr, nullptr};
+    const DeformSepconvParamGrads<param_t> pass_grads =
+        c0 == 0 ? param_grads : DeformSepconvParamGrads<param_t>{nullptr, nullptr, nullptr, nullptr};
     if constexpr (kWarpStaged) {
       if (c0 > 0) values.restart_without_grads();
       deform_sepconv_backward_pixel_with<kChannelBlock, kKernelH, kKernelW, kMaxWidth, kChannelsLast, scalar_t, acc_t>(

@@ -73,8 +73,8 @@ DeformSepconvBackwardResult deform_sepconv_backward_cuda(
   if (plan.kernel != CudaBackwardKernel::kNone) {
     FixedPointInputGrad fixed_point;
     if (plan.deterministic) fixed_point = prepare_fixed_point_input_grad(t, cfg);
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "deform_sepconv_backward_cuda", [&] {
-      launch_deform_sepconv_backward<scalar_t>(t, cfg, plan, grads, fixed_point);
+    EDSC_DISPATCH_FRAME_AND_PARAM_TYPES(input.scalar_type(), t.param_dtype, "deform_sepconv_backward_cuda", [&] {
+      launch_deform_sepconv_backward<scalar_t, param_t>(t, cfg, plan, grads, fixed_point);
     });
     if (plan.deterministic) grads[0].copy_(finish_fixed_point_input_grad(fixed_point));
   }

@@ -1,7 +1,7 @@
 // Declarations shared by the translation units of the CUDA backward: the host entry point
 // (deform_sepconv_backward_cuda.cu), which plans a call (deform_sepconv_plan.h); one file per dtype
-// that compiles the bilinear kernels (deform_sepconv_backward_<dtype>_cuda.cu, from
-// deform_sepconv_backward_launch.cuh), so that a parallel build compiles the four at once instead
+// (and per mixed-precision pair) that compiles the bilinear kernels (deform_sepconv_backward_<dtype>_cuda.cu, from
+// deform_sepconv_backward_launch.cuh), so that a parallel build compiles them at once instead
 // of one long file; and the grid-tap kernels' units.
 #pragma once
 
@@ -19,10 +19,11 @@ struct FixedPointInputGrad {
   at::Tensor poisoned;  // int32 flag
 };
 
-// Runs the plan's bilinear kernel (CudaBackwardPlan::kernel) of one dtype into `grads`
+// Runs the plan's bilinear kernel (CudaBackwardPlan::kernel) of one dtype pair (the frame's
+// scalar_t, the per-pixel tensors' param_t) into `grads`
 // (allocate_deform_sepconv_grads): the per-pixel gradients the grid-tap kernel did not compute,
 // and the input gradient if it was not gathered (into fixed_point.sums when plan.deterministic).
-template <typename scalar_t>
+template <typename scalar_t, typename param_t>
 void launch_deform_sepconv_backward(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
                                     const CudaBackwardPlan& plan, DeformSepconvGrads& grads,
                                     const FixedPointInputGrad& fixed_point);

@@ -3,8 +3,8 @@
 
 namespace edsc_ext {
 
-template void launch_deform_sepconv_backward<float>(const DeformSepconvTensors&, const DeformSepconvConfig&,
-                                                    const CudaBackwardPlan&, DeformSepconvGrads&,
-                                                    const FixedPointInputGrad&);
+template void launch_deform_sepconv_backward<float, float>(const DeformSepconvTensors&, const DeformSepconvConfig&,
+                                                           const CudaBackwardPlan&, DeformSepconvGrads&,
+                                                           const FixedPointInputGrad&);
 
 }  // namespace edsc_ext

@@ -9,7 +9,7 @@
 
 namespace edsc_ext {
 
-template <typename scalar_t>
+template <typename scalar_t, typename param_t>
 void launch_deform_sepconv_backward(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
                                     const CudaBackwardPlan& plan, DeformSepconvGrads& grads,
                                     const FixedPointInputGrad& fixed_point) {
@@ -28,15 +28,15 @@ void launch_deform_sepconv_backward(const DeformSepconvTensors& t, const DeformS
                   .zero_();
   }
   acc_t* grad_input = grad_input_acc.defined() ? grad_input_acc.mutable_data_ptr<acc_t>() : nullptr;
-  const DeformSepconvParamGrads<scalar_t> param_grads =
-      plan.kernel_param_grads ? make_param_grads<scalar_t>(grads) : DeformSepconvParamGrads<scalar_t>{};
+  const DeformSepconvParamGrads<param_t> param_grads =
+      plan.kernel_param_grads ? make_param_grads<param_t>(grads) : DeformSepconvParamGrads<param_t>{};
   constexpr bool kFixedPointTile = std::is_same_v<acc_t, float>;
 
   EDSC_DISPATCH_INDEX_TYPE(t.use_32bit_indexing, [&] {
     EDSC_DISPATCH_KERNEL_SIZE(cfg.kernel_h, cfg.kernel_w, [&] {
       EDSC_DISPATCH_CHANNEL_BLOCK(plan.channel_block, [&] {
         EDSC_DISPATCH_LAYOUT(t.channels_last, [&] {
-          const auto p = make_params<scalar_t, index_t>(t, cfg);
+          const auto p = make_params<scalar_t, index_t, param_t>(t, cfg);
           const scalar_t* go = t.grad_output.const_data_ptr<scalar_t>();
           // Static kernel sizes hold their accumulators in registers; run-time ones in a local array.
           constexpr int kMaxWidth = kKernelW > 0 ? kKernelW : static_cast<int>(kMaxKernelWidth);
@@ -67,8 +67,9 @@ void launch_deform_sepconv_backward(const DeformSepconvTensors& t, const DeformS
                         plan.prefetch);
                     C10_CUDA_KERNEL_LAUNCH_CHECK();
                   };
+                  // The staged buffers hold the frame's dtype (the planner keeps mixed precision away).
                   constexpr bool kCanStage = kChannelsLast && kFixedPointTile && kKernelH == kWarpStagedKernel &&
-                                             kKernelW == kWarpStagedKernel;
+                                             kKernelW == kWarpStagedKernel && std::is_same_v<param_t, scalar_t>;
                   if constexpr (kCanStage) {
                     if (plan.warp_staged) {
                       if constexpr (kChannelBlock == 3) {
@@ -76,7 +77,7 @@ void launch_deform_sepconv_backward(const DeformSepconvTensors& t, const DeformS
                           const auto kernel =
                               deform_sepconv_backward_tiled_cuda_kernel<kChannelBlock, kKernelH, kKernelW, kMaxWidth,
                                                                         kChannelsLast, true, true, scalar_t, index_t,
-                                                                        decltype(add)>;
+                                                                        decltype(add), param_t>;
                           opt_in_dynamic_shared_once(kernel, shared);
                           return launch(kernel);
                         }
@@ -84,7 +85,7 @@ void launch_deform_sepconv_backward(const DeformSepconvTensors& t, const DeformS
                       const auto kernel =
                           deform_sepconv_backward_tiled_cuda_kernel<kChannelBlock, kKernelH, kKernelW, kMaxWidth,
                                                                     kChannelsLast, true, false, scalar_t, index_t,
-                                                                    decltype(add)>;
+                                                                    decltype(add), param_t>;
                       opt_in_dynamic_shared_once(kernel, shared);
                       return launch(kernel);
                     }
@@ -92,14 +93,15 @@ void launch_deform_sepconv_backward(const DeformSepconvTensors& t, const DeformS
                   if constexpr (!kChannelsLast && kChannelBlock == 3 && kKernelH == kSpecializedKernel &&
                                 kKernelW == kSpecializedKernel) {
                     if (plan.exact_rgb) {
-                      return launch(deform_sepconv_backward_tiled_cuda_kernel<kChannelBlock, kKernelH, kKernelW,
-                                                                              kMaxWidth, kChannelsLast, false, true,
-                                                                              scalar_t, index_t, decltype(add)>);
+                      return launch(
+                          deform_sepconv_backward_tiled_cuda_kernel<kChannelBlock, kKernelH, kKernelW, kMaxWidth,
+                                                                    kChannelsLast, false, true, scalar_t, index_t,
+                                                                    decltype(add), param_t>);
                     }
                   }
                   launch(deform_sepconv_backward_tiled_cuda_kernel<kChannelBlock, kKernelH, kKernelW, kMaxWidth,
                                                                    kChannelsLast, false, false, scalar_t, index_t,
-                                                                   decltype(add)>);
+                                                                   decltype(add), param_t>);
                 }
               });
               return;
@@ -110,8 +112,9 @@ void launch_deform_sepconv_backward(const DeformSepconvTensors& t, const DeformS
                                 "for this call (tiled with 64-bit indices)");
           with_global_add([&](auto add) {
             deform_sepconv_backward_cuda_kernel<kChannelBlock, kKernelH, kKernelW, kMaxWidth, kChannelsLast, scalar_t,
-                                                index_t><<<blocks_for(pixels), kThreadsPerBlock, 0, stream>>>(
-                p, go, param_grads, add, plan.kernel_input_grad, pixels);
+                                                index_t, decltype(add), param_t>
+                <<<blocks_for(pixels), kThreadsPerBlock, 0, stream>>>(p, go, param_grads, add, plan.kernel_input_grad,
+                                                                      pixels);
             C10_CUDA_KERNEL_LAUNCH_CHECK();
           });
         });

@@ -24,9 +24,9 @@ constexpr int min_blocks_per_multiprocessor() {
 // kChannelBlock channels (RGB); knowing that at compile time removes a branch per channel and tap.
 // A minimum of 0 blocks leaves the register budget to the compiler.
 template <int kChannelBlock, int kKernelH, int kKernelW, bool kChannelsLast, bool kPrefetch, bool kExactBlock,
-          typename scalar_t, typename index_t>
+          typename scalar_t, typename index_t, typename param_t>
 __global__ void __launch_bounds__(kThreadsPerBlock, (min_blocks_per_multiprocessor<kExactBlock, scalar_t>()))
-    deform_sepconv_forward_cuda_kernel(const DeformSepconvParams<scalar_t, index_t> params,
+    deform_sepconv_forward_cuda_kernel(const DeformSepconvParams<scalar_t, index_t, param_t> params,
                                        scalar_t* __restrict__ output, int64_t work_items) {
   static_assert(
       !kPrefetch || (!kChannelsLast && kKernelH == kKernelW && kKernelH > 0 && std::is_same_v<index_t, int32_t>),
@@ -70,39 +70,39 @@ __global__ void __launch_bounds__(kThreadsPerBlock, (min_blocks_per_multiprocess
 void launch_pixels_forward(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg, const CudaForwardPlan& plan,
                            at::Tensor& output) {
   const auto stream = c10::cuda::getCurrentCUDAStream(t.input.device().index());
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, t.input.scalar_type(), "deform_sepconv_forward_pixels_cuda", [&] {
-        EDSC_DISPATCH_INDEX_TYPE(t.use_32bit_indexing, [&] {
-          EDSC_DISPATCH_KERNEL_SIZE(cfg.kernel_h, cfg.kernel_w, [&] {
-            const auto p = make_params<scalar_t, index_t>(t, cfg);
-            scalar_t* out = output.mutable_data_ptr<scalar_t>();
-            const int64_t work_items = t.input.size(0) *
-                                       ((t.input.size(1) + kPixelChannelBlock - 1) / kPixelChannelBlock) *
-                                       t.height_out * t.width_out;
-            EDSC_DISPATCH_LAYOUT(t.channels_last, [&] {
-              const auto launch = [&](auto kernel) {
-                kernel<<<blocks_for(work_items), kThreadsPerBlock, 0, stream>>>(p, out, work_items);
-                C10_CUDA_KERNEL_LAUNCH_CHECK();
-              };
-              if constexpr (!kChannelsLast && kKernelH == kSpecializedKernel && kKernelW == kSpecializedKernel &&
-                            std::is_same_v<index_t, int32_t>) {
-                if (plan.exact_rgb) {  // RGB: the channel count as a constant
-                  return plan.prefetch ? launch(deform_sepconv_forward_cuda_kernel<3, kKernelH, kKernelW, kChannelsLast,
-                                                                                   true, true, scalar_t, index_t>)
-                                       : launch(deform_sepconv_forward_cuda_kernel<3, kKernelH, kKernelW, kChannelsLast,
-                                                                                   false, true, scalar_t, index_t>);
-                }
-                if (plan.prefetch) {
-                  return launch(deform_sepconv_forward_cuda_kernel<kPixelChannelBlock, kKernelH, kKernelW,
-                                                                   kChannelsLast, true, false, scalar_t, index_t>);
-                }
-              }
-              launch(deform_sepconv_forward_cuda_kernel<kPixelChannelBlock, kKernelH, kKernelW, kChannelsLast, false,
-                                                        false, scalar_t, index_t>);
-            });
-          });
+  // Mixed precision (per-pixel tensors in a half type, a float32 frame) is read here as it is.
+  EDSC_DISPATCH_FRAME_AND_PARAM_TYPES(t.input.scalar_type(), t.param_dtype, "deform_sepconv_forward_pixels_cuda", [&] {
+    EDSC_DISPATCH_INDEX_TYPE(t.use_32bit_indexing, [&] {
+      EDSC_DISPATCH_KERNEL_SIZE(cfg.kernel_h, cfg.kernel_w, [&] {
+        const auto p = make_params<scalar_t, index_t, param_t>(t, cfg);
+        scalar_t* out = output.mutable_data_ptr<scalar_t>();
+        const int64_t work_items = t.input.size(0) * ((t.input.size(1) + kPixelChannelBlock - 1) / kPixelChannelBlock) *
+                                   t.height_out * t.width_out;
+        EDSC_DISPATCH_LAYOUT(t.channels_last, [&] {
+          const auto launch = [&](auto kernel) {
+            kernel<<<blocks_for(work_items), kThreadsPerBlock, 0, stream>>>(p, out, work_items);
+            C10_CUDA_KERNEL_LAUNCH_CHECK();
+          };
+          if constexpr (!kChannelsLast && kKernelH == kSpecializedKernel && kKernelW == kSpecializedKernel &&
+                        std::is_same_v<index_t, int32_t>) {
+            if (plan.exact_rgb) {  // RGB: the channel count as a constant
+              return plan.prefetch
+                         ? launch(deform_sepconv_forward_cuda_kernel<3, kKernelH, kKernelW, kChannelsLast, true, true,
+                                                                     scalar_t, index_t, param_t>)
+                         : launch(deform_sepconv_forward_cuda_kernel<3, kKernelH, kKernelW, kChannelsLast, false, true,
+                                                                     scalar_t, index_t, param_t>);
+            }
+            if (plan.prefetch) {
+              return launch(deform_sepconv_forward_cuda_kernel<kPixelChannelBlock, kKernelH, kKernelW, kChannelsLast,
+                                                               true, false, scalar_t, index_t, param_t>);
+            }
+          }
+          launch(deform_sepconv_forward_cuda_kernel<kPixelChannelBlock, kKernelH, kKernelW, kChannelsLast, false, false,
+                                                    scalar_t, index_t, param_t>);
         });
       });
+    });
+  });
 }
 
 }  // namespace edsc_ext

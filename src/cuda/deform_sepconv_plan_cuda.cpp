@@ -10,11 +10,11 @@ namespace edsc_ext {
 namespace {
 
 // The grid-tap window of a call that can take the grid-tap kernels (no offsets or dilation,
-// float32 or a half type, N and the tile rows within a grid dimension, one channel's window
-// within shared memory), with one channel's bytes; false where it cannot.
+// float32 or a half type, one dtype, N and the tile rows within a grid dimension, one channel's
+// window within shared memory), with one channel's bytes; false where it cannot.
 bool grid_window(const DeformSepconvCall& c, const CudaDeviceFacts& device, const KernelPolicy& policy,
                  GridWindow& window, int64_t& channel_bytes) {
-  if (!takes_grid_taps(c, policy) || c.element_size > 4) return false;
+  if (!takes_grid_taps(c, policy) || c.element_size > 4 || c.mixed_precision()) return false;
   if (c.batch > kMaxGridDimYZ || (c.height_out + kGridTileHeight - 1) / kGridTileHeight > kMaxGridDimYZ) return false;
   const int64_t rows = kGridTileHeight + c.cfg.kernel_h - 1, cols = kGridTileWidth + c.cfg.kernel_w - 1;
   channel_bytes = rows * cols * static_cast<int64_t>(sizeof(float));  // acc_t of the <= 4-byte types
@@ -75,9 +75,11 @@ CudaForwardPlan plan_cuda_forward(const DeformSepconvCall& c, const CudaDeviceFa
   const bool specialized = c.square_kernel(kSpecializedKernel) && c.use_32bit_indexing;
   // RGB takes the exact-RGB one-thread kernel instead, which beats it in these types too.
   // The staged and lane-pair forwards and the warp-staged backward copy (dy, dx) pairs of one
-  // offset tensor: split offsets take the kernels that read them through GlobalPixelValues.
+  // offset tensor in the frame's dtype: split offsets and mixed precision take the kernels that
+  // read them through GlobalPixelValues.
+  const bool copies_pairs = !c.split_offsets && !c.mixed_precision();
   if (specialized && !policy.plain_forward && !c.channels_last && c.element_size == kStagedElementSize &&
-      c.channels <= kSmallChannels && c.channels != 3 && device.major >= kStagedMinMajor && !c.split_offsets) {
+      c.channels <= kSmallChannels && c.channels != 3 && device.major >= kStagedMinMajor && copies_pairs) {
     // cp.async needs aligned addresses, and a segment starts at (n * channels + k) * hw + p0 elements.
     const int64_t row_bytes = c.height_out * c.width_out * c.element_size;
     for (const int chunk : {16, 4}) {
@@ -90,7 +92,7 @@ CudaForwardPlan plan_cuda_forward(const DeformSepconvCall& c, const CudaDeviceFa
   }
   // Not float64: its staged values would not fit 48 KB, and it was not measured unstaged.
   if (specialized && !policy.plain_forward && c.channels_last && c.channels <= kSmallChannels && c.element_size <= 4 &&
-      c.offset_pairs_aligned && !c.split_offsets) {
+      c.offset_pairs_aligned && copies_pairs) {
     plan.kernel = CudaForwardKernel::kLanePairs;
     plan.staged_values = c.per_pixel_alignment >= 16;  // the 16-byte copies' alignment
     plan.exact_rgb = c.channels == 3;
@@ -174,7 +176,7 @@ CudaBackwardPlan plan_cuda_backward(const DeformSepconvCall& c, const CudaDevice
   // Static buffers plus the tile can exceed the 48 KB a block gets without opting in, which Hopper
   // and Ampere allow and Turing (64 KB) may not.
   plan.warp_staged = policy.warp_staging && c.channels_last && fixed_point_tile && fixed5 && c.offset_pairs_aligned &&
-                     !c.split_offsets &&
+                     !c.split_offsets && !c.mixed_precision() &&
                      warp_staged_static_bytes(c.element_size) + plan.tile_shared_bytes <= shared_limit;
   plan.exact_rgb = rgb && plan.channel_block == 3 && (plan.warp_staged || (fixed5 && !c.channels_last));
   plan.prefetch = policy.prefetch && fixed5 && !c.channels_last;

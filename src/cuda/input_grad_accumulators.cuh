@@ -19,8 +19,8 @@ struct InputGradLayout {
   }
 };
 
-template <bool kChannelsLast, typename scalar_t, typename index_t>
-InputGradLayout<index_t> input_grad_layout(const DeformSepconvParams<scalar_t, index_t>& p) {
+template <bool kChannelsLast, typename scalar_t, typename index_t, typename param_t>
+InputGradLayout<index_t> input_grad_layout(const DeformSepconvParams<scalar_t, index_t, param_t>& p) {
   return {p.channels, p.height_in, p.width_in, input_channel_stride<kChannelsLast>(p),
           input_pixel_stride<kChannelsLast>(p)};
 }

@@ -23,16 +23,16 @@ __device__ __forceinline__ void prefetch_l2(const void* address) {
 // `last` (n * H_out * W_out + pixel, both inclusive, in at most two images), in every plane of the
 // present per-pixel tensors: plane m < 2K + 3K^2 is vertical m, horizontal m - K, offset m - 2K
 // (split offsets: dy, then dx), then mask. Lane `lane` takes planes lane, lane + 32, ...
-template <int K, typename scalar_t>
-__device__ __forceinline__ void prefetch_warp_planes_l2(const DeformSepconvParams<scalar_t, int32_t>& p, int32_t first,
-                                                        int32_t last, int lane) {
+template <int K, typename scalar_t, typename param_t>
+__device__ __forceinline__ void prefetch_warp_planes_l2(const DeformSepconvParams<scalar_t, int32_t, param_t>& p,
+                                                        int32_t first, int32_t last, int lane) {
   constexpr int kPlanes = 2 * K + 3 * K * K;
   const int32_t hw = p.height_out * p.width_out;
   const int32_t n_first = first / hw, pixel_first = first - n_first * hw;
   const int32_t n_last = last / hw, pixel_last = last - n_last * hw;
   EDSC_UNROLL
   for (int q = lane; q < kPlanes; q += kWarpSize) {
-    const scalar_t* base;
+    const param_t* base;
     int32_t planes, m;
     if (q < K) {
       base = p.vertical, planes = K, m = q;
@@ -49,8 +49,8 @@ __device__ __forceinline__ void prefetch_warp_planes_l2(const DeformSepconvParam
       base = p.mask, planes = K * K, m = q - 2 * K - 2 * K * K;
     }
     if (base == nullptr) continue;
-    const scalar_t* a = base + (n_first * planes + m) * hw + pixel_first;
-    const scalar_t* b = base + (n_last * planes + m) * hw + pixel_last;
+    const param_t* a = base + (n_first * planes + m) * hw + pixel_first;
+    const param_t* b = base + (n_last * planes + m) * hw + pixel_last;
     prefetch_l2(a);
     // A run that is not line-aligned (or 2-byte values past one line) spans a second line.
     if ((reinterpret_cast<uintptr_t>(a) >> 7) != (reinterpret_cast<uintptr_t>(b) >> 7)) prefetch_l2(b);

@@ -63,6 +63,7 @@ __device__ __forceinline__ void stage_element(T* shared, const T* global) {
 // n * H_out * W_out + y * W_out + x, consecutive in memory), lane l owning pixel first + l.
 template <typename scalar_t, typename index_t, int kKernel>
 struct WarpStagedPixelValues {
+  using param_type = scalar_t;
   static constexpr int kTaps = kKernel * kKernel;
   using Pair = OffsetPair<scalar_t>;
   using Buffers = WarpStagedBuffers<scalar_t, kKernel>;

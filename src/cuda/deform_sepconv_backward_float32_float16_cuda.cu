@@ -1,0 +1,11 @@
+// The CUDA backward kernels for a float32 frame with float16 per-pixel tensors (mixed precision, as
+// autocast makes them; deform_sepconv_backward_launch.cuh).
+#include "deform_sepconv_backward_launch.cuh"
+
+namespace edsc_ext {
+
+template void launch_deform_sepconv_backward<float, c10::Half>(const DeformSepconvTensors&, const DeformSepconvConfig&,
+                                                               const CudaBackwardPlan&, DeformSepconvGrads&,
+                                                               const FixedPointInputGrad&);
+
+}  // namespace edsc_ext
