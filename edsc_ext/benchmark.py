@@ -41,7 +41,7 @@ wrong baseline is never timed.
 
 Examples::
 
-    python -m edsc_ext.benchmark                                   # all cases, cuda, 3 dtypes
+    python -m edsc_ext.benchmark                                   # all cases, cuda, 4 precisions
     python -m edsc_ext.benchmark --cases train feat --dtypes bfloat16 --json out.json --plot out.png
     python -m edsc_ext.benchmark --device cpu --quick              # smoke test
     python -m edsc_ext.benchmark --model --help                    # the EDSC networks (edsc_ext.model_benchmark)
@@ -61,7 +61,7 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence
 
 import torch
 
@@ -76,8 +76,30 @@ __all__ = ["Case", "CASES", "CPU_CASES", "floor_bytes", "grid_sample_memory_esti
 GB = 1e9  # bandwidths are in GB/s = 1e9 bytes per second
 MIB = 2.0 ** 20
 
+
+
+class Precision(NamedTuple):
+    """The dtypes of a benchmark row: the frame's (input, output, grad_output) and the per-pixel
+    tensors' (vertical, horizontal, offset, mask); they differ in the mixed-precision rows, a
+    float32 frame with half-type per-pixel tensors as autocast makes them."""
+
+    frame: torch.dtype
+    per_pixel: torch.dtype
+
+    @classmethod
+    def of(cls, dtype) -> "Precision":
+        return dtype if isinstance(dtype, Precision) else cls(dtype, dtype)
+
+    @property
+    def name(self) -> str:
+        frame = _dtype_name(self.frame)
+        return frame if self.per_pixel == self.frame else f"{frame}+{_dtype_name(self.per_pixel)}"
+
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-          "float64": torch.float64}
+          "float64": torch.float64, "float32+bfloat16": Precision(torch.float32, torch.bfloat16),
+          "float32+float16": Precision(torch.float32, torch.float16)}
+DEFAULT_DTYPES = ("float32", "bfloat16", "float16", "float32+bfloat16")
 PASSES = ("fwd", "fwd+bwd")
 IMPLS = ("edsc_ext", "compat", "deform_conv2d", "grid_sample")
 OFFSET_STD = 1.5  # offsets ~ N(0, 1.5^2)
@@ -138,10 +160,12 @@ class Case:
             kw["kernel_size"] = self.k
         return kw
 
-    def make_inputs(self, dtype: torch.dtype, device, seed: int) -> List[Optional[torch.Tensor]]:
+    def make_inputs(self, dtype, device, seed: int) -> List[Optional[torch.Tensor]]:
         """(input, vertical, horizontal, offset, mask), absent ones None, with realistic values:
         a frame in [0, 1), separable kernels that sum to 1 (softmax over the taps), offsets
-        ~ N(0, 1.5^2), masks in (0, 1). Drawn in float32 on ``device`` and cast to ``dtype``."""
+        ~ N(0, 1.5^2), masks in (0, 1). Drawn in float32 on ``device`` and cast to ``dtype`` (a
+        torch dtype, or a :class:`Precision`: the frame to its ``frame``, the rest to ``per_pixel``)."""
+        precision = Precision.of(dtype)
         gen = torch.Generator(device=device).manual_seed(seed)
         opts = dict(generator=gen, device=device, dtype=torch.float32)
         hw = (self.h, self.w)
@@ -154,7 +178,8 @@ class Case:
         if self.deformable:
             offset = torch.randn(self.n, 2 * taps, *hw, **opts).mul_(OFFSET_STD)
             mask = torch.randn(self.n, taps, *hw, **opts).sigmoid_()
-        return [None if t is None else t.to(dtype) for t in (frame, v, h, offset, mask)]
+        return [frame.to(precision.frame)] + [None if t is None else t.to(precision.per_pixel)
+                                              for t in (v, h, offset, mask)]
 
     def tiny(self) -> "Case":
         """The same geometry (kernel, dilation, padding, mode, tensors) at a tiny size."""
@@ -187,10 +212,11 @@ CPU_CASES = _cases({"train": (2, 3, 64, 64), "infer": (1, 3, 136, 240), "batch":
 # The floor
 
 
-def floor_bytes(case: Case, dtype: torch.dtype, backward: bool) -> int:
+def floor_bytes(case: Case, dtype, backward: bool) -> int:
     """Bytes that any implementation must move, at least: every input read once and every output
-    written once, at ``dtype``'s element size. Only the tensors the case passes count (sepconv has
-    no offset/mask, adacof no vertical/horizontal).
+    written once, at ``dtype``'s element size (a :class:`Precision`: the frame's for input and
+    output, the per-pixel tensors' for the rest). Only the tensors the case passes count (sepconv
+    has no offset/mask, adacof no vertical/horizontal).
 
     With ``I`` the input elements (N*C*H_in*W_in), ``O`` the output elements (N*C*H_out*W_out) and
     ``P`` the per-pixel elements (N*(KH + KW + 2*KH*KW + KH*KW)*H_out*W_out for the present
@@ -201,14 +227,20 @@ def floor_bytes(case: Case, dtype: torch.dtype, backward: bool) -> int:
       (``I``) and the per-pixel tensors (``P``) and writing every gradient (``I + P``):
       ``(I + P + O) + (O + I + P) + (I + P) = 3I + 3P + 2O``.
 
-    Times ``dtype``'s element size. Caches, recomputation, atomics and the zero-fill of grad_input
-    are not counted: this is a lower bound, not a model of any kernel.
+    Each counted at its element size. Caches, recomputation, atomics and the zero-fill of
+    grad_input are not counted: this is a lower bound, not a model of any kernel.
     """
+    precision = Precision.of(dtype)
     sizes = case.tensor_numels()
     i, o = sizes["input"], sizes["output"]
     p = sum(v for key, v in sizes.items() if key not in ("input", "output"))
-    elements = (3 * i + 3 * p + 2 * o) if backward else (i + p + o)
-    return elements * torch.empty((), dtype=dtype).element_size()
+    frame_elements = (3 * i + 2 * o) if backward else (i + o)
+    per_pixel_elements = 3 * p if backward else p
+    return (frame_elements * _element_size(precision.frame) + per_pixel_elements * _element_size(precision.per_pixel))
+
+
+def _element_size(dtype) -> int:
+    return torch.empty((), dtype=Precision.of(dtype).frame).element_size()
 
 
 def grid_sample_memory_estimate(case: Case, dtype: torch.dtype, backward: bool) -> int:
@@ -226,7 +258,7 @@ def grid_sample_memory_estimate(case: Case, dtype: torch.dtype, backward: bool) 
     taps_elems = case.n * case.k * case.k * case.h * case.w
     coords = 2 if case.deformable else 0
     factor = (3 * case.c + 8 + coords) if backward else (2 * case.c + 4 + coords)
-    return factor * taps_elems * torch.empty((), dtype=dtype).element_size()
+    return factor * taps_elems * _element_size(dtype)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -446,7 +478,7 @@ def deform_conv2d_memory_estimate(case: Case, dtype: torch.dtype, backward: bool
     the zero offsets it needs (2*K*K)."""
     taps = case.k * case.k
     per_pixel = case.c * taps * (2 if backward else 1) + taps + (0 if case.deformable else 2 * taps)
-    return per_pixel * case.n * case.h * case.w * torch.empty((), dtype=dtype).element_size()
+    return per_pixel * case.n * case.h * case.w * _element_size(dtype)
 
 
 def _peak_extra_bytes(fn, device: torch.device) -> Optional[int]:
@@ -498,11 +530,13 @@ class _Progress:
             self.bar.close()
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
+def _dtype_name(dtype) -> str:
+    if isinstance(dtype, Precision):
+        return dtype.name
     return str(dtype).replace("torch.", "")
 
 
-def run(device="cuda", dtypes: Sequence = ("float32", "bfloat16", "float16"), cases: Optional[Sequence] = None,
+def run(device="cuda", dtypes: Sequence = DEFAULT_DTYPES, cases: Optional[Sequence] = None,
         warmup: int = 5, reps: int = 20, baseline: bool = True, memory_budget_gb: Optional[float] = None,
         seed: int = 0, progress: bool = True, copy_bandwidth: Optional[dict] = None,
         channels_last: bool = False, impls: Optional[Sequence[str]] = None) -> List[dict]:
@@ -511,7 +545,7 @@ def run(device="cuda", dtypes: Sequence = ("float32", "bfloat16", "float16"), ca
     A peer that does not apply to a case (:func:`peer_skip_reason`) gets a row saying why.
 
     ``cases``: Case objects or names (default: all, at the CPU sizes on a CPU device).
-    ``dtypes``: torch dtypes or names. ``memory_budget_gb``: grid_sample runs whose
+    ``dtypes``: torch dtypes, :class:`Precision` pairs or names of DTYPES. ``memory_budget_gb``: grid_sample runs whose
     :func:`grid_sample_memory_estimate` (deform_conv2d: :func:`deform_conv2d_memory_estimate`)
     exceeds it are skipped (default: 85% of the GPU's memory,
     8 GB on the CPU). ``copy_bandwidth``: the result of :func:`measure_copy_bandwidth` (measured here
@@ -561,7 +595,8 @@ def run(device="cuda", dtypes: Sequence = ("float32", "bfloat16", "float16"), ca
             for dtype in dtype_list:
                 tensors = case.make_inputs(dtype, device, seed + case_index)
                 gen = torch.Generator(device=device).manual_seed(seed + 500 + case_index)
-                grad_out = torch.randn(case.n, case.c, case.h, case.w, generator=gen, device=device).to(dtype)
+                grad_out = torch.randn(case.n, case.c, case.h, case.w, generator=gen,
+                                       device=device).to(Precision.of(dtype).frame)
                 if channels_last:
                     tensors = [None if t is None else t.contiguous(memory_format=torch.channels_last)
                                for t in tensors]
@@ -802,9 +837,10 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if available, else cpu); "
                                                    "cpu uses scaled-down cases")
-    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16", "float16"], metavar="DTYPE",
-                   help="any of " + ", ".join(DTYPES) + " (space or comma separated; default: float32 bfloat16 "
-                                                        "float16)")
+    p.add_argument("--dtypes", nargs="+", default=list(DEFAULT_DTYPES), metavar="DTYPE",
+                   help="any of " + ", ".join(DTYPES) + " (space or comma separated; FRAME+PER_PIXEL: a frame of "
+                        "one dtype with per-pixel tensors of another, mixed precision; default: "
+                        + " ".join(DEFAULT_DTYPES) + ")")
     p.add_argument("--cases", nargs="+", default=None, metavar="NAME",
                    help="subset of: " + ", ".join(c.name for c in CASES) + " (default: all)")
     p.add_argument("--reps", type=int, default=None, help="timed runs per row, median reported (default 20)")
