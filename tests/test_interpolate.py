@@ -273,7 +273,6 @@ def test_cli_pair_errors_are_one_line_with_exit_code_2(tmp_path, weights, capsys
         (["--weights", weights["EDSC_s"], first, second, "-o", tmp_path / "o.xyz"], ["o.xyz"]),
         (["--weights", weights["EDSC_s"], "--time", "1.5", first, second, "-o", out], ["--time", "(0, 1)"]),
         (["--weights", weights["EDSC_s"], first, "-o", out], ["two input frames"]),
-        (["--weights", weights["EDSC_s"], "--half", first, second, "-o", out, "--device", "cpu"], ["--half", "CUDA"]),
     ]
     for argv, needles in cases:
         rc, _, err = run_cli(argv + ["--device", "cpu"] if "--device" not in argv else argv, capsys)
@@ -712,7 +711,6 @@ def test_video_bad_inputs_are_one_line_and_write_nothing(tmp_path, weights, clip
         (clip, out / "o.mp4", ["--factor", "0"], ["--factor"]),
         (clip, out / "o.mp4", ["--fps", "abc"], ["--fps", "abc"]),
         (clip, out / "o.mp4", ["--input-fps", "10"], ["--input-fps"]),
-        (clip, out / "o.mp4", ["--half"], ["--half", "CUDA"]),
         (clip, out / "o.mp4", ["--tile", "16"], ["--tile"]),
     ]
     for source, target, extra, needles in cases:

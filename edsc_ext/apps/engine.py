@@ -17,12 +17,18 @@
   influence falls off fast (with 32 pixels of margin a tile differs from the whole frame by < 1e-4
   for a random network; the default margin is 64);
 - **CUDA out of memory** on a whole frame switches to tiles (halving their size until they fit);
-- ``half`` runs the network under CUDA autocast (float16), ``compile`` through ``torch.compile``.
+- **fast paths** (CUDA): ``half`` runs the network under autocast in float16 (or ``"bf16"``:
+  bfloat16) with the model and frames in channels_last (the fastest variant of
+  ``python -m edsc_ext.model_benchmark``; the sampling stays float32); ``cuda_graph`` replays the
+  network as a CUDA graph (:meth:`EDSC.capture`), one per frame size, partial batches padded to the
+  captured batch; ``compile`` runs it through ``torch.compile``. Where one is unavailable (no
+  CUDA, no Triton, a failing compile or capture) the engine says so in one line and runs without it.
 """
 
 from __future__ import annotations
 
 import warnings
+from contextlib import nullcontext
 from fractions import Fraction
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
@@ -34,12 +40,23 @@ from ..models import EDSC, SIZE_MULTIPLE, load_checkpoint
 from .common import UserError, describe_os_error, note
 
 __all__ = ["load_model", "default_device", "Interpolator", "check_times", "is_dyadic", "tile_spans",
-           "DEFAULT_MARGIN", "DEFAULT_OVERLAP", "MAX_BISECTION_DEPTH"]
+           "DEFAULT_MARGIN", "DEFAULT_OVERLAP", "MAX_BISECTION_DEPTH", "HALF_TYPES", "has_triton"]
 
 DEFAULT_MARGIN = 64
 DEFAULT_OVERLAP = 32
 # EDSC_s reaches t = k / 2^L by L levels of midpoints; deeper than this is not worth it.
 MAX_BISECTION_DEPTH = 8
+# --half's types.
+HALF_TYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def has_triton() -> bool:
+    """Whether torch.compile's GPU backend (Inductor, through Triton) can run here."""
+    try:
+        from torch.utils._triton import has_triton as torch_has_triton
+    except ImportError:  # an older torch
+        return False
+    return bool(torch_has_triton())
 
 
 def default_device() -> str:
@@ -133,11 +150,16 @@ def _axis_weights(spans: List[Tuple[int, int]], length: int) -> List[Tensor]:
 
 
 class Interpolator:
-    """Runs an EDSC network on jobs (first, second, t), as the module's docstring describes."""
+    """Runs an EDSC network on jobs (first, second, t), as the module's docstring describes.
+
+    ``half``: False, True or "fp16" (float16), "bf16" (bfloat16); ``cuda_graph``: None (on CUDA
+    with whole frames and without ``compile``), True or False. ``half`` on CUDA puts the model in
+    channels_last (its values are unchanged). :attr:`paths` says what ran: "graph", "compiled",
+    "eager", with the precision."""
 
     def __init__(self, model: EDSC, batch: int = 1, tile: Optional[int] = None, margin: int = DEFAULT_MARGIN,
-                 overlap: int = DEFAULT_OVERLAP, half: bool = False, compile: bool = False,
-                 quiet: bool = False):
+                 overlap: int = DEFAULT_OVERLAP, half=False, compile: bool = False,
+                 cuda_graph: Optional[bool] = None, quiet: bool = False):
         self.model = model
         self.device = next(model.parameters()).device
         if batch < 1:
@@ -146,23 +168,130 @@ class Interpolator:
             raise UserError(f"--tile must be at least {2 * SIZE_MULTIPLE} pixels, got {tile}")
         if margin < 0 or overlap < 0:
             raise UserError("the tile margin and overlap cannot be negative")
-        if half and self.device.type != "cuda":
-            raise UserError("--half runs the network in float16 under CUDA autocast: it needs a CUDA device "
-                            f"(this run uses {self.device})")
+        if half is True:
+            half = "fp16"
+        if half and half not in HALF_TYPES:
+            raise UserError(f"--half {half}: expected one of {', '.join(HALF_TYPES)}")
         self.batch, self.tile, self.margin, self.quiet = batch, tile, margin, quiet
         self.overlap = min(overlap, tile // 2) if tile else overlap
-        self.half = half
         self.tiles_used = 0
-        self._net = torch.compile(model) if compile else model
+        cuda = self.device.type == "cuda"
+        self.autocast_dtype = None
+        if half and not cuda:
+            self._note(f"--half runs the network in {half} under CUDA autocast; on {self.device} it runs in float32")
+        elif half:
+            self.autocast_dtype = HALF_TYPES[half]
+        self.memory_format = torch.channels_last if self.autocast_dtype is not None else torch.contiguous_format
+        if self.autocast_dtype is not None:
+            model.to(memory_format=torch.channels_last)
+        self._net = model
+        self.compiled = False
+        if compile and cuda and not has_triton():
+            self._note("--compile needs Triton for CUDA (pip install triton): running the network uncompiled")
+        elif compile:
+            self._net = torch.compile(model)
+            self.compiled = True
+        if cuda_graph and not cuda:
+            self._note(f"--cuda-graph needs a CUDA device (this run uses {self.device}): running without it")
+        elif cuda_graph and self.compiled:
+            self._note("--cuda-graph and --compile do not combine: running the compiled network without graphs")
+        elif cuda_graph and tile is not None:
+            self._note("--cuda-graph takes whole frames, not --tile: running the tiles without graphs")
+        self._graph_wanted = cuda_graph is not False
+        self.use_graph = bool(cuda and not self.compiled and tile is None and self._graph_wanted)
+        self._graphs: Dict[tuple, object] = {}
+        self.paths: Dict[str, int] = {}  # what ran, and how often ("graph fp16", "eager fp32", ...)
+
+    def _note(self, message: str) -> None:
+        note(f"edsc-interpolate: {message}", self.quiet)
+
+    @property
+    def precision(self) -> str:
+        return {None: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[self.autocast_dtype]
+
+    def _count(self, path: str) -> None:
+        key = f"{path} {self.precision}"
+        self.paths[key] = self.paths.get(key, 0) + 1
 
     # ---- the network on model-ready tensors (N, 3, H, W), BGR, on the device ----
+
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return nullcontext()
+        return torch.autocast("cuda", dtype=self.autocast_dtype)
+
+    def _graph_of(self, first: Tensor, second: Tensor, times: Optional[Tensor]):
+        """The CUDA graph of the network on frames of this shape (captured on first use), or None
+        where capture failed (said once; the network then runs eagerly)."""
+        key = (tuple(first.shape), None if times is None else tuple(times.shape))
+        if key not in self._graphs:
+            try:
+                self._graphs[key] = self.model.capture(first, second, times, autocast_dtype=self.autocast_dtype)
+            except torch.OutOfMemoryError:
+                raise
+            except Exception as e:  # noqa: BLE001 (an op that cannot be captured: run eagerly, say so)
+                reason = str(e).strip().split("\n")[0][:160]
+                self._note(f"CUDA-graph capture failed ({type(e).__name__}: {reason}): running the network eagerly")
+                self.use_graph = False
+                self._graphs.clear()
+                return None
+        return self._graphs[key]
+
+    def _forward(self, first: Tensor, second: Tensor, times: Optional[Tensor]) -> Tensor:
+        """The network on padded frames (N, 3, H, W): replayed, compiled or eager."""
+        times = times if self.model.multiple else None
+        first = first.contiguous(memory_format=self.memory_format)
+        second = second.contiguous(memory_format=self.memory_format)
+        if self.use_graph:
+            n = first.shape[0]
+            if n < self.batch:  # one graph per frame size: pad a partial batch with its last pair
+                extra = self.batch - n
+                first = torch.cat([first, first[-1:].expand(extra, -1, -1, -1)]).contiguous(
+                    memory_format=self.memory_format)
+                second = torch.cat([second, second[-1:].expand(extra, -1, -1, -1)]).contiguous(
+                    memory_format=self.memory_format)
+                times = None if times is None else torch.cat([times, times[-1:].expand(extra)])
+            graph = self._graph_of(first, second, times)
+            if graph is not None:
+                self._count("graph")
+                return graph(first, second, times)[:n]
+            first, second = first[:n], second[:n]
+            times = None if times is None else times[:n]
+        with torch.no_grad(), self._autocast():
+            if self.compiled:
+                try:
+                    out = self._net(first, second, times)
+                except torch.OutOfMemoryError:
+                    raise
+                except Exception as e:  # noqa: BLE001 (the compiler's failures: no compiler, an unsupported op)
+                    reason = str(e).strip().split("\n")[0][:160]
+                    self._note(f"torch.compile failed ({type(e).__name__}: {reason}): running the network "
+                               "uncompiled")
+                    self._net, self.compiled = self.model, False
+                    self.use_graph = self.device.type == "cuda" and self.tile is None and self._graph_wanted
+                    return self._forward(first, second, times)
+                self._count("compiled")
+                return out
+            self._count("eager")
+            return self._net(first, second, times)
+
+    def prepare(self, height: int, width: int) -> None:
+        """Captures the CUDA graph for frames of this size now (when graphs are in use): a capture
+        must not overlap other threads' CUDA calls, so the video path calls this before its decode
+        and encode threads start."""
+        if not self.use_graph:
+            return
+        hp, wp = -(-height // SIZE_MULTIPLE) * SIZE_MULTIPLE, -(-width // SIZE_MULTIPLE) * SIZE_MULTIPLE
+        frames = torch.full((self.batch, 3, hp, wp), 0.5, device=self.device).contiguous(
+            memory_format=self.memory_format)
+        times = torch.full((self.batch,), 0.5, device=self.device) if self.model.multiple else None
+        self._graph_of(frames, frames.clone(), times)
 
     def _network(self, first: Tensor, second: Tensor, times: Optional[Tensor]) -> Tensor:
         from ..models import pad_to_multiple
 
         (first, second), (h, w) = pad_to_multiple((first, second), SIZE_MULTIPLE)
-        with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16, enabled=self.half):
-            out = self._net(first, second, times if self.model.multiple else None)
+        out = self._forward(first, second, times)
         return out[..., :h, :w].float().clamp_(0, 1)
 
     def _tiled(self, first: Tensor, second: Tensor, times: Optional[Tensor], tile: int) -> Tensor:
@@ -205,8 +334,10 @@ class Interpolator:
                      f"{f' in tiles of {tile}' if tile else ''}: using tiles of {smaller} pixels", self.quiet)
                 self.tile = smaller
                 self.overlap = min(self.overlap, smaller // 2)
+                self.use_graph = False  # tiles of several shapes
+                self._graphs.clear()
 
-    # ---- jobs on RGB (3, H, W) frames ----
+    # ---- jobs on frames (3, H, W) ----
 
     def _to_model(self, rgb: Tensor) -> Tensor:
         return rgb.to(self.device, non_blocking=True).flip(-3)  # RGB -> the original's BGR
@@ -218,15 +349,16 @@ class Interpolator:
             chunk = pairs[i:i + self.batch]
             first = torch.stack([a for a, _ in chunk])
             second = torch.stack([b for _, b in chunk])
-            t = torch.tensor(times[i:i + self.batch], dtype=first.dtype, device=first.device)
+            t = None
+            if self.model.multiple:  # a page-locked copy: the host does not wait for the device
+                t = torch.tensor(times[i:i + self.batch], dtype=torch.float32)
+                t = (t.pin_memory() if first.is_cuda else t).to(first.device, non_blocking=True)
             out.extend(self.run(first, second, t).unbind(0))
         return out
 
     def interpolate(self, jobs: Sequence[Tuple[Tensor, Tensor, float]]) -> List[Tensor]:
         """For each job (first, second, t), RGB (3, H, W) in [0, 1] (any device), the frame at time t
         in (0, 1): RGB float on the engine's device. EDSC_s needs every t dyadic (k / 2^L)."""
-        if not jobs:
-            return []
         converted: Dict[int, Tensor] = {}
 
         def model_frame(x: Tensor) -> Tensor:
@@ -235,14 +367,23 @@ class Interpolator:
                 converted[key] = self._to_model(x)
             return converted[key]
 
-        pairs = [(model_frame(a), model_frame(b)) for a, b, _ in jobs]
+        frames = self.interpolate_bgr([(model_frame(a), model_frame(b), t) for a, b, t in jobs])
+        return [f.flip(-3) for f in frames]
+
+    def interpolate_bgr(self, jobs: Sequence[Tuple[Tensor, Tensor, float]]) -> List[Tensor]:
+        """:meth:`interpolate` on frames already in the network's order (BGR) and on its device
+        (what the video path converts them to): BGR float frames (3, H, W) in [0, 1]. Jobs
+        between the same two tensors share their EDSC_s midpoints."""
+        if not jobs:
+            return []
+        pairs = [(a, b) for a, b, _ in jobs]
         times = [t for _, _, t in jobs]
         if self.model.multiple:
             frames = self._batched(pairs, [float(t) for t in times])
         else:
             check_times(self.model, times)
             frames = self._bisect(pairs, [Fraction(t).limit_denominator(1 << MAX_BISECTION_DEPTH) for t in times])
-        return [f.flip(-3) for f in frames]
+        return frames
 
     def _bisect(self, pairs: List[Tuple[Tensor, Tensor]], times: List[Fraction]) -> List[Tensor]:
         """EDSC_s: the frames at dyadic times by levels of midpoints, each level one batched pass;

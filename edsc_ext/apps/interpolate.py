@@ -27,7 +27,7 @@ import sys
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -41,6 +41,7 @@ from .common import (
     atomic_path,
     describe_os_error,
     ensure_output_folder,
+    note,
     progress,
     time_in_unit_interval,
 )
@@ -52,6 +53,7 @@ from .engine import (
     is_dyadic,
     load_model,
 )
+from .frames import HostFrame, Layout, Transfer, from_model, to_model, yuv_layout_of
 from .timing import DEFAULT_SCENE_THRESHOLD, Schedule, luma_thumbnail, parse_rate, scene_score
 
 __all__ = ["main", "build_parser", "load_model", "interpolate_frames", "interpolate_video", "progress", "read_frames",
@@ -100,9 +102,21 @@ class Source:
     info: Optional[video.VideoInfo] = None  # a video file's
     files: List[Path] = field(default_factory=list)  # a folder's
 
+    @property
+    def layout(self) -> Layout:
+        """How the decode thread hands frames over: a video's own 4:2:0 planes where the device
+        converts them (:mod:`edsc_ext.apps.frames`), else RGB (8 bits; 16 for deeper video)."""
+        info = self.info
+        if info is not None and not info.deep:
+            planar = yuv_layout_of(info.frame_format, info.frame_colorspace, info.frame_color_range, self.width,
+                                   self.height)
+            if planar is not None:
+                return planar
+        return Layout("rgb48le" if info is not None and info.deep else "rgb24", self.height, self.width)
+
     def frames(self):
         if self.info is not None:
-            return video.decode_frames(self.info)
+            return video.decode_frames(self.info, planes=self.layout.format == "yuv420p")
         return ((t, images.read_array(f)) for t, f in zip(self.times, self.files))
 
 
@@ -179,6 +193,9 @@ class VideoResult:
     encoding: str = ""
     copied: List[str] = field(default_factory=list)
     tiles: int = 0
+    network: str = ""  # what ran: "graph fp16", "eager fp32", ... (Interpolator.paths)
+    rotation: int = 0  # the display matrix's turn kept on the output (degrees counter-clockwise)
+    turned: int = 0  # degrees the pixels were turned by instead
 
 
 def _plan(source: Source, factor: Optional[int], fps: Optional[Fraction], tolerance: Fraction,
@@ -203,10 +220,10 @@ def _plan(source: Source, factor: Optional[int], fps: Optional[Fraction], tolera
 
 def interpolate_video(model: EDSC, source, target, factor: Optional[int] = None, fps=None, *,
                       input_fps=None, scene_threshold: Optional[float] = DEFAULT_SCENE_THRESHOLD,
-                      tile: Optional[int] = None, margin: int = DEFAULT_MARGIN, batch: int = 1, half: bool = False,
-                      compile: bool = False, codec: Optional[str] = None, crf: Optional[float] = None,
-                      pix_fmt: Optional[str] = None, audio: bool = True, show_progress: bool = True,
-                      quiet: bool = False) -> VideoResult:
+                      tile: Optional[int] = None, margin: int = DEFAULT_MARGIN, batch: int = 1, half=False,
+                      compile: bool = False, cuda_graph: Optional[bool] = None, codec: Optional[str] = None,
+                      crf: Optional[float] = None, pix_fmt: Optional[str] = None, preset: Optional[str] = None,
+                      audio: bool = True, show_progress: bool = True, quiet: bool = False) -> VideoResult:
     """Converts ``source`` (a video file or a folder of frames) into ``target`` (a video file, or a
     folder of numbered PNGs) at ``factor`` times its frame rate, or at ``fps``. Every check (the
     input, the output name, EDSC_s positions) comes before anything is written; the output appears
@@ -248,101 +265,171 @@ def interpolate_video(model: EDSC, source, target, factor: Optional[int] = None,
             raise UserError(f"EDSC_s only interpolates midpoints (t = 1/2, 1/4, 3/4, ...), but {rate_text} "
                             f"needs frames "
                             f"at t = {float(bad[0]):.4g} (one of {len(bad)} such positions): use EDSC_m weights")
-    engine = Interpolator(model, batch=batch, tile=tile, margin=margin, half=half, compile=compile, quiet=quiet)
+    engine = Interpolator(model, batch=batch, tile=tile, margin=margin, half=half, compile=compile,
+                          cuda_graph=cuda_graph, quiet=quiet)
 
     out_rate = fps if fps is not None else src.rate * factor
     # Constant-rate output: the time base 1/rate (containers such as AVI want it); else (variable-rate
     # input with --factor) the input's time base divided by the factor, which holds every time exactly.
     out_base = 1 / out_rate if on_grid else src.time_base / factor
     ensure_output_folder(target, quiet=quiet, prog=PROG)  # the folder the output goes into
-    device = engine.device
-    deep = src.info is not None and src.info.deep
-    scale = 65535.0 if deep else 255.0
+    # A display matrix stays on the output where the container stores one; elsewhere (other
+    # containers, PNG frames) the pixels are turned as players would show the input.
+    turn = 0
+    if src.info is not None and src.info.rotation and (kind == "folder" or
+                                                       target.suffix.lower() not in video.KEEPS_DISPLAY_MATRIX):
+        turn = src.info.rotation
+        if src.info.mirrored:
+            note(f"{PROG}: the input's display matrix also mirrors the picture; the output is turned by {turn} "
+                 "degrees but not mirrored (a .mp4/.mov/.mkv output keeps the matrix as it is)", quiet)
+    out_width, out_height = (src.height, src.width) if turn in (90, 270) else (src.width, src.height)
     detect = scene_threshold is not None
-    written = interpolated = cuts = 0
-    result = VideoResult(frames=0, interpolated=0, cuts=0 if detect else None, width=src.width, height=src.height,
+    result = VideoResult(frames=0, interpolated=0, cuts=0 if detect else None, width=out_width, height=out_height,
                          rate=out_rate, target=target, kind=kind)
-
-    def to_device(array: np.ndarray) -> Tensor:
-        t = torch.from_numpy(array.astype(np.int32) if array.dtype == np.uint16 else array)
-        if device.type == "cuda":
-            t = t.pin_memory()
-        return t.to(device, non_blocking=True).permute(2, 0, 1).float().div_(scale)
-
-    def to_array(frame: Tensor) -> np.ndarray:
-        pixels = frame.clamp(0, 1).mul(scale).round_().permute(1, 2, 0)
-        if deep:
-            return pixels.to(torch.int32).cpu().numpy().astype(np.uint16)
-        return pixels.to(torch.uint8).contiguous().cpu().numpy()
 
     with atomic_path(target, folder=(kind == "folder")) as tmp:
         if kind == "video":
-            sink = video.VideoSink(tmp, target, src.width, src.height, out_rate, out_base, info=src.info, codec=codec,
+            sink = video.VideoSink(tmp, target, out_width, out_height, out_rate, out_base, info=src.info, codec=codec,
                                    crf=crf, pix_fmt=pix_fmt, copy_streams=audio, quiet=quiet,
-                                   rate_change=out_rate / src.rate)
+                                   rate_change=out_rate / src.rate, preset=preset, rotate_pixels=bool(turn))
             result.encoding = f"{sink.encoder} {sink.pix_fmt}" + (f" crf {sink.options['crf']}"
                                                                   if "crf" in sink.options else "")
+            if "preset" in sink.options:
+                result.encoding += f" preset {sink.options['preset']}"
             result.copied = sink.copied_streams
+            result.rotation = src.info.rotation if sink.keeps_rotation else 0
         else:
             sink = video.FolderSink(tmp)
-        writer = video.BackgroundWriter(sink, QUEUE_SIZE)
-        reader = video.Prefetch(src.frames, QUEUE_SIZE)
+        result.turned = turn
         bar = progress(total=total, desc="interpolating", unit="frame", disable=not show_progress or quiet)
         schedule = Schedule(factor=factor, fps=fps, start=src.times[0], tolerance=tolerance, snap_depth=snap)
-        pending: list = []  # [array or None, time, job index] in output order
-        jobs: list = []
-
-        def flush():
-            nonlocal written, interpolated
-            made = engine.interpolate(jobs) if jobs else []
-            for array, time, job in pending:
-                if array is None:
-                    array = to_array(made[job])
-                    interpolated += 1
-                writer.put((array, time))
-                written += 1
-                bar.update(1)
-            pending.clear()
-            jobs.clear()
-
         try:
-            previous = None  # (index, time, array, tensor, thumbnail)
-            index = -1
-            for index, (time, array) in enumerate(reader):
-                if array.shape[:2] != (src.height, src.width):
-                    raise UserError(f"{src.path}: frame {index + 1} is {array.shape[1]}x{array.shape[0]}, the first "
-                                    f"{src.width}x{src.height} (a size change mid-stream is not supported)")
-                tensor = to_device(array)
-                thumb = luma_thumbnail(tensor) if detect else None
-                if previous is not None:
-                    p_index, p_time, p_array, p_tensor, p_thumb = previous
-                    cut = detect and scene_score(p_thumb, thumb) > scene_threshold
-                    cuts += cut
-                    for out in schedule.between(p_index, p_time, time):
-                        if out.is_copy or cut:
-                            pending.append([p_array, out.time, None])
-                        else:
-                            jobs.append((p_tensor, tensor, out.position))
-                            pending.append([None, out.time, len(jobs) - 1])
-                    if len(jobs) >= batch or not jobs:
-                        flush()
-                previous = (index, time, array, tensor, thumb)
-            if previous is None:
-                raise UserError(f"{src.path}: no frames could be decoded")
-            for out in schedule.after_last(previous[0], previous[1], src.end):
-                pending.append([previous[2], out.time, None])
-            flush()
+            counts = stream_frames(engine, src, sink, schedule, scene_threshold=scene_threshold, turn=turn,
+                                   progress_bar=bar)
+        finally:
             bar.close()
-            writer.close()
-        except BaseException:
-            bar.close()
-            reader.close()
-            writer.abort()
-            raise
-        reader.close()
-    result.frames, result.interpolated, result.cuts = written, interpolated, cuts if detect else None
+    result.frames, result.interpolated, cuts = counts
+    result.cuts = cuts if detect else None
     result.tiles = engine.tiles_used
+    result.network = ", ".join(engine.paths) or "none"
     return result
+
+
+def stream_frames(engine: Interpolator, src: Source, sink, schedule: Schedule, *,
+                  scene_threshold: Optional[float] = DEFAULT_SCENE_THRESHOLD, turn: int = 0, progress_bar=None,
+                  frames=None) -> Tuple[int, int, int]:
+    """Streams the frames of ``src`` (or the (time, array) items ``frames()`` makes, laid out as
+    ``src`` decodes them) through the decode thread, ``engine`` (this thread) and the encode thread
+    into ``sink``, frames placed by ``schedule``; returns (frames written, of them interpolated,
+    scene cuts). ``turn``: degrees counter-clockwise to turn the output's pixels by.
+
+    The decode thread does the host's share of each frame: it decodes, copies the frame into
+    page-locked memory and makes its scene thumbnail. This thread only queues work on the device
+    (upload, conversion, network, conversion back, download), so it never waits for the GPU; the
+    encode thread waits for each frame's download before encoding it."""
+    transfer = Transfer(engine.device)
+    in_layout = src.layout
+    out_layout = sink.layout if sink.layout is not None and not turn else None
+    if out_layout is None:  # RGB for swscale in the encode thread, or for the PNG writer
+        deep = src.info is not None and src.info.deep and not isinstance(sink, video.FolderSink)
+        h, w = (src.width, src.height) if turn in (90, 270) else (src.height, src.width)
+        out_layout = Layout("rgb48le" if deep else "rgb24", h, w)
+    elif turn == 0 and (out_layout.height, out_layout.width) != (src.height, src.width):
+        raise AssertionError("the sink's layout is not of the frames' size")
+    # Input frames that the output repeats go to the encoder untouched when it takes their layout.
+    passthrough = in_layout == out_layout and not turn
+    detect = scene_threshold is not None
+    make_frames = frames if frames is not None else src.frames
+
+    def host_side():  # the decode thread
+        for time, array in make_frames():
+            layout = in_layout if in_layout.format == "yuv420p" else Layout(
+                "rgb48le" if array.dtype == np.uint16 else "rgb24", src.height, src.width)
+            if array.shape != layout.shape:
+                height, width = (array.shape[0] * 2 // 3, array.shape[1]) if array.ndim == 2 else array.shape[:2]
+                raise UserError(f"{src.path}: a frame is {width}x{height}, the first {src.width}x{src.height} (a size "
+                                "change mid-stream is not supported)")
+            thumb = luma_thumbnail_of(array, layout) if detect else None
+            yield time, array, layout, transfer.pin(array), thumb
+
+    writer = video.BackgroundWriter(sink, QUEUE_SIZE)
+    engine.prepare(src.height, src.width)  # a CUDA graph is captured before the other threads run
+    reader = video.Prefetch(host_side, QUEUE_SIZE)
+    written = interpolated = cuts = 0
+    pending: list = []  # (frame record or None, time, job index) in output order
+    jobs: list = []
+
+    def flush():
+        nonlocal written, interpolated
+        made = engine.interpolate_bgr(jobs) if jobs else []
+        converted, sources = [], []
+        for record, _, job in pending:
+            if job is not None:
+                sources.append(made[job])
+            elif not passthrough:
+                sources.append(record[1])
+        host_frames = []
+        if sources:
+            batch = torch.stack(sources)
+            if turn:
+                batch = torch.rot90(batch, turn // 90, dims=(-2, -1))
+            host_frames = transfer.download(from_model(batch, out_layout), out_layout)
+        converted = iter(host_frames)
+        for record, time, job in pending:
+            if job is not None or not passthrough:
+                host = next(converted)
+                interpolated += job is not None
+            else:
+                host = HostFrame(record[0], out_layout)
+            writer.put((host, time))
+            written += 1
+            if progress_bar is not None:
+                progress_bar.update(1)
+        pending.clear()
+        jobs.clear()
+
+    try:
+        previous = None  # (index, time, (array, tensor), thumbnail)
+        index = -1
+        for index, (time, array, layout, pinned, thumb) in enumerate(reader):
+            tensor = to_model(transfer.upload(pinned), layout)
+            record = (array, tensor)
+            if previous is not None:
+                p_index, p_time, p_record, p_thumb = previous
+                cut = detect and scene_score(p_thumb, thumb) > scene_threshold
+                cuts += cut
+                for out in schedule.between(p_index, p_time, time):
+                    if out.is_copy or cut:
+                        pending.append((p_record, out.time, None))
+                    else:
+                        jobs.append((p_record[1], tensor, out.position))
+                        pending.append((None, out.time, len(jobs) - 1))
+                if len(jobs) >= engine.batch or not jobs:
+                    flush()
+            previous = (index, time, record, thumb)
+        if previous is None:
+            raise UserError(f"{src.path}: no frames could be decoded")
+        for out in schedule.after_last(previous[0], previous[1], src.end):
+            pending.append((previous[2], out.time, None))
+        flush()
+        writer.close()
+    except BaseException:
+        reader.close()
+        writer.abort()
+        raise
+    reader.close()
+    return written, interpolated, cuts
+
+
+def luma_thumbnail_of(array: np.ndarray, layout: Layout) -> Tensor:
+    """The scene measure's thumbnail of a host frame (see :func:`~edsc_ext.apps.timing.luma_thumbnail`):
+    of its Y plane where it has one (scaled to [0, 1] from the video's range), else of its RGB."""
+    if layout.format == "yuv420p":
+        offset, scale = (0.0, 255.0) if layout.full_range else (16.0, 219.0)
+        luma = torch.from_numpy(array[:layout.height]).float().sub_(offset).div_(scale).clamp_(0, 1)
+        return luma_thumbnail(luma)
+    rgb = torch.from_numpy(array.astype(np.int32) if array.dtype == np.uint16 else array)
+    return luma_thumbnail(rgb.permute(2, 0, 1).float().div_(65535.0 if array.dtype == np.uint16 else 255.0))
 
 
 def _rate_text(rate) -> str:
@@ -421,6 +508,8 @@ def build_parser() -> OneLineParser:
                              help="encoder quality (default: the input's where its encoder recorded it, else the "
                                   "encoder's default)")
     video_group.add_argument("--pix-fmt", default=None, help="pixel format (default: the input's, e.g. yuv420p)")
+    video_group.add_argument("--preset", default=None,
+                             help="x264/x265 speed preset, e.g. veryfast (default: the encoder's, medium)")
     video_group.add_argument("--no-audio", action="store_true", help="do not copy the audio and subtitle streams")
     speed = parser.add_argument_group("speed and memory")
     speed.add_argument("--tile", type=int, default=None, metavar="SIZE",
@@ -429,8 +518,18 @@ def build_parser() -> OneLineParser:
     speed.add_argument("--tile-margin", type=int, default=DEFAULT_MARGIN, metavar="PX",
                        help=f"context around each tile (default {DEFAULT_MARGIN})")
     speed.add_argument("--batch", type=_positive_int, default=1, help="new frames per network call (default 1)")
-    speed.add_argument("--half", action="store_true", help="float16 (CUDA autocast; CUDA only)")
-    speed.add_argument("--compile", action="store_true", help="torch.compile the network")
+    precision = speed.add_mutually_exclusive_group()
+    precision.add_argument("--half", action="store_const", const="fp16", dest="half", default=None,
+                           help="the network in float16 under CUDA autocast, channels_last; CUDA only (elsewhere: a "
+                                "note, float32)")
+    precision.add_argument("--bf16", action="store_const", const="bf16", dest="half",
+                           help="as --half, in bfloat16")
+    speed.add_argument("--compile", action="store_true",
+                       help="torch.compile the network (a note and uncompiled where it cannot: no Triton on CUDA, no "
+                            "compiler)")
+    speed.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
+                       help="replay the network as a CUDA graph (default: on CUDA with whole frames and without "
+                            "--compile)")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--sampling", choices=SAMPLINGS, default="compat",
                         help="'compat': the original layer (for released weights, default); 'clean': centred taps")
@@ -460,8 +559,8 @@ def _run_pair(args) -> None:
     if not model.multiple and args.time != 0.5:
         raise UserError(f"EDSC_s interpolates the midpoint only (--time 0.5), got --time {args.time}: "
                         f"use EDSC_m weights")
-    engine = Interpolator(model, batch=1, tile=args.tile, margin=args.tile_margin, half=args.half,
-                          compile=args.compile, quiet=args.quiet)
+    engine = Interpolator(model, batch=1, tile=args.tile, margin=args.tile_margin, half=args.half or False,
+                          compile=args.compile, cuda_graph=args.cuda_graph, quiet=args.quiet)
     (middle,) = engine.interpolate([(first, second, Fraction(args.time) if not model.multiple else args.time)])
     ensure_output_folder(output, quiet=args.quiet, prog=PROG)
     images.write_image(output, middle.float().cpu())
@@ -478,7 +577,8 @@ def _run_video(args) -> None:
     result = interpolate_video(
         model, source, args.output, factor=args.factor, fps=args.fps, input_fps=args.input_fps,
         scene_threshold=None if args.no_scene_detect else args.scene_threshold, tile=args.tile,
-        margin=args.tile_margin, batch=args.batch, half=args.half, compile=args.compile, codec=args.codec,
+        margin=args.tile_margin, batch=args.batch, half=args.half or False, compile=args.compile,
+        cuda_graph=args.cuda_graph, preset=args.preset, codec=args.codec,
         crf=args.crf, pix_fmt=args.pix_fmt, audio=not args.no_audio, show_progress=not args.quiet, quiet=args.quiet)
     cuts = "scene detection off" if result.cuts is None else f"{result.cuts} scene cut(s) found"
     extra = [cuts]
@@ -488,6 +588,12 @@ def _run_video(args) -> None:
         extra.append("copied " + ", ".join(result.copied))
     if result.tiles:
         extra.append(f"{result.tiles} tiles")
+    if result.rotation:
+        extra.append(f"display rotation {result.rotation} kept")
+    if result.turned:
+        extra.append(f"pixels turned by {result.turned} degrees (as the input is shown)")
+    if result.network and result.interpolated:
+        extra.append(f"network: {result.network}")
     print(f"wrote {result.frames} frames ({result.interpolated} interpolated; {result.width}x{result.height} at "
           f"{_rate_text(result.rate)} fps) to {result.target}: {'; '.join(extra)}")
 

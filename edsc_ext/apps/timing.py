@@ -15,7 +15,8 @@ the output lasts as long as the input (to within one output frame period). A fol
 no durations: its last frame ends the output.
 
 Scene cuts (:func:`scene_score`): the mean absolute difference, in percent of full scale, of the two
-frames' luma (BT.601 weights) after an area-average downscale to 64 pixels on the longer side.
+frames' luma after an area-average downscale to 64 pixels on the longer side: a video's own Y plane
+(scaled from its range to [0, 1]) where the frames come as YUV planes, else BT.601 weights of RGB.
 Motion within a shot scores a few percent (the 640x360 DAVIS clip car-turn, a panning shot: at most
 4.3, 2.3 on average), a cut between different shots usually 10 or more: ``DEFAULT_SCENE_THRESHOLD``
 is 10. Across a cut no frame is synthesised: the frames that fall between the two input frames are
@@ -152,8 +153,12 @@ def constant_rate_count(frames: int, rate: Fraction, factor: Optional[int], fps:
 
 def luma_thumbnail(rgb: Tensor) -> Tensor:
     """(3, H, W) RGB in [0, 1] (any device) -> its luma, area-averaged to at most 64 pixels on the
-    longer side, float32 (the scene measure's view of a frame)."""
-    y = (0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2]).float()[None, None]
+    longer side, float32 (the scene measure's view of a frame). An (H, W) tensor is taken as the
+    luma itself (a video's Y plane, scaled to [0, 1])."""
+    if rgb.dim() == 2:
+        y = rgb.float()[None, None]
+    else:
+        y = (0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2]).float()[None, None]
     h, w = y.shape[-2:]
     scale = THUMBNAIL_SIZE / max(h, w)
     if scale < 1:

@@ -3,13 +3,18 @@
 - :func:`probe`: what a video file holds, from one demuxing pass over its video packets (no
   decoding): size, codec, pixel format, frame rate, every frame's timestamp, where it ends, the CRF
   its x264/x265 encoder wrote into the stream (if it did), and the audio/subtitle streams.
-- :func:`decode_frames`: the frames as (time in seconds, H x W x 3 array) in presentation order,
-  8-bit RGB (``rgb24``), or 16-bit (``rgb48le``) when the input has more than 8 bits per sample.
+- :func:`decode_frames`: the frames as (time in seconds, array) in presentation order: the
+  decoder's own 8-bit 4:2:0 planes where the network's device converts them
+  (:mod:`edsc_ext.apps.frames`), else 8-bit RGB (``rgb24``), or 16-bit (``rgb48le``) when the input
+  has more than 8 bits per sample, converted by one swscale context kept for the whole clip.
 - :class:`VideoSink`: encodes frames into a video file and copies the audio and subtitle packets
   of the input into it untouched (remuxed, interleaved by time through a second demuxer of the
   input, so nothing is buffered), in sync: the frames keep the input's clock. The codec, CRF and
-  pixel format follow the input unless set (see :func:`choose_encoding`).
-- :class:`FolderSink`: numbered PNG frames.
+  pixel format follow the input unless set (see :func:`choose_encoding`). A rotated input (a phone's
+  display matrix) keeps its matrix in containers that store one (MP4, MOV, M4V, MKV, WebM), so
+  players turn the output as they turn the input; other outputs get turned pixels (the caller
+  rotates them, see :attr:`VideoInfo.rotation`).
+- :class:`FolderSink`: numbered PNG frames (upright: turned by the caller as the video is shown).
 - :class:`Prefetch` and :class:`BackgroundWriter`: a decode thread and an encode thread joined to
   the main thread by bounded queues, so decoding, the network and encoding overlap and memory does
   not grow with the clip's length.
@@ -28,6 +33,7 @@ from typing import Callable, Iterator, List, Optional, Tuple
 import numpy as np
 
 from .common import UserError, describe_os_error, note, require
+from .frames import yuv_layout_of
 
 __all__ = ["VIDEO_EXTENSIONS", "VideoInfo", "probe", "decode_frames", "choose_encoding", "VideoSink", "FolderSink",
            "Prefetch", "BackgroundWriter", "is_video_name"]
@@ -39,6 +45,13 @@ ENCODER_OF = {"h264": "libx264", "hevc": "libx265", "vp9": "libvpx-vp9", "vp8": 
 # Encoders that take a CRF: (lowest, highest, default).
 CRF_RANGE = {"libx264": (0, 51, 23), "libx265": (0, 51, 28), "libvpx-vp9": (0, 63, 31), "libvpx": (4, 63, 10),
              "libsvtav1": (0, 63, 35)}
+# Encoders with x264's speed presets (--preset).
+PRESETS = {"libx264": ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow",
+                       "placebo"),
+           "libx265": ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow",
+                       "placebo")}
+# Containers that store a display matrix (written by FFmpeg, read back by it and by players).
+KEEPS_DISPLAY_MATRIX = (".mp4", ".m4v", ".mov", ".mkv", ".webm")
 
 
 def _av():
@@ -72,6 +85,15 @@ class VideoInfo:
     color_range: int = 0
     color_primaries: int = 2
     color_trc: int = 2
+    # The first decoded frame's: its pixel format and colour tags (what the conversion to RGB reads),
+    # and its display matrix (nine ints, FFmpeg's layout) with the counter-clockwise turn, in
+    # degrees, that it asks players for (0, 90, 180 or 270; other angles are not turned).
+    frame_format: str = "yuv420p"
+    frame_colorspace: int = 2
+    frame_color_range: int = 0
+    display_matrix: Optional[Tuple[int, ...]] = None
+    rotation: int = 0
+    mirrored: bool = False  # the matrix also flips the picture
 
     @property
     def duration(self) -> Fraction:
@@ -141,7 +163,8 @@ def probe(path) -> VideoInfo:
         deep = bool(fmt and fmt.components and max(c.bits for c in fmt.components) > 8)
         copied = [(s.index, s.type, s.codec_context.name) for s in container.streams
                   if s.type in ("audio", "subtitle") and s.codec_context is not None]
-        return VideoInfo(path=path, width=ctx.width, height=ctx.height, codec=ctx.name,
+        first = _first_frame_facts(path)
+        return VideoInfo(**first, path=path, width=ctx.width, height=ctx.height, codec=ctx.name,
                          pix_fmt=ctx.pix_fmt or "yuv420p",
                          rate=rate, time_base=time_base, times=times, end=end, crf=crf,
                          bit_rate=stream.bit_rate or ctx.bit_rate or None, deep=deep, copied=copied,
@@ -151,6 +174,30 @@ def probe(path) -> VideoInfo:
         container.close()
 
 
+def _first_frame_facts(path: Path) -> dict:
+    """The first frame's pixel format, colour tags and display matrix (what only decoding tells)."""
+    av = _av()
+    container = _open_input(path)
+    try:
+        frame = next(container.decode(container.streams.video[0]), None)
+    except av.error.FFmpegError as e:
+        raise UserError(f"{path}: cannot decode its first frame ({e})") from None
+    finally:
+        container.close()
+    if frame is None:
+        raise UserError(f"{path}: no frame could be decoded")
+    facts = {"frame_format": frame.format.name, "frame_colorspace": _tag(frame, "colorspace", 2),
+             "frame_color_range": _tag(frame, "color_range", 0)}
+    for side in frame.side_data:
+        if side.type == av.sidedata.sidedata.Type.DISPLAYMATRIX and len(bytes(side)) >= 36:
+            matrix = tuple(int(v) for v in np.frombuffer(bytes(side)[:36], dtype=np.int32))
+            turn = round(float(frame.rotation or 0))
+            facts["display_matrix"] = matrix
+            facts["rotation"] = turn % 360 if turn % 90 == 0 else 0
+            facts["mirrored"] = matrix[0] * matrix[4] - matrix[1] * matrix[3] < 0
+    return facts
+
+
 def _tag(ctx, name: str, default: int) -> int:
     try:
         return int(getattr(ctx, name))
@@ -158,15 +205,21 @@ def _tag(ctx, name: str, default: int) -> int:
         return default
 
 
-def decode_frames(info: VideoInfo) -> Iterator[Tuple[Fraction, np.ndarray]]:
-    """(time in seconds, (H, W, 3) uint8 or uint16 RGB array) of every frame, in presentation order.
-    Frames with a timestamp not after the previous one's are skipped."""
+def decode_frames(info: VideoInfo, planes: bool = False) -> Iterator[Tuple[Fraction, np.ndarray]]:
+    """(time in seconds, array) of every frame, in presentation order: with ``planes`` the
+    decoder's 4:2:0 planes stacked into (H * 3/2, W) (for frames in 8-bit yuv420p or yuvj420p), else
+    an (H, W, 3) uint8 RGB array (uint16 for more than 8 bits per sample). Frames with a timestamp
+    not after the previous one's are skipped."""
     av = _av()
+    from av.video.reformatter import VideoReformatter
+
     container = _open_input(info.path)
     try:
         stream = container.streams.video[0]
-        stream.thread_type = "AUTO"
+        stream.thread_type = "AUTO"  # frame and slice threads: FFmpeg picks how many
         fmt = "rgb48le" if info.deep else "rgb24"
+        # One swscale context for the clip (a frame's own reformat builds a new one each time).
+        reformatter = VideoReformatter()
         index, last = 0, None
         try:
             for frame in container.decode(stream):
@@ -176,7 +229,12 @@ def decode_frames(info: VideoInfo) -> Iterator[Tuple[Fraction, np.ndarray]]:
                 if last is not None and time <= last:
                     continue
                 last = time
-                yield time, frame.to_ndarray(format=fmt)
+                if planes:
+                    if frame.format.name not in ("yuv420p", "yuvj420p"):  # a format change mid-stream
+                        frame = reformatter.reformat(frame, format=info.frame_format)
+                    yield time, frame.to_ndarray()
+                else:
+                    yield time, reformatter.reformat(frame, format=fmt).to_ndarray()
         except av.error.FFmpegError as e:
             raise UserError(f"{info.path}: cannot decode frame {index + 1} ({e})") from None
     finally:
@@ -264,14 +322,18 @@ def _mux(container, packets) -> None:
 
 
 class VideoSink:
-    """Encodes RGB frames (H, W, 3 arrays, with their time in seconds) into a video file at
-    ``path`` (a temporary name: the caller renames it), copying the input's audio and subtitle
-    streams in sync. Writes happen in the encode thread (:class:`BackgroundWriter`)."""
+    """Encodes frames (:class:`~edsc_ext.apps.frames.HostFrame`, with their time in seconds) into a
+    video file at ``path`` (a temporary name: the caller renames it), copying the input's audio and
+    subtitle streams in sync. Writes happen in the encode thread (:class:`BackgroundWriter`).
+    Frames in the encoder's own 4:2:0 layout go in as they are; RGB ones through one swscale
+    context. The input's display matrix is kept (:attr:`keeps_rotation`) where the container
+    stores one and ``rotate_pixels`` is not asked for; ``width`` and ``height`` are those of the
+    frames written (turned already where the caller turns the pixels)."""
 
     def __init__(self, path: Path, target: Path, width: int, height: int, rate: Fraction, time_base: Fraction,
                  info: Optional[VideoInfo] = None, codec: Optional[str] = None, crf: Optional[float] = None,
                  pix_fmt: Optional[str] = None, copy_streams: bool = True, quiet: bool = False,
-                 rate_change: Fraction = Fraction(1)):
+                 rate_change: Fraction = Fraction(1), preset: Optional[str] = None, rotate_pixels: bool = False):
         av = _av()
         self.av, self.path, self.target, self.time_base = av, path, target, time_base
         self.frames = 0
@@ -283,6 +345,12 @@ class VideoSink:
             raise UserError(f"-o {target}: cannot write a video file of this kind ({e})") from None
         try:
             encoder, pix, options = choose_encoding(self.container, target, info, codec, crf, pix_fmt, width, height)
+            if preset is not None:
+                if encoder not in PRESETS:
+                    raise UserError(f"--preset {preset}: {encoder} has no presets (libx264 and libx265 have)")
+                if preset not in PRESETS[encoder]:
+                    raise UserError(f"--preset {preset}: {encoder} takes {', '.join(PRESETS[encoder])}")
+                options["preset"] = preset
             self.stream = self.container.add_stream(encoder, rate=rate, options=options)
             self.stream.width, self.stream.height, self.stream.pix_fmt = width, height, pix
             self.stream.time_base = time_base
@@ -304,20 +372,33 @@ class VideoSink:
                     self._colour["dst_colorspace"] = info.colorspace
                 if info.color_range:
                     self._colour["dst_color_range"] = info.color_range
+            self.keeps_rotation = bool(info is not None and info.display_matrix is not None and not rotate_pixels
+                                       and target.suffix.lower() in KEEPS_DISPLAY_MATRIX)
+            if self.keeps_rotation:
+                self.stream.set_display_matrix(list(info.display_matrix))
             self._copier = _PacketCopier(av, info, self.container, target, quiet) if (info and copy_streams) else None
             if self._copier is not None:
                 self.copied_streams = self._copier.names
         except BaseException:
             self.container.close()
             raise
-        self._input_format = None
+        from av.video.reformatter import VideoReformatter
+
+        self._reformatter = VideoReformatter()  # one swscale context for the clip
+        # The 4:2:0 layout the device may hand frames over in (None: RGB, converted here).
+        colorspace = info.colorspace if info is not None else 2
+        color_range = info.color_range if info is not None else 0
+        self.layout = yuv_layout_of(pix, colorspace, color_range, width, height) if encoder != "gif" else None
 
     def write(self, item) -> None:
-        array, time = item
-        if self._input_format is None:
-            self._input_format = "rgb48le" if array.dtype == np.uint16 else "rgb24"
-        frame = self.av.VideoFrame.from_ndarray(array, format=self._input_format)
-        frame = frame.reformat(format=self.pix_fmt, **self._colour)
+        host, time = item
+        array = host.get()
+        if host.layout.format == "yuv420p":
+            frame = self.av.VideoFrame.from_ndarray(array, format=self.pix_fmt if self.layout else "yuv420p")
+        else:
+            frame = self.av.VideoFrame.from_ndarray(array, format=host.layout.format)
+        if frame.format.name != self.pix_fmt:
+            frame = self._reformatter.reformat(frame, format=self.pix_fmt, **self._colour)
         frame.pts = int(round(time / self.time_base))
         frame.time_base = self.time_base
         self._mux_video(self.stream.encode(frame))
@@ -396,7 +477,11 @@ class _PacketCopier:
 
 
 class FolderSink:
-    """Writes frames as numbered PNGs (00000000.png, ...) into a folder."""
+    """Writes frames (RGB :class:`~edsc_ext.apps.frames.HostFrame`) as numbered PNGs (00000000.png,
+    ...) into a folder."""
+
+    layout = None  # RGB only
+    keeps_rotation = False
 
     def __init__(self, folder: Path):
         self.folder, self.frames = folder, 0
@@ -404,7 +489,8 @@ class FolderSink:
     def write(self, item) -> None:
         from PIL import Image
 
-        array, _ = item
+        host, _ = item
+        array = host.get()
         if array.dtype == np.uint16:
             array = (array.astype(np.float32) / 257.0).round().astype(np.uint8)
         path = self.folder / f"{self.frames:08d}.png"
