@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib.util
+import json
 import math
 import pickle
 import subprocess
@@ -25,7 +26,7 @@ import torch
 from edsc_ext import evaluate, interpolate
 from edsc_ext.models import EDSC_m, EDSC_s, save_checkpoint
 
-from conftest import needs_shared_data, shared_data_path
+from conftest import needs_shared_data, rel_error, requires_cuda, shared_data_path
 
 MISSING = [m for m in ("av", "PIL", "tqdm") if importlib.util.find_spec(m) is None]
 needs_apps = pytest.mark.skipif(bool(MISSING), reason=f"needs the apps extra ({', '.join(MISSING)} missing): "
@@ -34,7 +35,7 @@ if not MISSING:
     import av
     from PIL import Image
 
-    from edsc_ext.apps import engine, images, timing, video
+    from edsc_ext.apps import engine, frames, images, timing, video
 
 MIDDLEBURY = shared_data_path("middlebury")
 needs_middlebury = needs_shared_data("middlebury")
@@ -108,12 +109,15 @@ def scene(k: int, w: int, h: int, second: bool) -> np.ndarray:
 
 
 def make_clip(path: Path, frames: int = 16, rate=Fraction(24), w: int = 64, h: int = 48, cut_at=None,
-              audio: bool = True, times_ms=None, codec: str = "libx264") -> Path:
+              audio: bool = True, times_ms=None, codec: str = "libx264", rotation: int = 0) -> Path:
     """A clip of ``frames`` frames (``times_ms``: their times in ms, for variable frame rates), with a
-    hard cut before frame ``cut_at`` and a stereo AAC track as long as the video."""
+    hard cut before frame ``cut_at`` and a stereo AAC track as long as the video; ``rotation``: a
+    display matrix turning it by that many degrees counter-clockwise (as a phone writes one)."""
     out = av.open(str(path), "w")
     stream = out.add_stream(codec, rate=rate, options={"crf": "12"} if codec == "libx264" else {})
     stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
+    if rotation:
+        stream.set_display_rotation(rotation)
     if times_ms is not None:
         stream.codec_context.time_base = Fraction(1, 1000)
         stream.time_base = Fraction(1, 1000)
@@ -148,6 +152,7 @@ def read_clip(path: Path, frames: bool = False) -> dict:
                 "codec": stream.codec_context.name, "pix_fmt": stream.codec_context.pix_fmt,
                 "types": sorted(s.type for s in container.streams)}
         decoded = list(container.decode(stream))
+        info["rotation"] = round(decoded[0].rotation or 0) % 360
         info["times"] = [Fraction(f.pts) * Fraction(stream.time_base) for f in decoded]
         info["time_base"] = Fraction(stream.time_base)
         if frames:
@@ -994,3 +999,301 @@ def test_subtitles_are_copied_where_the_container_takes_them(tmp_path, weights, 
     # MP4 takes no SubRip: left out, with a note (not an error).
     rc, _, err = run_cli(video_argv(weights, "EDSC_s", source, tmp_path / "x2.mp4")[:-1], capsys)
     assert rc == 0 and "subtitle stream" in err and "left out" in err
+
+
+# --------------------------------------------------------------------------------------------
+# The device side of the video path: colour conversion, untouched copies, rotation, speed flags.
+
+
+def smooth_rgb(gen, h: int, w: int) -> np.ndarray:
+    """A random smooth RGB image (uint8): noise at 1/8 of the size, bilinearly upsampled."""
+    small = torch.rand(1, 3, h // 8 + 1, w // 8 + 1, generator=gen)
+    big = torch.nn.functional.interpolate(small, size=(h, w), mode="bilinear", align_corners=False)
+    return (big[0].permute(1, 2, 0) * 255).round().to(torch.uint8).numpy()
+
+
+@needs_apps
+@pytest.mark.parametrize("colorspace, color_range", [(2, 0), (1, 1), (5, 2)])
+def test_device_yuv_conversion_agrees_with_swscale(gen, colorspace, color_range):
+    from av.video.reformatter import VideoReformatter
+
+    h, w = 48, 80
+    rgb = smooth_rgb(gen, h, w)
+    yuv_frame = VideoReformatter().reformat(av.VideoFrame.from_ndarray(rgb, format="rgb24"), format="yuv420p",
+                                            dst_colorspace=colorspace, dst_color_range=color_range)
+    planes = yuv_frame.to_ndarray()
+    layout = frames.yuv_layout_of("yuv420p", colorspace, color_range, w, h)
+    assert layout.matrix == ("bt709" if colorspace == 1 else "bt601") and layout.full_range == (color_range == 2)
+    # YUV -> RGB: swscale's own conversion of the same planes.
+    expected = yuv_frame.to_ndarray(format="rgb24", src_colorspace=colorspace, src_color_range=color_range)
+    bgr = frames.to_model(torch.from_numpy(planes), layout)
+    assert bgr.shape == (3, h, w) and bgr.dtype == torch.float32
+    diff = (bgr.flip(0).permute(1, 2, 0) * 255 - torch.from_numpy(expected).float()).abs()
+    assert diff.max() <= 3.5 and diff.mean() <= 1.5, (diff.max(), diff.mean())
+    # RGB -> YUV: luma within a level of swscale's, chroma (a 2x2 mean here) close to its filter.
+    mine = frames.from_model(torch.from_numpy(rgb).permute(2, 0, 1).flip(0).float() / 255, layout)
+    assert mine.shape == planes.shape and mine.dtype == torch.uint8
+    d = (mine.int() - torch.from_numpy(planes).int()).abs()
+    assert d[:h].max() <= 1 and d[h:].float().mean() <= 1.5 and d[h:].max() <= 8, (d[:h].max(), d[h:].max())
+    # There and back: the chroma exactly, the luma to within one level.
+    back = frames.from_model(bgr, layout)
+    d = (back.int() - torch.from_numpy(planes).int()).abs()
+    assert d[:h].max() <= 1 and d[h:].max() == 0
+    # Batches convert alike, and formats the device does not convert are left to swscale.
+    pair = frames.to_model(torch.from_numpy(np.stack([planes, planes])), layout)
+    assert torch.equal(pair[0], bgr) and torch.equal(pair[1], bgr)
+    assert frames.yuv_layout_of("yuv420p", 9, 0, w, h) is None  # BT.2020
+    assert frames.yuv_layout_of("yuv444p", 1, 0, w, h) is None
+    assert frames.yuv_layout_of("yuv420p", 1, 0, w - 1, h) is None
+
+
+@needs_apps
+def test_rgb_layouts_round_trip(gen):
+    rgb8 = smooth_rgb(gen, 8, 16)
+    layout = frames.Layout("rgb24", 8, 16)
+    bgr = frames.to_model(torch.from_numpy(rgb8), layout)
+    assert np.array_equal(bgr.flip(0).permute(1, 2, 0).mul(255).round().to(torch.uint8).numpy(), rgb8)
+    assert np.array_equal(frames.from_model(bgr, layout).numpy(), rgb8)
+    rgb16 = (rgb8.astype(np.uint16) * 257 + 3).astype(np.uint16)
+    layout16 = frames.Layout("rgb48le", 8, 16)
+    back = frames.from_model(frames.to_model(torch.from_numpy(rgb16), layout16), layout16)
+    assert back.dtype == torch.uint16 and np.array_equal(back.numpy(), rgb16)
+
+
+class RecordingSink:
+    """A sink that keeps what it is given (in the encode thread), in the layout ``layout``."""
+
+    def __init__(self, layout):
+        self.layout, self.items, self.finished = layout, [], False
+
+    def write(self, item):
+        host, time = item
+        self.items.append((host.get().copy(), host.layout, time))
+
+    def finish(self):
+        self.finished = True
+
+    def abort(self):
+        pass
+
+
+@needs_apps
+def test_copied_frames_reach_the_encoder_untouched_and_new_ones_are_converted(weights, clip, blend_network):
+    source = interpolate.open_source(clip)
+    layout = source.layout
+    assert layout.format == "yuv420p"  # the x264 clip: its planes are handed over as they are
+    decoded = [a for _, a in video.decode_frames(source.info, planes=True)]
+    model = load_weights(weights["EDSC_s"])
+    engine_ = engine.Interpolator(model, batch=3)
+    sink = RecordingSink(layout)
+    schedule = timing.Schedule(factor=2, start=source.times[0], tolerance=source.time_base / 2)
+    written, made, cuts = interpolate.stream_frames(engine_, source, sink, schedule)
+    assert (written, made, cuts) == (32, 15 - 1, 1) and sink.finished
+    assert [time for _, _, time in sink.items] == [Fraction(k, 48) for k in range(32)]
+    for k, (array, got_layout, _) in enumerate(sink.items):
+        assert got_layout == layout and array.shape == (72, 64)
+        if k % 2 == 0:  # input frame k/2, as decoded
+            assert np.array_equal(array, decoded[k // 2]), k
+    # A new frame is the blend of its neighbours, converted on the device (to within rounding).
+    first, second = (frames.to_model(torch.from_numpy(decoded[j]), layout) for j in (2, 3))
+    expected = frames.from_model((first + second) / 2, layout).numpy()
+    assert np.abs(sink.items[5][0].astype(int) - expected.astype(int)).max() <= 1
+    assert [shape[0] for shape in blend_network] == [3, 3, 3, 3, 2]  # batches of 3 new frames, the rest at the end
+
+
+def load_weights(path):
+    return engine.load_model(path, device="cpu")
+
+
+@needs_apps
+@pytest.mark.parametrize("rotation", [90, 180, 270])
+def test_rotated_input_keeps_its_matrix_or_gets_turned_pixels(tmp_path, weights, capsys, blend_network, rotation):
+    source = make_clip(tmp_path / f"phone{rotation}.mp4", frames=4, w=64, h=48, audio=False, rotation=rotation)
+    info = video.probe(source)
+    assert info.rotation == rotation and not info.mirrored
+    upright = [np.rot90(f, rotation // 90) for f in read_clip(source, frames=True)["frames"]]
+    # MP4 and MKV keep the matrix: same coded size, players turn it alike.
+    for ext in (".mp4", ".mkv"):
+        out = tmp_path / f"kept{rotation}{ext}"
+        rc, stdout, err = run_cli(video_argv(weights, "EDSC_s", source, out), capsys)
+        assert rc == 0 and f"display rotation {rotation} kept" in stdout, err
+        got = read_clip(out)
+        assert (got["width"], got["height"], got["rotation"]) == (64, 48, rotation)
+    # AVI stores no matrix: the pixels are turned (the size too, for a quarter turn).
+    out = tmp_path / f"turned{rotation}.avi"
+    rc, stdout, err = run_cli(video_argv(weights, "EDSC_s", source, out), capsys)
+    assert rc == 0 and f"pixels turned by {rotation}" in stdout, err
+    got = read_clip(out, frames=True)
+    assert got["rotation"] == 0 and (got["height"], got["width"]) == upright[0].shape[:2]
+    assert np.abs(got["frames"][0] - upright[0]).mean() < 0.03  # mpeg4 at the input's bit rate
+    # PNG frames are upright too.
+    rc, _, err = run_cli(video_argv(weights, "EDSC_s", source, tmp_path / f"frames{rotation}/"), capsys)
+    assert rc == 0, err
+    first = images.read_array(tmp_path / f"frames{rotation}" / "00000000.png").astype(np.float32) / 255
+    assert first.shape == upright[0].shape and np.abs(first - upright[0]).max() < 0.02
+
+
+@needs_apps
+def test_preset_is_passed_to_x264_and_checked(tmp_path, weights, clip, capsys, blend_network):
+    rc, stdout, err = run_cli(video_argv(weights, "EDSC_s", clip, tmp_path / "fast.mp4", "--preset", "veryfast"),
+                              capsys)
+    assert rc == 0 and "preset veryfast" in stdout, err
+    assert len(read_clip(tmp_path / "fast.mp4")["times"]) == 32
+    rc, _, err = run_cli(video_argv(weights, "EDSC_s", clip, tmp_path / "bad.mp4", "--preset", "warp"), capsys)
+    assert_one_line_error(rc, err, "--preset warp", "veryfast")
+    rc, _, err = run_cli(video_argv(weights, "EDSC_s", clip, tmp_path / "bad.avi", "--codec", "mpeg4", "--preset",
+                                    "fast"), capsys)
+    assert_one_line_error(rc, err, "--preset fast", "no presets")
+    assert leftover_files(tmp_path) == ["fast.mp4"]
+
+
+@needs_apps
+def test_speed_flags_fall_back_on_the_cpu_in_one_line(tmp_path, weights, clip, capsys):
+    rc, stdout, err = run_cli(video_argv(weights, "EDSC_s", clip, tmp_path / "plain.mkv"), capsys)
+    assert rc == 0 and "network: eager fp32" in stdout, err
+    plain = read_clip(tmp_path / "plain.mkv", frames=True)["frames"]
+    for flags, needle in ((["--half"], "--half"), (["--bf16"], "--half"), (["--cuda-graph"], "--cuda-graph")):
+        out = tmp_path / f"{flags[0][2:]}.mkv"
+        argv = [a for a in video_argv(weights, "EDSC_s", clip, out, *flags) if a != "--quiet"]  # notes shown
+        rc, stdout, err = run_cli(argv, capsys)
+        notes = [line for line in err.splitlines() if line.strip() and "interpolating" not in line]
+        assert rc == 0 and len(notes) == 1 and needle in notes[0] and "cpu" in notes[0], err
+        assert "Traceback" not in err and "network: eager fp32" in stdout
+        got = read_clip(out, frames=True)["frames"]
+        assert all(np.array_equal(a, b) for a, b in zip(got, plain))  # the same float32 path
+    rc, _, err = run_cli(video_argv(weights, "EDSC_s", clip, tmp_path / "x.mkv", "--half", "--bf16"), capsys)
+    assert_one_line_error(rc, err, "--bf16", "--half")
+
+
+@needs_apps
+def test_a_failing_compile_falls_back_to_the_eager_network_in_one_line(tmp_path, weights, clip, capsys, monkeypatch):
+    attempts = []
+
+    def failing_compile(model, **kwargs):
+        def compiled(*args):
+            attempts.append(len(args))
+            raise RuntimeError("InductorError: no working C++ compiler found\nmore detail")
+        return compiled
+
+    monkeypatch.setattr(torch, "compile", failing_compile)
+    argv = [a for a in video_argv(weights, "EDSC_s", clip, tmp_path / "c.mkv", "--compile") if a != "--quiet"]
+    rc, stdout, err = run_cli(argv, capsys)
+    notes = [line for line in err.splitlines() if line.strip() and "interpolating" not in line]
+    assert rc == 0 and attempts == [3] and len(notes) == 1, err
+    assert "torch.compile failed" in notes[0] and "no working C++ compiler" in notes[0] and "more detail" not in err
+    assert "network: eager fp32" in stdout and "compiled" not in stdout
+
+
+@needs_apps
+def test_video_benchmark_reports_model_tool_and_io_rates(tmp_path, capsys):
+    from edsc_ext.apps import video_benchmark
+
+    path = tmp_path / "video.json"
+    rc = video_benchmark.main(["--size", "64x32", "--frames", "3", "--device", "cpu", "--repeat", "1",
+                               "--json", str(path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    report = json.loads(path.read_text())
+    assert (report["width"], report["height"], report["frames"], report["new_frames"]) == (64, 32, 3, 2)
+    assert report["output_frames"] == 6 and report["network"] == "eager fp32" and report["precision"] == "fp32"
+    assert report["host_layout"] == "yuv420p" and report["encoding"].startswith("libx264 yuv420p")
+    assert report["device"].startswith("CPU") and report["batch"] == 1 and not report["blend"]
+    assert [row["run"] for row in report["rows"]] == ["model", "memory", "io"]
+    for row in report["rows"]:
+        assert row["seconds"] > 0 and len(row["all_seconds"]) == 1
+        assert row["new_frames_per_s"] == pytest.approx(2 / row["seconds"])
+        assert row["vs_model"] == pytest.approx(report["rows"][0]["seconds"] / row["seconds"])
+    assert report["rows"][0]["output_frames_per_s"] is None
+    assert report["rows"][2]["output_frames_per_s"] == pytest.approx(6 / report["rows"][2]["seconds"])
+    assert "| model only" in out and "| tool with I/O" in out and "vs model" in out
+    # The network replaced by a blend: the tool's own overhead.
+    rc = video_benchmark.main(["--size", "64x32", "--frames", "3", "--device", "cpu", "--repeat", "1", "--blend",
+                               "--json", str(path)])
+    assert rc == 0 and json.loads(path.read_text())["network"] == "blend fp32"
+    capsys.readouterr()
+    rc = video_benchmark.main(["--size", "63x32"])
+    assert_one_line_error(rc, capsys.readouterr().err, "--size", "even")
+
+
+def device_frames(gen, count: int, h: int, w: int, device: str = "cuda"):
+    """Random smooth BGR frames (3, H, W) in [0, 1] on the device."""
+    return [torch.from_numpy(smooth_rgb(gen, h, w)).permute(2, 0, 1).flip(0).float().div(255).to(device)
+            for _ in range(count)]
+
+
+@needs_apps
+@requires_cuda
+@pytest.mark.parametrize("multiple", [False, True])
+def test_cuda_graph_and_half_paths_run_and_match_the_fp32_eager_network(gen, multiple):
+    torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
+    model = (EDSC_m() if multiple else EDSC_s()).cuda().eval()
+    h, w = 72, 100  # padded to 96x128 inside
+    frames = device_frames(gen, 4, h, w)
+    times = [0.3, 0.5, 0.8] if multiple else [Fraction(1, 2)] * 3
+    jobs = [(frames[i], frames[i + 1], t) for i, t in enumerate(times)]  # 3 jobs in batches of 2: one padded
+    eager = engine.Interpolator(model, batch=2, cuda_graph=False)
+    expected = torch.stack(eager.interpolate_bgr(jobs))
+    assert eager.paths == {"eager fp32": 2} and expected.shape == (3, 3, h, w)
+    graph = engine.Interpolator(model, batch=2)  # the default on CUDA: graph replay
+    graph.prepare(h, w)
+    assert rel_error(torch.stack(graph.interpolate_bgr(jobs)), expected) < 1e-5
+    assert graph.paths == {"graph fp32": 2}
+    # Half precisions (autocast, channels_last), replayed and eager; tolerances of the model's tests,
+    # loosened 1.5x for the clamped, cropped output.
+    for half, tol in (("fp16", 5e-3), ("bf16", 3e-2)):
+        for cuda_graph in (True, False):
+            fast = engine.Interpolator(model, batch=2, half=half, cuda_graph=cuda_graph)
+            fast.prepare(h, w)
+            got = torch.stack(fast.interpolate_bgr(jobs))
+            assert fast.paths == {f"{'graph' if cuda_graph else 'eager'} {half}": 2}
+            assert got.dtype == torch.float32 and rel_error(got, expected) < tol, (half, cuda_graph)
+
+
+@needs_apps
+@requires_cuda
+def test_cuda_transfers_keep_every_frame_in_flight(gen):
+    transfer = frames.Transfer(torch.device("cuda"))
+    layout = frames.Layout("yuv420p", 48, 64)
+    host = [torch.randint(0, 256, layout.shape, generator=gen, dtype=torch.uint8).numpy() for _ in range(12)]
+    pinned = [transfer.pin(a) for a in host]
+    assert all(p.is_pinned() for p in pinned)
+    uploaded = [transfer.upload(p) for p in pinned]
+    back = transfer.download(torch.stack(uploaded), layout)  # queued behind the uploads, not waited for
+    assert [np.array_equal(b.get(), a) for a, b in zip(host, back)] == [True] * 12
+    # Through the colour conversion and back: luma to within a level, chroma exactly (of 4:2:0 data).
+    converted = transfer.download(frames.from_model(frames.to_model(torch.stack(uploaded), layout), layout), layout)
+    for a, b in zip(host, converted):
+        rgb_made = frames.to_model(torch.from_numpy(a), layout)
+        expected = frames.from_model(rgb_made, layout).numpy()
+        assert np.array_equal(b.get(), expected)
+
+
+@needs_apps
+@requires_cuda
+def test_video_on_cuda_graph_and_half_against_eager_fp32(tmp_path, weights, capsys):
+    source = make_clip(tmp_path / "c.mp4", frames=6, w=96, h=64, audio=False)
+    runs = {}
+    flag_sets = (("eager", ["--no-cuda-graph"]), ("graph", []), ("half", ["--half"]), ("batch", ["--batch", "4"]))
+    for name, flags in flag_sets:
+        argv = ["--weights", weights["EDSC_s"], "--video", source, "-o", tmp_path / f"{name}/", "--device", "cuda",
+                "--quiet", *flags]
+        rc, stdout, err = run_cli(argv, capsys)
+        assert rc == 0, err
+        runs[name] = (stdout, [images.read_array(tmp_path / name / f"{k:08d}.png").astype(int) for k in range(12)])
+    assert "network: eager fp32" in runs["eager"][0] and "network: graph fp32" in runs["graph"][0]
+    assert "network: graph fp16" in runs["half"][0] and "network: graph fp32" in runs["batch"][0]
+    eager = runs["eager"][1]
+    for name, limit in (("graph", 1), ("batch", 1), ("half", 6)):  # 8-bit levels
+        diffs = [np.abs(a - b).max() for a, b in zip(runs[name][1], eager)]
+        assert max(diffs) <= limit, (name, diffs)
+        assert all(np.array_equal(a, b) for a, b in zip(runs[name][1][::2], eager[::2]))  # the input frames
+
+
+@needs_apps
+@requires_cuda
+def test_compile_without_triton_on_cuda_is_one_line(weights, capsys, monkeypatch):
+    monkeypatch.setattr(engine, "has_triton", lambda: False)
+    model = engine.load_model(weights["EDSC_s"], device="cuda")
+    runner = engine.Interpolator(model, compile=True)
+    err = capsys.readouterr().err
+    assert not runner.compiled and "--compile needs Triton" in err and len(err.strip().splitlines()) == 1

@@ -134,9 +134,16 @@ def _umask() -> int:
 
 
 def note(message: str, quiet: bool = False) -> None:
-    """A one-line note on stderr (what the command decided for the user)."""
-    if not quiet:
+    """A one-line note on stderr (what the command decided for the user); on a line of its own
+    while a progress bar is shown (tqdm.write)."""
+    if quiet:
+        return
+    try:
+        from tqdm import tqdm
+    except ImportError:
         print(message, file=sys.stderr)
+    else:
+        tqdm.write(message, file=sys.stderr)
 
 
 def ensure_output_folder(path: Path, quiet: bool = False, prog: str = "edsc-interpolate") -> Optional[Path]:

@@ -285,7 +285,14 @@ class Interpolator:
         frames = torch.full((self.batch, 3, hp, wp), 0.5, device=self.device).contiguous(
             memory_format=self.memory_format)
         times = torch.full((self.batch,), 0.5, device=self.device) if self.model.multiple else None
-        self._graph_of(frames, frames.clone(), times)
+        try:
+            self._graph_of(frames, frames.clone(), times)
+        except torch.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            self._note(f"out of memory capturing the CUDA graph of {self.batch}x{width}x{height}: running the "
+                       "network eagerly")
+            self.use_graph = False
+            self._graphs.clear()
 
     def _network(self, first: Tensor, second: Tensor, times: Optional[Tensor]) -> Tensor:
         from ..models import pad_to_multiple

@@ -152,41 +152,41 @@ class Transfer:
     def __init__(self, device: torch.device):
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
-        self.stream = torch.cuda.Stream(self.device) if self.cuda else None
+        # One stream each way: an upload need not queue behind a download that waits for the network.
+        self.up = torch.cuda.Stream(self.device) if self.cuda else None
+        self.down = torch.cuda.Stream(self.device) if self.cuda else None
 
     def pin(self, array: np.ndarray) -> Tensor:
-        """A host tensor of ``array`` ready to be copied (page-locked on CUDA: a copy). Cheap to call
-        from the decode thread, which is where it is called."""
+        """A host tensor of ``array`` ready to be copied (page-locked on CUDA: a copy). Called from
+        the decode thread, so that the copy is not the main thread's."""
         host = torch.from_numpy(array)
         return host.pin_memory() if self.cuda else host
 
     def upload(self, host: Tensor) -> Tensor:
-        """``host`` (from :meth:`pin`) on the device; on CUDA the copy runs on the side stream and the
-        current stream waits for it, so that it overlaps the network's work queued before."""
+        """``host`` (from :meth:`pin`) on the device. On CUDA the copy runs on the upload stream,
+        overlapping the network's work queued before it, and the current stream waits for it."""
         if not self.cuda:
             return host
         compute = torch.cuda.current_stream(self.device)
-        self.stream.wait_stream(compute)  # the buffers the allocator hands out are free on both streams
-        with torch.cuda.stream(self.stream):
+        with torch.cuda.stream(self.up):
             on_device = host.to(self.device, non_blocking=True)
-        compute.wait_stream(self.stream)
-        on_device.record_stream(compute)
+        compute.wait_stream(self.up)
+        on_device.record_stream(compute)  # allocated on the upload stream, read by the network's
         return on_device
 
     def download(self, frames: Tensor, layout: Layout) -> List[HostFrame]:
-        """``frames`` (N, *layout.shape) on the device -> N :class:`HostFrame` (whose :meth:`get`
-        waits on CUDA for the copy, which runs on the side stream once the current stream's work
-        that makes the frames is done)."""
+        """``frames`` (N, *layout.shape) on the device -> N :class:`HostFrame`, whose :meth:`get`
+        waits (CUDA) for the copy. The copy runs on the download stream once the current stream's
+        work so far (what makes the frames) is done; this thread does not wait."""
         if not self.cuda:
-            host = frames.cpu()
-            arrays = host.numpy()
+            arrays = frames.cpu().numpy()
             return [HostFrame(arrays[i], layout) for i in range(len(arrays))]
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self.stream):
+        self.down.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.down):
             host = torch.empty(frames.shape, dtype=frames.dtype, pin_memory=True)
             host.copy_(frames, non_blocking=True)
             ready = torch.cuda.Event()
-            ready.record(self.stream)
-        frames.record_stream(self.stream)
+            ready.record(self.down)
+        frames.record_stream(self.down)
         arrays = host.numpy()
         return [HostFrame(arrays[i], layout, ready, host) for i in range(len(arrays))]

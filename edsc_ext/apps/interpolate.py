@@ -57,7 +57,7 @@ from .frames import HostFrame, Layout, Transfer, from_model, to_model, yuv_layou
 from .timing import DEFAULT_SCENE_THRESHOLD, Schedule, luma_thumbnail, parse_rate, scene_score
 
 __all__ = ["main", "build_parser", "load_model", "interpolate_frames", "interpolate_video", "progress", "read_frames",
-           "VideoResult", "default_device"]
+           "VideoResult", "default_device", "open_source", "Source", "stream_frames"]
 
 PROG = "edsc-interpolate"
 QUEUE_SIZE = 4  # frames waiting between the decode thread, the network and the encode thread
@@ -223,11 +223,14 @@ def interpolate_video(model: EDSC, source, target, factor: Optional[int] = None,
                       tile: Optional[int] = None, margin: int = DEFAULT_MARGIN, batch: int = 1, half=False,
                       compile: bool = False, cuda_graph: Optional[bool] = None, codec: Optional[str] = None,
                       crf: Optional[float] = None, pix_fmt: Optional[str] = None, preset: Optional[str] = None,
-                      audio: bool = True, show_progress: bool = True, quiet: bool = False) -> VideoResult:
+                      audio: bool = True, show_progress: bool = True, quiet: bool = False,
+                      engine: Optional[Interpolator] = None) -> VideoResult:
     """Converts ``source`` (a video file or a folder of frames) into ``target`` (a video file, or a
     folder of numbered PNGs) at ``factor`` times its frame rate, or at ``fps``. Every check (the
     input, the output name, EDSC_s positions) comes before anything is written; the output appears
-    under its name only when complete. ``scene_threshold=None`` turns scene detection off."""
+    under its name only when complete. ``scene_threshold=None`` turns scene detection off.
+    ``engine``: an :class:`Interpolator` of ``model`` to use (its CUDA graph, compiled network and
+    settings kept from clip to clip) instead of one made from the speed arguments."""
     if factor is not None and fps is not None:
         raise UserError("give --factor or --fps, not both")
     if factor is None and fps is None:
@@ -265,8 +268,9 @@ def interpolate_video(model: EDSC, source, target, factor: Optional[int] = None,
             raise UserError(f"EDSC_s only interpolates midpoints (t = 1/2, 1/4, 3/4, ...), but {rate_text} "
                             f"needs frames "
                             f"at t = {float(bad[0]):.4g} (one of {len(bad)} such positions): use EDSC_m weights")
-    engine = Interpolator(model, batch=batch, tile=tile, margin=margin, half=half, compile=compile,
-                          cuda_graph=cuda_graph, quiet=quiet)
+    if engine is None:
+        engine = Interpolator(model, batch=batch, tile=tile, margin=margin, half=half, compile=compile,
+                              cuda_graph=cuda_graph, quiet=quiet)
 
     out_rate = fps if fps is not None else src.rate * factor
     # Constant-rate output: the time base 1/rate (containers such as AVI want it); else (variable-rate
@@ -352,8 +356,8 @@ def stream_frames(engine: Interpolator, src: Source, sink, schedule: Schedule, *
             thumb = luma_thumbnail_of(array, layout) if detect else None
             yield time, array, layout, transfer.pin(array), thumb
 
+    engine.prepare(src.height, src.width)  # a CUDA graph is captured before the other threads start
     writer = video.BackgroundWriter(sink, QUEUE_SIZE)
-    engine.prepare(src.height, src.width)  # a CUDA graph is captured before the other threads run
     reader = video.Prefetch(host_side, QUEUE_SIZE)
     written = interpolated = cuts = 0
     pending: list = []  # (frame record or None, time, job index) in output order
