@@ -82,7 +82,7 @@ def interpolate_frames(model: EDSC, first: Tensor, second: Tensor, factor: int =
         times = [Fraction(k, factor) for k in range(1, factor)]
     if not model.multiple and any(not is_dyadic(t) for t in times):
         raise ValueError("EDSC_s interpolates midpoints only (t = 1/2, 1/4, ...): use EDSC_m weights for other times")
-    engine = Interpolator(model)
+    engine = Interpolator(model, cuda_graph=False)  # one call: a capture would cost more than it saves
     return [f.float().cpu() for f in engine.interpolate([(first, second, t) for t in times])]
 
 
@@ -532,8 +532,8 @@ def build_parser() -> OneLineParser:
                        help="torch.compile the network (a note and uncompiled where it cannot: no Triton on CUDA, no "
                             "compiler)")
     speed.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
-                       help="replay the network as a CUDA graph (default: on CUDA with whole frames and without "
-                            "--compile)")
+                       help="replay the network as a CUDA graph (default in video mode: on CUDA with whole frames "
+                            "and without --compile; pair mode: off)")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--sampling", choices=SAMPLINGS, default="compat",
                         help="'compat': the original layer (for released weights, default); 'clean': centred taps")
@@ -564,7 +564,8 @@ def _run_pair(args) -> None:
         raise UserError(f"EDSC_s interpolates the midpoint only (--time 0.5), got --time {args.time}: "
                         f"use EDSC_m weights")
     engine = Interpolator(model, batch=1, tile=args.tile, margin=args.tile_margin, half=args.half or False,
-                          compile=args.compile, cuda_graph=args.cuda_graph, quiet=args.quiet)
+                          compile=args.compile, quiet=args.quiet,
+                          cuda_graph=bool(args.cuda_graph))  # one call: a capture costs more than it saves
     (middle,) = engine.interpolate([(first, second, Fraction(args.time) if not model.multiple else args.time)])
     ensure_output_folder(output, quiet=args.quiet, prog=PROG)
     images.write_image(output, middle.float().cpu())
