@@ -8,6 +8,9 @@
 - :mod:`edsc_ext.apps.timing`: which output frame sits where (``--factor``/``--fps``, variable
   frame rates) and the scene-cut measure;
 - :mod:`edsc_ext.apps.video`: video files through PyAV, streamed by a decode and an encode thread;
+- :mod:`edsc_ext.apps.frames`: frames between host and device: layouts (the decoder's 4:2:0
+  planes, RGB), the colour conversion on the device, page-locked transfers on side streams;
+- :mod:`edsc_ext.apps.video_benchmark`: the video path's throughput against the network alone;
 - :mod:`edsc_ext.apps.images`: images through Pillow;
 - :mod:`edsc_ext.apps.common`: the error type the commands print in one line, progress bars
   (tqdm), atomic outputs.
