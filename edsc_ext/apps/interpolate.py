@@ -333,13 +333,13 @@ def stream_frames(engine: Interpolator, src: Source, sink, schedule: Schedule, *
     encode thread waits for each frame's download before encoding it."""
     transfer = Transfer(engine.device)
     in_layout = src.layout
-    out_layout = sink.layout if sink.layout is not None and not turn else None
-    if out_layout is None:  # RGB for swscale in the encode thread, or for the PNG writer
+    # The sink's 4:2:0 layout (of the turned size where the pixels are turned), else RGB for swscale
+    # in the encode thread or for the PNG writer.
+    out_layout = sink.layout
+    if out_layout is None:
         deep = src.info is not None and src.info.deep and not isinstance(sink, video.FolderSink)
         h, w = (src.width, src.height) if turn in (90, 270) else (src.height, src.width)
         out_layout = Layout("rgb48le" if deep else "rgb24", h, w)
-    elif turn == 0 and (out_layout.height, out_layout.width) != (src.height, src.width):
-        raise AssertionError("the sink's layout is not of the frames' size")
     # Input frames that the output repeats go to the encoder untouched when it takes their layout.
     passthrough = in_layout == out_layout and not turn
     detect = scene_threshold is not None
