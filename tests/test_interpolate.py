@@ -1042,6 +1042,16 @@ def test_device_yuv_conversion_agrees_with_swscale(gen, colorspace, color_range)
     # Batches convert alike, and formats the device does not convert are left to swscale.
     pair = frames.to_model(torch.from_numpy(np.stack([planes, planes])), layout)
     assert torch.equal(pair[0], bgr) and torch.equal(pair[1], bgr)
+    # The scene thumbnail of the Y plane: the luma of the RGB with the video's matrix, to within rounding
+    # (BT.601: what the RGB path's thumbnail weighs).
+    y_thumb = interpolate.luma_thumbnail_of(planes, layout)
+    kr, kb = frames.YUV_MATRICES[layout.matrix]
+    r, g, b = torch.from_numpy(expected).permute(2, 0, 1).float() / 255
+    luma_thumb = timing.luma_thumbnail(kr * r + (1 - kr - kb) * g + kb * b)
+    assert y_thumb.shape == luma_thumb.shape == (38, 64) and (y_thumb - luma_thumb).abs().max() < 0.01
+    if layout.matrix == "bt601":
+        rgb_thumb = interpolate.luma_thumbnail_of(expected, frames.Layout("rgb24", h, w))
+        assert (y_thumb - rgb_thumb).abs().max() < 0.01
     assert frames.yuv_layout_of("yuv420p", 9, 0, w, h) is None  # BT.2020
     assert frames.yuv_layout_of("yuv444p", 1, 0, w, h) is None
     assert frames.yuv_layout_of("yuv420p", 1, 0, w - 1, h) is None
@@ -1131,6 +1141,28 @@ def test_rotated_input_keeps_its_matrix_or_gets_turned_pixels(tmp_path, weights,
     assert rc == 0, err
     first = images.read_array(tmp_path / f"frames{rotation}" / "00000000.png").astype(np.float32) / 255
     assert first.shape == upright[0].shape and np.abs(first - upright[0]).max() < 0.02
+
+
+@needs_apps
+def test_a_mirroring_display_matrix_is_kept_as_it_is_or_noted(tmp_path, weights, capsys, blend_network):
+    source = tmp_path / "selfie.mp4"
+    with av.open(str(source), "w") as out:
+        stream = out.add_stream("libx264", rate=24)
+        stream.width, stream.height, stream.pix_fmt = 32, 32, "yuv420p"
+        stream.set_display_rotation(90, hflip=True)
+        for k in range(3):
+            frame = av.VideoFrame.from_ndarray(scene(k, 32, 32, False), format="rgb24")
+            frame.pts = k
+            out.mux(stream.encode(frame))
+        out.mux(stream.encode(None))
+    info = video.probe(source)
+    assert info.mirrored and info.display_matrix is not None
+    rc, _, err = run_cli(video_argv(weights, "EDSC_s", source, tmp_path / "kept.mov"), capsys)
+    assert rc == 0, err
+    assert video.probe(tmp_path / "kept.mov").display_matrix == info.display_matrix
+    argv = [a for a in video_argv(weights, "EDSC_s", source, tmp_path / "frames/") if a != "--quiet"]
+    rc, _, err = run_cli(argv, capsys)
+    assert rc == 0 and "mirrors" in err and "not mirrored" in err, err
 
 
 @needs_apps

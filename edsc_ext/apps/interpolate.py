@@ -57,7 +57,7 @@ from .frames import HostFrame, Layout, Transfer, from_model, to_model, yuv_layou
 from .timing import DEFAULT_SCENE_THRESHOLD, Schedule, luma_thumbnail, parse_rate, scene_score
 
 __all__ = ["main", "build_parser", "load_model", "interpolate_frames", "interpolate_video", "progress", "read_frames",
-           "VideoResult", "default_device", "open_source", "Source", "stream_frames"]
+           "VideoResult", "default_device", "open_source", "Source", "stream_frames", "luma_thumbnail_of"]
 
 PROG = "edsc-interpolate"
 QUEUE_SIZE = 4  # frames waiting between the decode thread, the network and the encode thread
