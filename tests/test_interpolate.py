@@ -1315,9 +1315,10 @@ def test_video_on_cuda_graph_and_half_against_eager_fp32(tmp_path, weights, caps
     assert "network: eager fp32" in runs["eager"][0] and "network: graph fp32" in runs["graph"][0]
     assert "network: graph fp16" in runs["half"][0] and "network: graph fp32" in runs["batch"][0]
     eager = runs["eager"][1]
-    for name, limit in (("graph", 1), ("batch", 1), ("half", 6)):  # 8-bit levels
-        diffs = [np.abs(a - b).max() for a, b in zip(runs[name][1], eager)]
-        assert max(diffs) <= limit, (name, diffs)
+    # 8-bit levels: the same float32 kernels round alike but for ties; float16 within ~1e-2 of float32.
+    for name, limit, mean in (("graph", 1, 0.01), ("batch", 1, 0.01), ("half", 10, 1.0)):
+        diffs = [np.abs(a - b) for a, b in zip(runs[name][1], eager)]
+        assert max(d.max() for d in diffs) <= limit and max(d.mean() for d in diffs) <= mean, name
         assert all(np.array_equal(a, b) for a, b in zip(runs[name][1][::2], eager[::2]))  # the input frames
 
 
