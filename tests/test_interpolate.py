@@ -1292,12 +1292,11 @@ def test_cuda_transfers_keep_every_frame_in_flight(gen):
     uploaded = [transfer.upload(p) for p in pinned]
     back = transfer.download(torch.stack(uploaded), layout)  # queued behind the uploads, not waited for
     assert [np.array_equal(b.get(), a) for a, b in zip(host, back)] == [True] * 12
-    # Through the colour conversion and back: luma to within a level, chroma exactly (of 4:2:0 data).
+    # Through the colour conversion on the GPU: what the CPU computes, to within a rounding tie.
     converted = transfer.download(frames.from_model(frames.to_model(torch.stack(uploaded), layout), layout), layout)
     for a, b in zip(host, converted):
-        rgb_made = frames.to_model(torch.from_numpy(a), layout)
-        expected = frames.from_model(rgb_made, layout).numpy()
-        assert np.array_equal(b.get(), expected)
+        expected = frames.from_model(frames.to_model(torch.from_numpy(a), layout), layout).numpy()
+        assert np.abs(b.get().astype(int) - expected.astype(int)).max() <= 1
 
 
 @needs_apps
