@@ -1297,6 +1297,13 @@ def test_cuda_transfers_keep_every_frame_in_flight(gen):
     for a, b in zip(host, converted):
         expected = frames.from_model(frames.to_model(torch.from_numpy(a), layout), layout).numpy()
         assert np.abs(b.get().astype(int) - expected.astype(int)).max() <= 1
+    # 16-bit RGB (10-bit video's path) through the device and back, every value.
+    rgb16 = np.random.default_rng(int(torch.randint(0, 2**31, (1,), generator=gen))).integers(
+        0, 65536, (8, 16, 3), dtype=np.uint16)
+    layout16 = frames.Layout("rgb48le", 8, 16)
+    on_device = frames.to_model(transfer.upload(transfer.pin(rgb16)), layout16)
+    (back16,) = transfer.download(frames.from_model(on_device, layout16)[None], layout16)
+    assert back16.get().dtype == np.uint16 and np.array_equal(back16.get(), rgb16)
 
 
 @needs_apps

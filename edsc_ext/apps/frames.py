@@ -99,8 +99,8 @@ def to_model(host: Tensor, layout: Layout) -> Tensor:
         g = (y - kr * r - kb * b) / (1 - kr - kb)
         return torch.stack([b, g, r], dim=-3).clamp_(0, 1)
     scale = 65535.0 if layout.format == "rgb48le" else 255.0
-    # uint16 has few kernels: through int32 (on the device, after the copy of the 16-bit data).
-    pixels = host.to(torch.int32) if host.dtype == torch.uint16 else host
+    # uint16 has few kernels (on CUDA even fewer): read as int16, widened, the sign's wrap undone.
+    pixels = host.view(torch.int16).to(torch.int32).bitwise_and_(0xFFFF) if host.dtype == torch.uint16 else host
     return pixels.movedim(-1, -3).flip(-3).float().div_(scale)
 
 
@@ -122,8 +122,8 @@ def from_model(bgr: Tensor, layout: Layout) -> Tensor:
         return flat.round_().clamp_(0, 255).to(torch.uint8).reshape(*lead, *layout.shape)
     scale = 65535.0 if layout.format == "rgb48le" else 255.0
     pixels = torch.stack([r, g, b], dim=-1).mul_(scale).round_()
-    if layout.format == "rgb48le":
-        return pixels.to(torch.int32).to(torch.uint16)
+    if layout.format == "rgb48le":  # 0..65535 as int16's bits (the cast wraps), seen as uint16
+        return pixels.to(torch.int32).to(torch.int16).view(torch.uint16)
     return pixels.to(torch.uint8)
 
 
