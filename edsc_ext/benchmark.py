@@ -45,6 +45,7 @@ Examples::
     python -m edsc_ext.benchmark --cases train feat --dtypes bfloat16 --json out.json --plot out.png
     python -m edsc_ext.benchmark --device cpu --quick              # smoke test
     python -m edsc_ext.benchmark --model --help                    # the EDSC networks (edsc_ext.model_benchmark)
+    python -m edsc_ext.benchmark --video --help                    # the video tool (edsc_ext.apps.video_benchmark)
 """
 
 from __future__ import annotations
@@ -897,6 +898,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # The networks end to end: edsc_ext.model_benchmark, with the arguments that follow.
         from edsc_ext import model_benchmark
         return model_benchmark.main(raw[1:])
+    if raw[:1] == ["--video"]:
+        # The video tool against the network alone: edsc_ext.apps.video_benchmark.
+        from edsc_ext.apps import video_benchmark
+        return video_benchmark.main(raw[1:])
     args = _parse(raw)
     device = torch.device(args.device)
     if device.type == "cuda":

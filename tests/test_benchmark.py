@@ -138,3 +138,12 @@ def test_model_flag_runs_the_model_benchmark(monkeypatch):
     monkeypatch.setattr(model_benchmark, "main", lambda argv=None: seen.append(argv) or 0)
     assert benchmark.main(["--model", "--device", "cpu", "--quick"]) == 0
     assert seen == [["--device", "cpu", "--quick"]]
+
+
+def test_video_flag_runs_the_video_benchmark(monkeypatch):
+    from edsc_ext.apps import video_benchmark
+
+    seen = []
+    monkeypatch.setattr(video_benchmark, "main", lambda argv=None: seen.append(argv) or 0)
+    assert benchmark.main(["--video", "--device", "cpu"]) == 0
+    assert seen == [["--device", "cpu"]]
