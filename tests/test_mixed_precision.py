@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_edsc_sampling import split
-from torch.utils._python_dispatch import TorchDispatchMode
+from test_edsc_sampling import _Ops, split  # _Ops records the ops dispatched
 
 import edsc_ext
 from edsc_ext.ops import H200, autocast_dtypes, normalize_args
@@ -193,16 +192,6 @@ def test_mixed_compile_fullgraph(gen):
     assert torch.equal(out, eager)
     for g, e in zip(grads, eager_grads):
         assert g.dtype == e.dtype and torch.equal(g, e)
-
-
-class _Ops(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.names = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(str(func))
-        return func(*args, **(kwargs or {}))
 
 
 @pytest.mark.parametrize("device", DEVICES)
