@@ -1,16 +1,21 @@
-"""Deployment on the CPU: torch.export (and save/load in a fresh process), AOTInductor packages run
-from Python, and ONNX (edsc_ext.onnx) run by onnxruntime, each against eager PyTorch.
+"""Deployment on the CPU and (with a GPU) on CUDA: torch.export (and save/load in a fresh process),
+AOTInductor packages run from Python and from the C++ program edsc_ext_aoti_run (the CMake build's), and
+ONNX (edsc_ext.onnx) run by onnxruntime, each against eager PyTorch.
 
-The ONNX tests need the packages onnx, onnxscript and onnxruntime (the ``deploy`` extra) and skip
-without them. AOTInductor compiles C++ (a minute per EDSC model on two cores), hence tiny shapes.
+Each model is exported once and compiled once per device (module-scoped fixtures): AOTInductor compiles
+C++, about a minute per EDSC model on two cores. The ONNX tests need the packages onnx, onnxscript and
+onnxruntime (the ``deploy`` extra) and skip without them. The C++ runner tests need edsc_ext_aoti_run built
+against this torch, named by $EDSC_EXT_AOTI_RUNNER; they skip without it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -20,14 +25,35 @@ import edsc_ext
 from edsc_ext import compat
 from edsc_ext.models import EDSC
 
-from conftest import ALL_PRESENT, PADDING_MODES, present_id
+from conftest import ALL_PRESENT, PADDING_MODES, present_id, requires_cuda
 
 REPO = Path(__file__).resolve().parent.parent
 Dim = torch.export.Dim
+DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
+# Exported program against eager: the same kernels run; EDSC's program computes a few of the network's
+# float32 operations in another order.
+EXPORT_TOL = 1e-6
+# AOTInductor against eager: Inductor fuses and reorders the network's float32 arithmetic.
+AOTI_TOL = 1e-4
 # Outputs of the ONNX model against PyTorch float32 (the issue's bound).
 ONNX_TOL = 1e-4
+RUNNER_ENV = "EDSC_EXT_AOTI_RUNNER"
 KERNEL = (3, 2)
 DILATIONS = (1, (2, 3))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def float32_convolutions():
+    """CUDA convolutions in float32 instead of cuDNN's default TF32, eager and compiled alike, so that the
+    tolerances above measure compilation, not TF32's 10-bit mantissa."""
+    saved = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32 = saved
+
+
+def to(args: tuple, device: str) -> tuple:
+    return tuple(a.to(device) for a in args)
 
 
 class OpModule(torch.nn.Module):
@@ -125,85 +151,234 @@ def run_fresh(code: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# torch.export
+# The deployed models, each exported and compiled once per device and shared by the tests below
 
 
-@pytest.mark.parametrize("present", [(True,) * 4, (False,) * 4, (True, False, True, False)], ids=present_id)
-def test_export_op_module(present):
-    model = OpModule(present)
-    args = op_inputs(present)
-    ep = torch.export.export(model, args, dynamic_shapes=op_dynamic_shapes(args))
-    ops = {str(node.target) for node in ep.graph.nodes if node.op == "call_function"}
-    assert "edsc_ext.deform_sepconv_forward.default" in ops
-    for new in (args, op_inputs(present, n=1, h=9, w=5, seed=1)):
-        assert max_error(ep.module()(*new), eager(model, new)) == 0
+@dataclass
+class Deployed:
+    """A model on a device, its ExportedProgram (from an example of batch 2) and the inputs the deployed forms
+    are compared on (other batch sizes and sizes than the example's), with eager's outputs for them."""
+
+    model: torch.nn.Module
+    program: torch.export.ExportedProgram
+    runs: list
+    expected: list
 
 
-@pytest.mark.parametrize("sampling", ["compat", "clean"])
-@pytest.mark.parametrize("multiple", [False, True], ids=["EDSC_s", "EDSC_m"])
-def test_export_edsc(multiple, sampling, tmp_path):
-    model = edsc_model(multiple, sampling)
-    ep = torch.export.export(model, edsc_inputs(multiple, 2, 64, 64), dynamic_shapes=edsc_dynamic_shapes(multiple))
-    runs = [edsc_inputs(multiple, 1, 96, 64, seed=1), edsc_inputs(multiple, 3, 64, 64, seed=2)]
-    for args in runs:
-        assert max_error(ep.module()(*args), eager(model, args)) < 1e-6
-    # Not a multiple of 32: the program's shape guard fails (its exception type varies across torch versions).
-    with pytest.raises(Exception):  # noqa: B017
-        ep.module()(*edsc_inputs(multiple, 1, 80, 64))
-    if sampling == "clean":
-        return
-    # save/load: a new process that imports edsc_ext (which registers the op) runs the program.
-    path, data = tmp_path / "edsc.pt2", tmp_path / "io.pt"
-    torch.export.save(ep, path)
-    torch.save({"runs": runs}, data)
-    run_fresh(f"""
-        import torch, edsc_ext
-        ep = torch.export.load({str(path)!r})
-        data = torch.load({str(data)!r})
-        torch.save([ep.module()(*args) for args in data["runs"]], {str(data)!r})
-    """)
-    loaded = torch.load(data)
-    for args, out in zip(runs, loaded):
-        assert max_error(out, eager(model, args)) < 1e-6
+def export_model(name: str, device: str, sampling: str = "compat") -> Deployed:
+    """``name``: "op" (OpModule with every tensor given) or "EDSC_s" / "EDSC_m"."""
+    if name == "op":
+        present = (True,) * 4
+        model = OpModule(present)
+        example = op_inputs(present)
+        dynamic_shapes = op_dynamic_shapes(example)
+        runs = [op_inputs(present, seed=1), op_inputs(present, n=1, h=9, w=5, seed=2)]
+    else:
+        multiple = name == "EDSC_m"
+        model = edsc_model(multiple, sampling).to(device)
+        example = edsc_inputs(multiple, 2, 64, 64)
+        dynamic_shapes = edsc_dynamic_shapes(multiple)
+        runs = [edsc_inputs(multiple, 1, 64, 96, seed=1), edsc_inputs(multiple, 3, 96, 64, seed=2)]
+    example, runs = to(example, device), [to(args, device) for args in runs]
+    program = torch.export.export(model, example, dynamic_shapes=dynamic_shapes)
+    return Deployed(model, program, runs, [eager(model, args) for args in runs])
+
+
+@pytest.fixture(scope="module")
+def exported():
+    """exported(name, device, sampling="compat") -> Deployed, exported once per test module."""
+    cache = {}
+
+    def get(name, device, sampling="compat"):
+        if (name, device, sampling) not in cache:
+            cache[name, device, sampling] = export_model(name, device, sampling)
+        return cache[name, device, sampling]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def aoti_package(exported, tmp_path_factory):
+    """aoti_package(name, device) -> path of the AOTInductor package of exported(name, device), compiled once
+    per test module (a minute per EDSC on two cores)."""
+    folder, cache = tmp_path_factory.mktemp("aoti"), {}
+
+    def get(name, device):
+        if (name, device) not in cache:
+            cache[name, device] = torch._inductor.aoti_compile_and_package(
+                exported(name, device).program, package_path=str(folder / f"{name}_{device}.pt2"))
+        return cache[name, device]
+
+    return get
 
 
 # --------------------------------------------------------------------------------------------
-# AOTInductor (CPU)
+# torch.export
 
 
-def test_aoti_op_module(tmp_path):
-    present = (True,) * 4
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("present", [(True,) * 4, (False,) * 4, (True, False, True, False)], ids=present_id)
+def test_export_op_module(present, device):
     model = OpModule(present)
-    args = op_inputs(present)
+    args = to(op_inputs(present), device)
     ep = torch.export.export(model, args, dynamic_shapes=op_dynamic_shapes(args))
-    path = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "op.pt2"))
-    runner = torch._inductor.aoti_load_package(path)
-    for new in (args, op_inputs(present, n=1, h=9, w=5, seed=1)):
-        assert max_error(runner(*new), eager(model, new)) < 1e-5
+    ops = {str(node.target) for node in ep.graph.nodes if node.op == "call_function"}
+    assert "edsc_ext.deform_sepconv_forward.default" in ops
+    for new in (args, to(op_inputs(present, n=1, h=9, w=5, seed=1), device)):
+        assert max_error(ep.module()(*new), eager(model, new)) == 0
 
 
-@pytest.mark.parametrize("multiple", [False, True], ids=["EDSC_s", "EDSC_m"])
-def test_aoti_edsc(multiple, tmp_path):
-    model = edsc_model(multiple)
-    ep = torch.export.export(model, edsc_inputs(multiple, 2, 64, 64), dynamic_shapes=edsc_dynamic_shapes(multiple))
-    path = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "edsc.pt2"))
-    runs = [edsc_inputs(multiple, 1, 64, 96, seed=1), edsc_inputs(multiple, 2, 96, 64, seed=2)]
-    runner = torch._inductor.aoti_load_package(path)
-    for args in runs:
-        assert max_error(runner(*args), eager(model, args)) < 1e-4
-    if multiple:
-        return
-    # The package in a new process: importing edsc_ext registers the op the package calls.
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("sampling", ["compat", "clean"])
+@pytest.mark.parametrize("name", ["EDSC_s", "EDSC_m"])
+def test_export_edsc(name, sampling, device, exported):
+    deployed = exported(name, device, sampling)
+    for args, expected in zip(deployed.runs, deployed.expected):
+        assert max_error(deployed.program.module()(*args), expected) < EXPORT_TOL
+    # Not a multiple of 32: the program's shape guard fails (its exception type varies across torch versions).
+    with pytest.raises(Exception):  # noqa: B017
+        deployed.program.module()(*to(edsc_inputs(name == "EDSC_m", 1, 80, 64), device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_export_save_load_fresh_process(device, exported, tmp_path):
+    """torch.export.save, then torch.export.load and run in a new process that imports edsc_ext (which
+    registers the op): the op module and both EDSC variants, in one process."""
+    names = ("op", "EDSC_s", "EDSC_m")
+    for name in names:
+        torch.export.save(exported(name, device).program, tmp_path / f"{name}.pt2")
     data = tmp_path / "io.pt"
-    torch.save({"runs": runs}, data)
+    torch.save({name: exported(name, device).runs for name in names}, data)
     run_fresh(f"""
         import torch, edsc_ext
-        runner = torch._inductor.aoti_load_package({str(path)!r})
-        data = torch.load({str(data)!r})
-        torch.save([runner(*args) for args in data["runs"]], {str(data)!r})
+        runs = torch.load({str(data)!r})
+        outputs = {{}}
+        for name, inputs in runs.items():
+            module = torch.export.load({str(tmp_path)!r} + f"/{{name}}.pt2").module()
+            outputs[name] = [module(*args) for args in inputs]
+        torch.save(outputs, {str(data)!r})
     """)
-    for args, out in zip(runs, torch.load(data)):
-        assert max_error(out, eager(model, args)) < 1e-4
+    outputs = torch.load(data)
+    for name in names:
+        for out, expected in zip(outputs[name], exported(name, device).expected):
+            assert max_error(out, expected) <= (0 if name == "op" else EXPORT_TOL), name
+
+
+# --------------------------------------------------------------------------------------------
+# AOTInductor: from Python, in a fresh process, and from the C++ program edsc_ext_aoti_run
+
+
+# The AOTInductor tests compile one EDSC, EDSC_m: EDSC_s's network plus the time input (a 1-D tensor sharing the
+# frames' dynamic batch), so its package exercises everything EDSC_s's would; each compile costs a minute or more.
+AOTI_MODELS = ["op", "EDSC_m"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", AOTI_MODELS)
+def test_aoti(name, device, exported, aoti_package):
+    runner = torch._inductor.aoti_load_package(aoti_package(name, device))
+    deployed = exported(name, device)
+    for args, expected in zip(deployed.runs, deployed.expected):
+        error = max_error(runner(*args), expected)
+        print(f"{name} on {device}: max |AOTInductor - eager| = {error:.3g}")
+        assert error < AOTI_TOL
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_aoti_fresh_process(device, exported, aoti_package, tmp_path):
+    """The packages in a new process, where importing edsc_ext registers the op they call."""
+    names = AOTI_MODELS
+    data = tmp_path / "io.pt"
+    torch.save({name: (aoti_package(name, device), exported(name, device).runs) for name in names}, data)
+    run_fresh(f"""
+        import torch, edsc_ext
+        cases = torch.load({str(data)!r})
+        outputs = {{}}
+        for name, (path, inputs) in cases.items():
+            runner = torch._inductor.aoti_load_package(path)
+            outputs[name] = [runner(*args) for args in inputs]
+        torch.save(outputs, {str(data)!r})
+    """)
+    outputs = torch.load(data)
+    for name in names:
+        for out, expected in zip(outputs[name], exported(name, device).expected):
+            assert max_error(out, expected) < AOTI_TOL, name
+
+
+@dataclass
+class AotiRunner:
+    path: Path
+    with_cuda: bool  # whether its ops library has the CUDA kernels
+
+    def __call__(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(self.path), *map(str, args)], capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def aoti_runner():
+    """The CMake build's edsc_ext_aoti_run, named by $EDSC_EXT_AOTI_RUNNER (.ci/run sets it). Named but missing,
+    or built against another torch, it fails the tests: whoever set the variable meant them to run."""
+    given = os.environ.get(RUNNER_ENV)
+    if not given:
+        pytest.skip(f"{RUNNER_ENV} is not set: build the CMake path (README, 'CMake') against this torch and set "
+                    f"{RUNNER_ENV}=<build folder>/edsc_ext_aoti_run")
+    path = Path(given)
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        pytest.fail(f"{RUNNER_ENV}={given}: no executable there")
+    version = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=60)
+    assert version.returncode == 0, version.stderr
+    match = re.search(r"\(libtorch (\d+\.\d+)\.\d+", version.stdout)
+    assert match, version.stdout
+    running = ".".join(torch.__version__.split(".")[:2])
+    if match.group(1) != running:
+        # A package's compiled code calls into the libtorch of the torch that compiled it.
+        pytest.fail(f"{path} is built against libtorch {match.group(1)} and this Python runs torch {running}: "
+                    "build it against this torch (CMAKE_PREFIX_PATH from torch.utils.cmake_prefix_path)")
+    return AotiRunner(path, with_cuda="CUDA kernels in the ops library: yes" in version.stdout)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", AOTI_MODELS)
+def test_aoti_cpp_runner(name, device, exported, aoti_package, aoti_runner, tmp_path):
+    """edsc_ext_aoti_run (C++, no Python) runs the package on inputs saved by torch.save."""
+    if device == "cuda" and not aoti_runner.with_cuda:
+        pytest.skip(f"{aoti_runner.path}'s ops library has no CUDA kernels (CMake with -DEDSC_EXT_CUDA=ON)")
+    package, deployed = aoti_package(name, device), exported(name, device)
+    for k, (args, expected) in enumerate(zip(deployed.runs, deployed.expected)):
+        inputs, outputs = tmp_path / f"inputs{k}.pt", tmp_path / f"outputs{k}.pt"
+        torch.save([a.cpu() for a in args], inputs)
+        result = aoti_runner(package, inputs, outputs)
+        assert result.returncode == 0, result.stderr
+        assert f"on {device}" in result.stdout, result.stdout
+        error = max_error(torch.load(outputs), expected)
+        print(f"{name} on {device}: max |edsc_ext_aoti_run - eager| = {error:.3g}")
+        assert error < AOTI_TOL
+
+
+def test_aoti_cpp_runner_cli(aoti_runner, tmp_path):
+    """No Python in the program; bad arguments and files: one line on stderr, exit code 2."""
+    if sys.platform.startswith("linux"):
+        libraries = subprocess.run(["ldd", str(aoti_runner.path)], capture_output=True, text=True).stdout
+        assert "libedsc_ext_ops" in libraries and "libtorch" in libraries, libraries
+        assert "libpython" not in libraries, libraries
+    not_tensors = tmp_path / "not_tensors.pt"
+    torch.save({"first": 1}, not_tensors)
+    package = tmp_path / "model.pt2"  # never read: every case fails before the package is opened
+    package.write_bytes(b"")
+    cases = {
+        (): "usage: edsc_ext_aoti_run PACKAGE.pt2 INPUTS.pt OUTPUTS.pt",
+        (tmp_path / "absent.pt2", not_tensors, tmp_path / "out.pt"): f"cannot read {tmp_path / 'absent.pt2'}",
+        (package, tmp_path / "absent.pt", tmp_path / "out.pt"): f"cannot read {tmp_path / 'absent.pt'}",
+        (package, not_tensors, tmp_path / "out.pt"): "holds no list of tensors",
+        (package, package, tmp_path / "out.pt"): "is no torch.save file of tensors",
+    }
+    for args, message in cases.items():
+        result = aoti_runner(*args)
+        assert result.returncode == 2, (args, result)
+        assert result.stderr.count("\n") == 1 and message in result.stderr, (args, result.stderr)
+    torch.save([torch.ones(1)], tmp_path / "x.pt")
+    result = aoti_runner(package, tmp_path / "x.pt", tmp_path / "no" / "out.pt")
+    assert result.returncode == 2 and f"no folder {tmp_path / 'no'}" in result.stderr, result
 
 
 # --------------------------------------------------------------------------------------------
