@@ -142,9 +142,11 @@ def max_error(actual, expected) -> float:
 
 
 def run_fresh(code: str) -> str:
-    """Runs ``code`` in a new Python process that imports edsc_ext from this checkout; returns stdout."""
+    """Runs ``code`` in a new Python process that imports edsc_ext from this checkout, with float32 CUDA
+    convolutions as here (float32_convolutions); returns stdout."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=env,
+    code = "import torch\ntorch.backends.cudnn.allow_tf32 = False\n" + textwrap.dedent(code)
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     return result.stdout
@@ -340,18 +342,28 @@ def aoti_runner():
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", AOTI_MODELS)
 def test_aoti_cpp_runner(name, device, exported, aoti_package, aoti_runner, tmp_path):
-    """edsc_ext_aoti_run (C++, no Python) runs the package on inputs saved by torch.save."""
+    """edsc_ext_aoti_run (C++, no Python) runs the package on inputs saved by torch.save. On the CPU its outputs
+    are compared with eager; on CUDA the program keeps libtorch's default of TF32 cuDNN convolutions, so there
+    they are compared with the same package run here with TF32 allowed too (test_aoti compares that with eager)."""
     if device == "cuda" and not aoti_runner.with_cuda:
         pytest.skip(f"{aoti_runner.path}'s ops library has no CUDA kernels (CMake with -DEDSC_EXT_CUDA=ON)")
     package, deployed = aoti_package(name, device), exported(name, device)
-    for k, (args, expected) in enumerate(zip(deployed.runs, deployed.expected)):
+    expected, reference = deployed.expected, "eager"
+    if device == "cuda":
+        in_python = torch._inductor.aoti_load_package(package)
+        torch.backends.cudnn.allow_tf32 = True
+        try:
+            expected, reference = [in_python(*args) for args in deployed.runs], "the package in Python, TF32"
+        finally:
+            torch.backends.cudnn.allow_tf32 = False
+    for k, (args, want) in enumerate(zip(deployed.runs, expected)):
         inputs, outputs = tmp_path / f"inputs{k}.pt", tmp_path / f"outputs{k}.pt"
         torch.save([a.cpu() for a in args], inputs)
         result = aoti_runner(package, inputs, outputs)
         assert result.returncode == 0, result.stderr
         assert f"on {device}" in result.stdout, result.stdout
-        error = max_error(torch.load(outputs), expected)
-        print(f"{name} on {device}: max |edsc_ext_aoti_run - eager| = {error:.3g}")
+        error = max_error(torch.load(outputs), to(want if isinstance(want, (tuple, list)) else (want,), "cpu"))
+        print(f"{name} on {device}: max |edsc_ext_aoti_run - {reference}| = {error:.3g}")
         assert error < AOTI_TOL
 
 
