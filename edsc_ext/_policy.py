@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
+import sys
 import threading
 from typing import Iterator, Mapping, Optional
 
@@ -82,13 +84,27 @@ def current_kernel_policy() -> KernelPolicy:
     return _current
 
 
-@torch.compiler.disable
-def _install(policy: KernelPolicy) -> None:
+def _set(policy: KernelPolicy) -> None:
     global _current
     torch.ops.edsc_ext.set_kernel_policy(policy.grid_taps, policy.plain_forward, policy.prefetch,
                                          policy.input_grad_tile, policy.warp_staging, policy.cpu_isa == "baseline",
                                          policy.cpu_scratch_mb)
     _current = policy
+
+
+@functools.lru_cache(maxsize=None)
+def _set_outside_graphs():
+    return torch.compiler.disable(_set)
+
+
+def _install(policy: KernelPolicy) -> None:
+    """Sets the policy; under torch.compile as a graph break, never traced into a graph. Deciding so
+    needs torch._dynamo, whose import takes seconds: only a process that has loaded it (every one
+    that compiles has) pays for it, not ``import edsc_ext``."""
+    if "torch._dynamo" in sys.modules:
+        _set_outside_graphs()(policy)
+    else:
+        _set(policy)
 
 
 @contextlib.contextmanager

@@ -7,6 +7,9 @@ so it needs neither the memory of the benchmark sizes nor a GPU."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -270,6 +273,30 @@ def test_policy_under_torch_compile():
         bilinear = compiled(*inputs)
         assert edsc_ext._plan(*inputs, **case.kwargs()).forward.startswith("pixels/")
     torch.testing.assert_close(grid, bilinear, rtol=1e-5, atol=1e-6)
+
+
+def test_policy_block_inside_a_compiled_function():
+    """A policy block inside compiled code still sets the policy for the op calls in it, and restores it."""
+    case = B.CPU_CASES[4]  # sepconv, no offsets
+    inputs = case.make_inputs(F32, "cpu", seed=0)
+    seen = []
+
+    def layer(*t):
+        with edsc_ext.kernel_policy(grid_taps=False):
+            seen.append(edsc_ext.current_kernel_policy().grid_taps)
+            return edsc_ext.deform_sepconv(*t, **case.kwargs())
+
+    out = torch.compile(layer, backend="eager")(*inputs)
+    assert seen and not any(seen)
+    assert edsc_ext.current_kernel_policy().grid_taps
+    torch.testing.assert_close(out, edsc_ext.deform_sepconv(*inputs, **case.kwargs()), rtol=1e-5, atol=1e-6)
+
+
+def test_import_does_not_load_dynamo():
+    """``import edsc_ext`` leaves torch._dynamo unloaded (its import takes seconds); the policy's
+    graph-break wrapper is made once a process has loaded it."""
+    code = "import sys, edsc_ext; assert 'torch._dynamo' not in sys.modules, 'torch._dynamo was imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=os.path.dirname(os.path.dirname(__file__)))
 
 
 def test_plan_arguments_are_checked():
