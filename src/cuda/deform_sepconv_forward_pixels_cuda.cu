@@ -10,13 +10,14 @@
 namespace edsc_ext {
 namespace {
 
-// The RGB kernels' register budget in float32 and the half types: 64 registers, for 4 blocks of
-// kThreadsPerBlock a multiprocessor (the compiler chose 80, 3 blocks), which was faster on the
-// H200 (BENCHMARKS.md); in bfloat16 it also beats the staged kernel, so RGB takes this kernel there.
-constexpr int kRgbBlocksPerMultiprocessor = 4;
-template <bool kExactBlock, typename scalar_t>
+// The register budget of the 32-bit-index kernels in float32 and the half types: 64 registers, for 4
+// blocks of kThreadsPerBlock a multiprocessor. The compiler chose 80 for RGB and 72 for 4-channel
+// blocks (3 blocks); the cap costs a few spilled bytes and was faster on the H200 in both
+// (BENCHMARKS.md); in bfloat16 RGB it also beats the staged kernel, so RGB takes this kernel there.
+constexpr int kBlocksPerMultiprocessor = 4;
+template <typename scalar_t, typename index_t>
 constexpr int min_blocks_per_multiprocessor() {
-  return kExactBlock && sizeof(scalar_t) <= 4 ? kRgbBlocksPerMultiprocessor : 0;
+  return std::is_same_v<index_t, int32_t> && sizeof(scalar_t) <= 4 ? kBlocksPerMultiprocessor : 0;
 }
 
 // kPrefetch (NCHW, 5x5, one block of channels, 32-bit indices): each warp first prefetches all its
@@ -25,7 +26,7 @@ constexpr int min_blocks_per_multiprocessor() {
 // A minimum of 0 blocks leaves the register budget to the compiler.
 template <int kChannelBlock, int kKernelH, int kKernelW, bool kChannelsLast, bool kPrefetch, bool kExactBlock,
           typename scalar_t, typename index_t, typename param_t>
-__global__ void __launch_bounds__(kThreadsPerBlock, (min_blocks_per_multiprocessor<kExactBlock, scalar_t>()))
+__global__ void __launch_bounds__(kThreadsPerBlock, (min_blocks_per_multiprocessor<scalar_t, index_t>()))
     deform_sepconv_forward_cuda_kernel(const DeformSepconvParams<scalar_t, index_t, param_t> params,
                                        scalar_t* __restrict__ output, int64_t work_items) {
   static_assert(
