@@ -1268,7 +1268,9 @@ def test_cuda_graph_and_half_paths_run_and_match_the_fp32_eager_network(gen, mul
     assert eager.paths == {"eager fp32": 2} and expected.shape == (3, 3, h, w)
     graph = engine.Interpolator(model, batch=2)  # the default on CUDA: graph replay
     graph.prepare(h, w)
-    assert rel_error(torch.stack(graph.interpolate_bgr(jobs)), expected) < 1e-5
+    # float32 convolutions run on cuDNN's TF32 (torch's default), whose algorithm choice may differ
+    # between the captured and the eager calls: rounding at TF32's 10-bit mantissa, 1.5e-5 on the H200.
+    assert rel_error(torch.stack(graph.interpolate_bgr(jobs)), expected) < 1e-3
     assert graph.paths == {"graph fp32": 2}
     # Half precisions (autocast, channels_last), replayed and eager; tolerances of the model's tests,
     # loosened 1.5x for the clamped, cropped output.
