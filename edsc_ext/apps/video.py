@@ -353,6 +353,9 @@ class VideoSink:
                 options["preset"] = preset
             self.stream = self.container.add_stream(encoder, rate=rate, options=options)
             self.stream.width, self.stream.height, self.stream.pix_fmt = width, height, pix
+            # Frame threads as well as slices (PyAV's default is slices only): x264 then keeps up
+            # with the network at 1080p (BENCHMARKS.md, video section).
+            self.stream.codec_context.thread_type = "AUTO"
             self.stream.time_base = time_base
             self.stream.codec_context.time_base = time_base
             if encoder not in CRF_RANGE and info is not None and info.bit_rate and encoder != "gif":
