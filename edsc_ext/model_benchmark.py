@@ -381,7 +381,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--markdown", default=None, metavar="PATH", help="also write the table to a file")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress line per measured row on stderr (a full run takes minutes: its compiles)")
     return parser
+
+
+def _progress_line(row: Row, done: int, total: int) -> str:
+    if row.status == "ok":
+        result = f"{row.ms:.2f} ms" + (f", set-up {row.setup_s:.1f} s" if row.setup_s is not None else "")
+    else:
+        result = f"{row.status}: {row.note}"
+    return f"model_benchmark [{done}/{total}] {row.model} {row.case} {row.variant}: {result}"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -420,6 +430,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "fp16_loss_scale": args.fp16_loss_scale,
             "torch": torch.__version__}
     rows: List[Row] = []
+    total = len(models) * len(cases) * len(variants)
     for name in models:
         if name in checkpoints:
             model = checkpoints[name]
@@ -437,6 +448,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     row = Row(model.name, case.name, variant.name, status="error",
                               note=f"{type(e).__name__}: {message}"[:200])
                 rows.append(row)
+                if not args.quiet:
+                    print(_progress_line(row, len(rows), total), file=sys.stderr, flush=True)
                 _free(device)
             del inputs, reference
             _free(device)

@@ -443,10 +443,16 @@ def test_model_benchmark_cpu_quick_table(tmp_path, capsys):
     for bad in ("fused", "fused-fp8", "unfused-fp32-bd", "fused-fp16-bd-ph"):
         with pytest.raises(ValueError, match="variant"):
             model_benchmark.parse_variant(bad)
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert "| model | case | variant |" in out and "python -m edsc_ext.model_benchmark" in out
     for variant in variants:
         assert f"| {variant} |" in out
+    # One progress line per row on stderr, in order, as each is measured.
+    progress = captured.err.splitlines()
+    assert [line.split(": ")[0] for line in progress] == [
+        f"model_benchmark [{i}/{len(rows)}] EDSC_m {r['case']} {r['variant']}" for i, r in enumerate(rows, 1)]
+    assert all(line.endswith(" ms") or "skipped: " in line for line in progress), progress
 
 
 def _load_train_script():
