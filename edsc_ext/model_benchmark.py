@@ -5,7 +5,7 @@ each execution variant, against the original code's composition in float32.
     python -m edsc_ext.model_benchmark --models EDSC_s --variants fused-fp16-cl,graph-fp16-cl
     python -m edsc_ext.model_benchmark --device cpu --quick # a smoke run on tiny sizes
 
-A variant is ``PATH-PRECISION[-cl][-gr|-bd|-ph]``:
+A variant is ``PATH-PRECISION[-cl][-gr|-bd|-ph|-pd]``:
 
 - PATH: ``unfused`` (``EDSC(fused=False)``, the original's module-by-module composition: the
   baseline), ``fused`` (the default network), ``compiled`` (``torch.compile`` of the fused network;
@@ -13,8 +13,8 @@ A variant is ``PATH-PRECISION[-cl][-gr|-bd|-ph]``:
   CUDA-graph replay of the fused inference; CUDA only, inference only; the capture time is ``setup s``);
 - PRECISION: ``fp32``, or ``fp16`` / ``bf16`` under autocast (the frames and the sampling stay float32);
 - ``cl``: model and frames in channels_last;
-- the fused heads' ``head_layout``: ``gr`` grouped, ``bd`` block_diagonal, ``ph`` per_head; none: "auto"
-  (per_head).
+- the fused heads' ``head_layout``: ``gr`` grouped, ``bd`` block_diagonal, ``ph`` per_head, ``pd`` padded;
+  none: "auto" (padded on CUDA, per_head on the CPU).
 
 A training step is the forward, an L1 loss against a fixed random target and the backward (gradients
 set to None before each step); no optimizer step, which is the same for every variant. Under float16
@@ -61,7 +61,7 @@ DEFAULT_TRAIN_SIZES = "16x256x256"
 QUICK_SIZES, QUICK_TRAIN_SIZES = "1x64x64", "2x64x64"
 
 
-HEAD_LAYOUT_FLAGS = {"gr": "grouped", "bd": "block_diagonal", "ph": "per_head"}
+HEAD_LAYOUT_FLAGS = {"gr": "grouped", "bd": "block_diagonal", "ph": "per_head", "pd": "padded"}
 
 
 @dataclass(frozen=True)
@@ -78,16 +78,16 @@ class Variant:
 
 
 def parse_variant(name: str) -> Variant:
-    """``PATH-PRECISION[-cl][-gr|-bd|-ph]`` (see the module docstring)."""
+    """``PATH-PRECISION[-cl][-gr|-bd|-ph|-pd]`` (see the module docstring)."""
     parts = name.strip().split("-")
     flags = parts[2:]
     layouts = [HEAD_LAYOUT_FLAGS[f] for f in flags if f in HEAD_LAYOUT_FLAGS]
     if len(parts) < 2 or parts[0] not in PATHS or parts[1] not in PRECISIONS or len(layouts) > 1 or \
             any(f != "cl" and f not in HEAD_LAYOUT_FLAGS for f in flags) or len(set(flags)) != len(flags):
-        raise ValueError(f"variant {name!r}: expected PATH-PRECISION[-cl][-gr|-bd|-ph] with PATH one of {PATHS} "
+        raise ValueError(f"variant {name!r}: expected PATH-PRECISION[-cl][-gr|-bd|-ph|-pd] with PATH one of {PATHS} "
                          f"and PRECISION one of {tuple(PRECISIONS)}")
     if parts[0] == "unfused" and layouts:
-        raise ValueError(f"variant {name!r}: gr, bd and ph are layouts of the fused heads")
+        raise ValueError(f"variant {name!r}: gr, bd, ph and pd are layouts of the fused heads")
     return Variant(name.strip(), parts[0], parts[1], "cl" in flags, layouts[0] if layouts else "auto")
 
 
@@ -360,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if available)")
     parser.add_argument("--models", default=",".join(MODEL_NAMES), help="comma-separated (default: %(default)s)")
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
-                        help="comma-separated PATH-PRECISION[-cl][-gr|-bd|-ph] (default: %(default)s)")
+                        help="comma-separated PATH-PRECISION[-cl][-gr|-bd|-ph|-pd] (default: %(default)s)")
     parser.add_argument("--sizes", default=None, help=f"inference NxHxW list (default: {DEFAULT_SIZES}; "
                                                       f"--quick: {QUICK_SIZES}); '' for none")
     parser.add_argument("--train-sizes", default=None, help=f"training-step NxHxW list (default: "

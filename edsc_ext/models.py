@@ -45,9 +45,13 @@ SAMPLINGS = ("compat", "clean")
 # as one dense convolution with zeros off the heads' blocks: more arithmetic, no grouped kernel, which
 # some backends run slowly), "per_head" (one head at a time, as unfused: oneDNN, the CPU's backend,
 # runs the heads' separate convolutions faster than wide or grouped ones; there the arithmetic, not
-# the number of calls, bounds the time), or "auto": per_head, which measured fastest on the CPU and on
-# the H200 too, where it also peaks at a third of grouped's memory (BENCHMARKS.md, issue #20).
-HEAD_LAYOUTS = ("auto", "grouped", "block_diagonal", "per_head")
+# the number of calls, bounds the time), "padded" (per_head with each head's odd channel counts (k,
+# k*k, 3, EDSC_m's 65 inputs), and the 6 input channels of the trunk's first convolution, rounded up to
+# a multiple of CHANNEL_MULTIPLE by zero weights: cuDNN's tensor-core convolutions want channels in
+# multiples of 8 and otherwise pad copies of the tensors or take slower engines), or "auto": padded on
+# CUDA, per_head elsewhere (BENCHMARKS.md, issue #20).
+HEAD_LAYOUTS = ("auto", "grouped", "block_diagonal", "per_head", "padded")
+CHANNEL_MULTIPLE = 8
 MODEL_NAMES = ("EDSC_s", "EDSC_m")
 # Five 2x average poolings down to the bottleneck.
 SIZE_MULTIPLE = 32
@@ -156,6 +160,38 @@ def _head(in_channels: int, out_channels: int, sigmoid: bool = False) -> nn.Sequ
     return nn.Sequential(*layers)
 
 
+def _round_up(channels: int) -> int:
+    return -(-channels // CHANNEL_MULTIPLE) * CHANNEL_MULTIPLE
+
+
+def _memory_format(x: Tensor) -> torch.memory_format:
+    return torch.channels_last if not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last) \
+        else torch.contiguous_format
+
+
+def _padded_conv(x: Tensor, conv: nn.Conv2d, out_channels: int) -> Tensor:
+    """``conv`` on ``x`` (which may carry zero channels past the conv's inputs), its weight zero-padded
+    to ``x``'s channels and ``out_channels`` outputs."""
+    extra_in = x.shape[1] - conv.in_channels
+    extra_out = out_channels - conv.out_channels
+    weight, bias = conv.weight, conv.bias
+    if extra_in or extra_out:
+        weight = F.pad(weight, (0, 0, 0, 0, 0, extra_in, 0, extra_out))
+        bias = F.pad(bias, (0, extra_out))
+    return F.conv2d(x, weight, bias, padding=conv.padding)
+
+
+def _padded_head(head: nn.Sequential, x: Tensor) -> Tensor:
+    """``head(x)`` (a :func:`_head`) with its odd channel counts rounded up (see EDSC.padded_heads)."""
+    y = F.relu(_padded_conv(x, head[0], head[0].out_channels), inplace=True)
+    y = F.relu(_padded_conv(y, head[2], head[2].out_channels), inplace=True)
+    k = head[4].out_channels
+    y = F.relu(_padded_conv(y, head[4], _round_up(k)), inplace=True)
+    y = head[6](y)
+    y = _padded_conv(y, head[7], _round_up(k))[:, :k]
+    return torch.sigmoid(y) if len(head) > 8 else y
+
+
 # Each frame's heads in the order the synthesis takes them: vertical, horizontal, offset x, offset y, mask.
 FRAME_HEADS = (("moduleVertical1", "moduleHorizontal1", "moduleOffset1x", "moduleOffset1y", "moduleMask1"),
                ("moduleVertical2", "moduleHorizontal2", "moduleOffset2x", "moduleOffset2y", "moduleMask2"))
@@ -185,8 +221,9 @@ class EDSC(nn.Module):
             False: the original code's module-by-module composition. Also an attribute that can be
             switched at any time: both read the same parameters.
         head_layout: how the fused heads run: "auto" (the default: the layout measured fastest,
-            now "per_head" everywhere), "grouped", "block_diagonal" or "per_head"
-            (the heads one module at a time); see ``HEAD_LAYOUTS`` and :meth:`fused_heads`.
+            "padded" on CUDA and "per_head" elsewhere), "grouped", "block_diagonal", "per_head"
+            (the heads one module at a time) or "padded" (one at a time, channel counts rounded up
+            to multiples of 8); see ``HEAD_LAYOUTS`` and :meth:`fused_heads`.
     """
 
     def __init__(self, kernel_size: int = 5, multiple: bool = False, sampling: str = "compat", het_p: int = 4,
@@ -255,8 +292,16 @@ class EDSC(nn.Module):
                 f"fused={self.fused}, head_layout={self.head_layout!r}")
 
     def features(self, first: Tensor, second: Tensor) -> Tensor:
-        """The U-Net: the 64-channel half-resolution feature the heads read."""
-        conv1 = self.moduleConv1(torch.cat([first, second], 1))
+        """The U-Net: the 64-channel half-resolution feature the heads read. With the "padded" layout
+        (see ``head_layout``) the first convolution reads the two frames' 6 channels and 2 zero ones."""
+        x = torch.cat([first, second], 1)
+        if self.fused and self._layout(x) == "padded":
+            n, c, h, w = x.shape
+            zeros = x.new_zeros((n, _round_up(c) - c, h, w)).contiguous(memory_format=_memory_format(x))
+            x = torch.cat([x, zeros], 1)
+            conv1 = self.moduleConv1[1:](_padded_conv(x, self.moduleConv1[0], self.moduleConv1[0].out_channels))
+        else:
+            conv1 = self.moduleConv1(x)
         conv2 = self.moduleConv2(F.avg_pool2d(conv1, 2))
         conv3 = self.moduleConv3(F.avg_pool2d(conv2, 2))
         conv4 = self.moduleConv4(F.avg_pool2d(conv3, 2))
@@ -299,13 +344,14 @@ class EDSC(nn.Module):
         The outputs are channel slices (views) of those last convolutions: kernels
         (vertical1, horizontal1, vertical2, horizontal2) and offsets and masks (offset1x, offset1y,
         mask1, offset2x, offset2y, mask2); the masks' sigmoid makes new tensors, as the modules do.
-        ``head_layout="per_head"`` (what "auto" runs) runs :meth:`unfused_heads` instead.
+        ``head_layout="per_head"`` (what "auto" runs on the CPU) runs :meth:`unfused_heads` instead,
+        and ``"padded"`` (what "auto" runs on CUDA) :meth:`padded_heads`.
         """
-        layout = self.head_layout
-        if layout == "auto":
-            layout = "per_head"
+        layout = self._layout(combine)
         if layout == "per_head":
             return self.unfused_heads(combine, time)
+        if layout == "padded":
+            return self.padded_heads(combine, time)
         if self.multiple:
             # A materialised one-channel map is contiguous in both memory formats, so the
             # concatenation keeps the feature's (an expanded one would make it NCHW).
@@ -334,6 +380,32 @@ class EDSC(nn.Module):
         return ((vertical1, horizontal1, offset1x, offset1y, torch.sigmoid(mask1)),
                 (vertical2, horizontal2, offset2x, offset2y, torch.sigmoid(mask2)),
                 outputs[2] if self.use_bias else None)
+
+    def padded_heads(self, combine: Tensor, time: Union[float, Tensor, None] = None
+                     ) -> Tuple[HeadOutputs, HeadOutputs, Optional[Tensor]]:
+        """The heads one by one, as :meth:`unfused_heads`, with every channel count a multiple of
+        ``CHANNEL_MULTIPLE``: the weights are the parameters with zero rows and columns added on every
+        call, so the extra channels are exact zeros (after the ReLU and the upsampling too) and the
+        outputs, channel slices of the last convolutions, equal the unfused heads'."""
+        if self.multiple:
+            # [feature, t, zeros]: 65 channels rounded up, built once per frame.
+            n, c, h, w = combine.shape
+            extra = _round_up(c + 1) - c - 1
+            fmt = _memory_format(combine)
+            t = self._time_map(time, combine).contiguous(memory_format=fmt)
+            zeros = combine.new_zeros((n, extra, h, w)).contiguous(memory_format=fmt)
+            in1, in2 = torch.cat([combine, t, zeros], 1), torch.cat([combine, 1 - t, zeros], 1)
+        else:
+            in1 = in2 = combine
+        frame1 = tuple(_padded_head(getattr(self, name), in1) for name in FRAME_HEADS[0])
+        frame2 = tuple(_padded_head(getattr(self, name), in2) for name in FRAME_HEADS[1])
+        return frame1, frame2, _padded_head(self.moduleBias, combine) if self.use_bias else None
+
+    def _layout(self, x: Tensor) -> str:
+        """The head layout that runs on ``x``'s device ("auto" resolved)."""
+        if self.head_layout != "auto":
+            return self.head_layout
+        return "padded" if x.device.type == "cuda" else "per_head"
 
     def _first_layer_weight(self, weight: Tensor, reads: int) -> Tensor:
         """A head's first-layer weight over the fused input (EDSC_m: feature, t, 1 - t)."""

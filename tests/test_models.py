@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from edsc_ext import compat, model_benchmark
 from edsc_ext.apps import images
@@ -150,9 +151,10 @@ def test_torch_compile_traces_the_network(models, gen):
         assert_close(compiled(first, second, t), model(first, second, t), torch.float32)
 
 
-def test_torch_compile_traces_cudas_fused_forms_without_a_graph_break(gen):
-    # The head layout CUDA runs ("auto" runs the heads one by one on the CPU), traced on the CPU.
-    model = EDSC_m(head_layout="grouped")
+@pytest.mark.parametrize("layout", ["padded", "grouped"])
+def test_torch_compile_traces_cudas_fused_forms_without_a_graph_break(gen, layout):
+    # The head layouts of CUDA ("auto" runs padded there, per_head on the CPU), traced on the CPU.
+    model = EDSC_m(head_layout=layout)
     combine = torch.rand(2, 64, 16, 16, generator=gen)
     t = torch.tensor([0.3, 0.6])
     compiled = torch.compile(model.fused_heads, backend="eager", fullgraph=True)
@@ -242,7 +244,7 @@ def test_hetconv_folded_equals_the_three_convolutions(gen, p):
         HetConv2d(16, 16, 4, kernel_size=3, padding=0)
 
 
-@pytest.mark.parametrize("layout", ["grouped", "block_diagonal"])
+@pytest.mark.parametrize("layout", ["grouped", "block_diagonal", "padded"])
 @pytest.mark.parametrize("multiple", [False, True], ids=["EDSC_s", "EDSC_m"])
 def test_fused_heads_and_output_equal_the_unfused_float64(gen, multiple, layout):
     model = random_edsc(gen, multiple, head_layout=layout)
@@ -271,15 +273,16 @@ def test_fused_output_equals_the_unfused_float32(gen, multiple):
         reference = EDSC(multiple=multiple).double()
         reference.load_state_dict(model.state_dict())  # the same weights in float64
         expected = run(reference, False, first.double(), second.double(), time)
-        for fused, layout in ((False, "grouped"), (True, "grouped"), (True, "block_diagonal"), (True, "auto")):
+        for fused, layout in ((False, "grouped"), (True, "grouped"), (True, "block_diagonal"), (True, "padded"),
+                              (True, "auto")):
             model.head_layout = layout
             assert_close(run(model, fused, first, second, time), expected, torch.float32, factor=10,
                          what=f"fused={fused}, head_layout={layout}")
 
 
-def test_auto_head_layout_runs_the_heads_one_by_one(gen):
+def test_auto_head_layout_runs_the_heads_one_by_one_on_the_cpu(gen):
     model = random_edsc(gen, multiple=True, dtype=torch.float32, head_layout="auto")
-    assert set(HEAD_LAYOUTS) == {"auto", "grouped", "block_diagonal", "per_head"}
+    assert set(HEAD_LAYOUTS) == {"auto", "grouped", "block_diagonal", "per_head", "padded"}
     combine = torch.rand(1, 64, 16, 16, generator=gen)
     with torch.no_grad():
         fused, unfused = model.fused_heads(combine, 0.3), model.unfused_heads(combine, 0.3)
@@ -287,9 +290,48 @@ def test_auto_head_layout_runs_the_heads_one_by_one(gen):
         assert torch.equal(a, b)
 
 
+def _recorded_conv_channels(model, *args):
+    """(in, out) channels of every convolution the model's forward runs."""
+    channels = []
+
+    class Recorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten.convolution.default:
+                channels.append((args[0].shape[1], args[1].shape[0]))
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad(), Recorder():
+        model(*args)
+    return channels
+
+
 @pytest.mark.parametrize("multiple", [False, True], ids=["EDSC_s", "EDSC_m"])
-def test_fused_gradients_of_every_parameter_equal_the_unfused(gen, multiple):
-    model = random_edsc(gen, multiple)
+def test_padded_layout_runs_channel_counts_in_multiples_of_8(gen, multiple):
+    model = random_edsc(gen, multiple, dtype=torch.float32, head_layout="padded")
+    first, second = (f.contiguous(memory_format=torch.channels_last) for f in frames(gen, 1, 32, 32, torch.float32))
+    time = 0.3 if multiple else None
+    channels = _recorded_conv_channels(model, first, second, time)
+    assert len(channels) > 11 * 4 and all(c % 8 == 0 for pair in channels for c in pair), channels
+    assert channels[0] == (8, 32)  # the trunk's first convolution: 6 frame channels and 2 zero ones
+    # The other layouts run the original's counts: 6 inputs, 5, 25 and 3 outputs, EDSC_m's 65 inputs.
+    for fused, layout in ((True, "per_head"), (False, "padded")):
+        model.fused, model.head_layout = fused, layout
+        assert _recorded_conv_channels(model, first, second, time)[0] == (6, 32)
+    model.fused, model.head_layout = True, "padded"
+    with torch.no_grad():
+        expected = run(model, False, first, second, time)
+        assert_close(run(model, True, first, second, time), expected, torch.float32, factor=10)
+        combine = model.features(first, second)
+        padded, unfused = model.fused_heads(combine, time), model.unfused_heads(combine, time)
+    for a, b in zip([*padded[0], *padded[1], padded[2]], [*unfused[0], *unfused[1], unfused[2]]):
+        assert a.shape == b.shape
+        assert_close(a, b, torch.float32)
+
+
+@pytest.mark.parametrize("layout", ["grouped", "padded"])
+@pytest.mark.parametrize("multiple", [False, True], ids=["EDSC_s", "EDSC_m"])
+def test_fused_gradients_of_every_parameter_equal_the_unfused(gen, multiple, layout):
+    model = random_edsc(gen, multiple, head_layout=layout)
     first, second = frames(gen, 2, 32, 32)
     target = torch.rand(2, 3, 32, 32, generator=gen, dtype=torch.float64)
     time = torch.tensor([0.25, 0.6], dtype=torch.float64) if multiple else None
