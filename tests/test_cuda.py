@@ -9,7 +9,6 @@ import torch
 
 import edsc_ext
 from edsc_ext import reference as R
-from edsc_ext.ops import normalize_args
 
 from conftest import (
     ALL_PRESENT,
@@ -354,16 +353,6 @@ def test_gradcheck(gen, padding_mode):
 
     # The input gradient is summed with atomics, so two backward passes may differ in the last bits.
     assert torch.autograd.gradcheck(fn, case.tensors, eps=1e-6, atol=1e-8, rtol=1e-6, nondet_tol=1e-12)
-
-
-def test_opcheck(gen):
-    case = make_inputs(1, 3, 6, 7, 3, 2, 1, (1, 2), device="cuda", generator=gen).leaves()
-    args = normalize_args(*case.tensors, **case.kwargs, padding_mode="border")
-    torch.library.opcheck(torch.ops.edsc_ext.deform_sepconv_forward.default, args.op_args())
-    grad_output = torch.randn((1, 3) + args.output_size, generator=gen, dtype=F64).cuda()
-    plain = tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in args.op_args())
-    for mask in ([True] * 5, [False, True, False, True, False]):
-        torch.library.opcheck(torch.ops.edsc_ext.deform_sepconv_backward.default, (grad_output,) + plain + (mask,))
 
 
 def test_more_than_2_31_elements():

@@ -241,23 +241,6 @@ def test_backward_op_output_mask(gen, padding_mode):
                 assert g.numel() == 0, f"{ARG_NAMES[i]} was not asked for but has shape {tuple(g.shape)}"
 
 
-def test_opcheck_forward(gen):
-    for present in [(True, True, True, True), (False, True, True, False), (False, False, False, False)]:
-        for mode in (0, 1):
-            case = make_inputs(1, 2, 5, 6, 2, 3, 1, (1, 2), present=present, generator=gen).leaves()
-            args = normalize_args(*case.tensors, **case.kwargs).op_args()[:-1] + (mode,)
-            torch.library.opcheck(FORWARD.default, args)
-
-
-def test_opcheck_backward(gen):
-    case = make_inputs(1, 2, 5, 6, 2, 3, 1, (1, 2), generator=gen)
-    args = normalize_args(*case.tensors, **case.kwargs)
-    grad_output = torch.randn((1, 2) + args.output_size, generator=gen, dtype=F64)
-    args = args.op_args()
-    for mask in ([True] * 5, [False, False, False, True, True], [True, False, False, False, False]):
-        torch.library.opcheck(BACKWARD.default, (grad_output,) + args + (mask,))
-
-
 def test_meta_tensors_give_shapes():
     meta = make_inputs(2, 3, 6, 7, 3, 2, 1, (1, 2)).to(device="meta")
     out = meta.call(OP, padding_mode="border")

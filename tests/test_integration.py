@@ -1,6 +1,6 @@
 """The op inside training code: torch.compile (static and dynamic shapes, forward and backward),
-torch.library.opcheck with every utility, CUDA graphs, autocast, deterministic algorithms,
-channels_last, non-default streams and threads.
+CUDA graphs, autocast, deterministic algorithms, channels_last, non-default streams and threads
+(torch.library.opcheck: test_opcheck.py).
 
 Each test runs on the CPU and, where a GPU is present, on CUDA (those variants carry the ``cuda``
 mark and skip cleanly without a GPU); the CUDA-graph and stream tests are CUDA-only.
@@ -20,58 +20,30 @@ from edsc_ext.ops import normalize_args
 from conftest import (
     ALL_PRESENT,
     ARG_NAMES,
+    BF16,
+    DEVICES,
+    F16,
+    F32,
+    F64,
     GRAD_FACTOR,
     PADDING_MODES,
     TOLERANCES,
     Case,
     assert_close,
     assert_grads_close,
+    capture_and_replay,
     default_grad_output,
+    forward_and_grads,
     make_inputs,
     plans_of,
+    reference_and_grads,
     requires_cuda,
+    synchronize,
 )
 
-F64, F32, F16, BF16 = torch.float64, torch.float32, torch.float16, torch.bfloat16
 OP = edsc_ext.deform_sepconv
 FORWARD = torch.ops.edsc_ext.deform_sepconv_forward
 BACKWARD = torch.ops.edsc_ext.deform_sepconv_backward
-
-CUDA = [pytest.mark.cuda, requires_cuda]
-DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
-
-
-def forward_and_grads(fn, case: Case, padding_mode: str = "border", grad_output=None, **extra):
-    """fn's output (detached) and the gradients of all present tensors, on the case's device."""
-    leaves = case.leaves()
-    out = leaves.call(fn, padding_mode=padding_mode, **extra)
-    if grad_output is None:
-        grad_output = default_grad_output(out.shape)
-    out.backward(grad_output.to(device=out.device, dtype=out.dtype))
-    return out.detach(), leaves.grads()
-
-
-def reference_and_grads(case: Case, padding_mode: str = "border", grad_output=None):
-    """The float64 CPU reference of a case, from its own (possibly rounded) values."""
-    return forward_and_grads(R.deform_sepconv, case.to(F64, "cpu"), padding_mode, grad_output)
-
-
-def synchronize(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-@pytest.fixture
-def deterministic():
-    """Turns torch.use_deterministic_algorithms(True) on for the test and restores the old setting."""
-    enabled = torch.are_deterministic_algorithms_enabled()
-    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
-
 
 # ---------------------------------------------------------------------------------------------
 # torch.compile
@@ -200,78 +172,7 @@ def test_compile_under_autocast(dynamo, gen, device):
 
 
 # ---------------------------------------------------------------------------------------------
-# torch.library.opcheck, every utility
-
-
-OPCHECK_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
-
-
-def _layout(t, layout):
-    return t.contiguous(memory_format=torch.channels_last) if layout == "channels_last" else t
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
-def test_opcheck_forward_all_utils(gen, layout, device):
-    for present in [(True, True, True, True), (False, True, True, False), (False, False, False, False)]:
-        for mode in PADDING_MODES:
-            case = make_inputs(1, 3, 5, 6, 2, 3, 1, (1, 2), present=present, device=device, generator=gen)
-            case = case.map(lambda t: _layout(t, layout)).leaves()
-            args = normalize_args(*case.tensors, **case.kwargs, padding_mode=mode).op_args()
-            result = torch.library.opcheck(FORWARD.default, args, test_utils=OPCHECK_UTILS)
-            assert result == {name: "SUCCESS" for name in OPCHECK_UTILS}
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
-def test_opcheck_backward_all_utils(gen, layout, device):
-    case = make_inputs(1, 3, 5, 6, 2, 3, 1, (1, 2), device=device, generator=gen)
-    case = case.map(lambda t: _layout(t, layout))
-    args = normalize_args(*case.tensors, **case.kwargs, padding_mode="border")
-    grad_output = _layout(torch.randn((1, 3) + args.output_size, generator=gen, dtype=F64).to(device), layout)
-    for mask in ([True] * 5, [False, False, False, True, True], [True, False, False, False, False]):
-        result = torch.library.opcheck(BACKWARD.default, (grad_output,) + args.op_args() + (mask,),
-                                       test_utils=OPCHECK_UTILS)
-        assert result == {name: "SUCCESS" for name in OPCHECK_UTILS}
-
-
-# ---------------------------------------------------------------------------------------------
 # CUDA graphs
-
-
-def _capture_and_replay(case: Case, new_cases, padding_mode: str):
-    """Captures forward + backward of the op on static copies of ``case`` in one CUDA graph (after
-    a warm-up on a side stream, as the CUDA-graph docs ask), then for each new case copies its
-    values into the static tensors, replays, and returns the (output, gradients) read back."""
-    static = case.leaves()
-    out_shape = case.input.shape[:2] + normalize_args(*case.tensors, **case.kwargs).output_size
-    grad_output = default_grad_output(out_shape).to(device="cuda", dtype=case.input.dtype)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            for t in static.tensors:
-                t.grad = None
-            static.call(OP, padding_mode=padding_mode).backward(grad_output)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-
-    for t in static.tensors:
-        t.grad = None  # so that backward allocates the gradients from the graph's pool
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = static.call(OP, padding_mode=padding_mode)
-        static_out.backward(grad_output)
-
-    results = []
-    for new in new_cases:
-        with torch.no_grad():
-            for t, v in zip(static.tensors, new.tensors):
-                t.copy_(v)
-        graph.replay()
-        torch.cuda.synchronize()
-        results.append((static_out.detach().clone(), tuple(t.grad.clone() for t in static.tensors)))
-    return results
 
 
 # channels_last takes the warp-staged kernels (5x5, 3 channels), whose backward opts in to more
@@ -289,7 +190,7 @@ def test_cuda_graph_forward_backward(gen, request, padding_mode, mode, layout):
     if layout == "channels_last":
         first, *new_cases = [c.map(lambda t: t.contiguous(memory_format=torch.channels_last))
                              for c in [first, *new_cases]]
-    results = _capture_and_replay(first, new_cases, padding_mode)
+    results = capture_and_replay(first, new_cases, padding_mode)
     for new, (out, grads) in zip(new_cases, results):
         expected, expected_grads = reference_and_grads(new, padding_mode)
         assert_close(out, expected, F32)
