@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -57,6 +58,63 @@ requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs 
 requires_two_gpus = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
 
+# ---------------------------------------------------------------------------------------------
+# Devices: a test takes a ``device`` argument ("cpu" or "cuda") from one of these parametrisations.
+# The CUDA cases carry the ``cuda`` mark (`-m cuda` selects them) and skip cleanly without a GPU;
+# nothing here touches the GPU at collection time (the device is a string until the test runs).
+
+CUDA = [pytest.mark.cuda, requires_cuda]
+# Every device, the same cases on each.
+DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
+
+F64, F32, F16, BF16 = torch.float64, torch.float32, torch.float16, torch.bfloat16
+DTYPE_IDS = {F64: "f64", F32: "f32", F16: "f16", BF16: "bf16"}
+
+
+def dtypes(*values: torch.dtype) -> dict:
+    """An axis for :func:`cases`: {"f32": torch.float32, ...}."""
+    return {DTYPE_IDS[d]: d for d in values}
+
+
+def named(*values) -> dict:
+    """An axis for :func:`cases` whose values are their own ids (strings)."""
+    return {str(v): v for v in values}
+
+
+def cases(*axes: dict) -> dict:
+    """The product of axes, each a dict id -> value, as {"id1-id2-...": (value1, value2, ...)}."""
+    out = {}
+    for combo in product(*(axis.items() for axis in axes)):
+        out["-".join(name for name, _ in combo)] = tuple(value for _, value in combo)
+    return out
+
+
+def per_device(cpu: Optional[dict] = None, cuda: Optional[dict] = None) -> list:
+    """Parameter sets of a test whose cases differ by device (shapes, dtypes, kernel paths): each
+    CPU case as ("cpu", *values) with id "cpu-<id>", each CUDA case as ("cuda", *values) with id
+    "cuda-<id>" and the CUDA marks. ``cpu`` and ``cuda`` map ids to tuples of values (see :func:`cases`)."""
+    params = [pytest.param("cpu", *values, id=f"cpu-{name}") for name, values in (cpu or {}).items()]
+    params += [pytest.param("cuda", *values, id=f"cuda-{name}", marks=CUDA) for name, values in (cuda or {}).items()]
+    return params
+
+
+def synchronize(device) -> None:
+    """Waits for the device's work (a no-op on the CPU)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+@pytest.fixture
+def deterministic():
+    """Turns torch.use_deterministic_algorithms(True) on for the test and restores the old setting."""
+    enabled = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+
 ARG_NAMES = ("input", "vertical", "horizontal", "offset", "mask")
 # Which of (vertical, horizontal, offset, mask) are given: all 16 combinations.
 ALL_PRESENT = tuple(product((True, False), repeat=4))
@@ -68,6 +126,16 @@ def present_id(present) -> str:
 
 
 PADDING_MODES = ("zeros", "border")
+LAYOUTS = ("contiguous", "channels_last")
+
+
+def memory_format(layout: str):
+    """The torch memory format of a layout name ("contiguous" or "channels_last")."""
+    return torch.channels_last if layout == "channels_last" else torch.contiguous_format
+
+
+def channels_last(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous(memory_format=torch.channels_last)
 
 # Relative error ||actual - expected|| / ||expected|| allowed against a float64 reference computed
 # from the same (rounded) inputs. Gradients get GRAD_FACTOR times more: they sum more terms.
@@ -254,3 +322,119 @@ def assert_grads_close(actual: Sequence, expected: Sequence, dtype: torch.dtype 
         else:
             assert a is not None, f"grad of {name} is missing"
             assert_close(a, b, dtype, factor=factor, what=f"grad of {name}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Calls and their float64 references
+
+
+def forward_and_grads(fn, case: Case, padding_mode: Optional[str] = "border", grad_output=None,
+                      which: Sequence[str] = ARG_NAMES, **extra):
+    """fn's output (detached) and the gradients of the present tensors named in ``which`` (None for
+    the rest), on the case's device. ``padding_mode=None`` leaves it to fn's default; grad_output
+    (default :func:`default_grad_output`) is moved to the output's device and dtype."""
+    leaves = case.leaves(which)
+    if padding_mode is not None:
+        extra["padding_mode"] = padding_mode
+    out = leaves.call(fn, **extra)
+    if grad_output is None:
+        grad_output = default_grad_output(out.shape)
+    out.backward(grad_output.to(device=out.device, dtype=out.dtype))
+    return out.detach(), leaves.grads()
+
+
+def reference(case: Case, padding_mode: str = "border", **extra) -> torch.Tensor:
+    """The float64 CPU reference output of a case (from its own, possibly rounded, values)."""
+    from edsc_ext import reference as R
+
+    return case.to(F64, "cpu").call(R.deform_sepconv, padding_mode=padding_mode, **extra)
+
+
+def reference_and_grads(case: Case, padding_mode: str = "border", grad_output=None,
+                        which: Sequence[str] = ARG_NAMES, **extra):
+    """The float64 CPU reference of a case and its gradients (from the case's own, possibly rounded, values)."""
+    from edsc_ext import reference as R
+
+    return forward_and_grads(R.deform_sepconv, case.to(F64, "cpu"), padding_mode, grad_output, which, **extra)
+
+
+def assert_matches_reference(case: Case, padding_mode: str, grad_output=None, run: Optional[Case] = None,
+                             dtype: torch.dtype = F64) -> None:
+    """The op's output and all gradients on ``run`` (default: ``case``) equal the float64
+    reference's on ``case``, within the tolerance of ``dtype``."""
+    import edsc_ext
+
+    out, grads = forward_and_grads(edsc_ext.deform_sepconv, run if run is not None else case, padding_mode,
+                                   grad_output)
+    expected, expected_grads = reference_and_grads(case, padding_mode, grad_output)
+    assert_close(out, expected, dtype, what=padding_mode)
+    assert_grads_close(grads, expected_grads, dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Split offsets, mixed precision, dispatched ops, CUDA graphs
+
+
+def split(offset: torch.Tensor):
+    """(dy, dx) of an interleaved (N, 2T, H, W) offset, each dense in the offset's memory format."""
+    fmt = torch.channels_last if offset.is_contiguous(memory_format=torch.channels_last) and not \
+        offset.is_contiguous() else torch.contiguous_format
+    return offset[:, 0::2].contiguous(memory_format=fmt), offset[:, 1::2].contiguous(memory_format=fmt)
+
+
+def mixed(case: Case, per_pixel_dtype, device="cpu", layout="contiguous", frame_dtype=F32) -> Case:
+    """The case with a ``frame_dtype`` frame and ``per_pixel_dtype`` per-pixel tensors on ``device``."""
+    fmt = memory_format(layout)
+    return case.replace(**{name: None if t is None else t.to(device, frame_dtype if name == "input" else
+                                                             per_pixel_dtype).contiguous(memory_format=fmt)
+                           for name, t in zip(ARG_NAMES, case.tensors)})
+
+
+class DispatchedOps(TorchDispatchMode):
+    """Records the names of the ops dispatched inside the block (``.names``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def capture_and_replay(case: Case, new_cases, padding_mode: str):
+    """Captures forward + backward of the op on static copies of ``case`` (on CUDA) in one CUDA graph
+    (after a warm-up on a side stream, as the CUDA-graph docs ask), then for each new case copies its
+    values into the static tensors, replays, and returns the (output, gradients) read back."""
+    import edsc_ext
+    from edsc_ext.ops import normalize_args
+
+    static = case.leaves()
+    out_shape = case.input.shape[:2] + normalize_args(*case.tensors, **case.kwargs).output_size
+    grad_output = default_grad_output(out_shape).to(device="cuda", dtype=case.input.dtype)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            for t in static.tensors:
+                t.grad = None
+            static.call(edsc_ext.deform_sepconv, padding_mode=padding_mode).backward(grad_output)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+
+    for t in static.tensors:
+        t.grad = None  # so that backward allocates the gradients from the graph's pool
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = static.call(edsc_ext.deform_sepconv, padding_mode=padding_mode)
+        static_out.backward(grad_output)
+
+    results = []
+    for new in new_cases:
+        with torch.no_grad():
+            for t, v in zip(static.tensors, new.tensors):
+                t.copy_(v)
+        graph.replay()
+        torch.cuda.synchronize()
+        results.append((static_out.detach().clone(), tuple(t.grad.clone() for t in static.tensors)))
+    return results

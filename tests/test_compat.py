@@ -1,5 +1,6 @@
 """edsc_ext.compat (the EDSC repository's FunctionDSepconv) against a float64 transcription of the
-original layer written from its specification, values and all six gradients."""
+original layer written from its specification, values and all six gradients, on the CPU and (cases
+marked ``cuda``, skipped without a GPU) on CUDA."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch.nn.functional as F
 
 from edsc_ext import compat
 
-from conftest import assert_close, off_grid_offset, requires_cuda
+from conftest import assert_close, off_grid_offset, per_device
 
 F64 = torch.float64
 NAMES = ("input", "vertical", "horizontal", "offset_x", "offset_y", "mask")
@@ -79,19 +80,24 @@ def grads_of(fn, tensors, grad_out):
     return out.detach(), [leaf.grad for leaf in leaves]
 
 
-@pytest.mark.parametrize("k", [5, 3, 4])
-def test_forward_and_all_gradients_match_transcription_float64(gen, k):
-    tensors = make_case(gen, k=k)
-    grad_out = torch.randn(2, 3, 7, 9, generator=gen, dtype=F64)
-    out, grads = grads_of(compat.FunctionDSepconv, tensors, grad_out)
+@pytest.mark.parametrize("device, k, h, w, dtype", per_device(
+    cpu={f"k{k}-f64": (k, 7, 9, F64) for k in (5, 3, 4)},
+    cuda={"k5-f32": (5, 13, 11, torch.float32), "k5-f64": (5, 13, 11, F64)}))
+def test_matches_transcription(gen, device, k, h, w, dtype):
+    """The values (against the transcription of the rounded inputs) and, in float64, all six gradients."""
+    tensors = make_case(gen, h=h, w=w, k=k)
+    grad_out = torch.randn(2, 3, h, w, generator=gen, dtype=F64)
     ref, ref_grads = grads_of(original_dsepconv, tensors, grad_out)
-    assert_close(out, ref, F64)
-    for name, g, r in zip(NAMES, grads, ref_grads):
-        assert_close(g, r, F64, factor=4, what=f"grad of {name}")
+    out, grads = grads_of(compat.FunctionDSepconv, [t.to(device, dtype) for t in tensors], grad_out.to(device, dtype))
+    assert out.device.type == device and out.dtype == dtype
+    assert_close(out, ref if dtype == F64 else original_dsepconv(*(t.to(dtype).double() for t in tensors)), dtype)
+    if dtype == F64:
+        for name, g, r in zip(NAMES, grads, ref_grads):
+            assert_close(g, r, F64, factor=4, what=f"grad of {name}")
     # The doubling past the borders really is exercised by this case.
     s = compat.tap_shift(k)
-    py = torch.arange(7, dtype=F64).view(1, 1, 7, 1) + (torch.arange(k).repeat_interleave(k) + s).view(1, -1, 1, 1)
-    assert ((py + tensors[3]) < 0).any() and ((py + tensors[3]) >= 7 + k - 2).any()
+    py = torch.arange(h, dtype=F64).view(1, 1, h, 1) + (torch.arange(k).repeat_interleave(k) + s).view(1, -1, 1, 1)
+    assert ((py + tensors[3]) < 0).any() and ((py + tensors[3]) >= h + k - 2).any()
 
 
 def test_float32_forward_to_float32_rounding(gen):
@@ -156,17 +162,3 @@ def test_torch_compile_traces(gen):
     tensors = [t.float() for t in make_case(gen, n=1)]
     compiled = torch.compile(compat.FunctionDSepconv, backend="eager", fullgraph=True)
     assert_close(compiled(*tensors), compat.FunctionDSepconv(*tensors), torch.float32)
-
-
-@requires_cuda
-@pytest.mark.cuda
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_cuda_matches_transcription(gen, dtype):
-    tensors = make_case(gen, h=13, w=11)
-    grad_out = torch.randn(2, 3, 13, 11, generator=gen, dtype=F64)
-    ref, ref_grads = grads_of(original_dsepconv, tensors, grad_out)
-    out, grads = grads_of(compat.FunctionDSepconv, [t.to("cuda", dtype) for t in tensors], grad_out.to("cuda", dtype))
-    assert_close(out, ref if dtype == F64 else original_dsepconv(*(t.to(dtype).double() for t in tensors)), dtype)
-    if dtype == F64:
-        for name, g, r in zip(NAMES, grads, ref_grads):
-            assert_close(g, r, F64, factor=4, what=f"grad of {name}")

@@ -8,28 +8,29 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import edsc_ext
 from edsc_ext import compat
 from edsc_ext import reference as R
 from edsc_ext.ops import H200, normalize_args
 
-from conftest import ALL_PRESENT, ARG_NAMES, assert_close, default_grad_output, make_inputs, present_id, requires_cuda
+from conftest import (
+    ALL_PRESENT,
+    ARG_NAMES,
+    DispatchedOps,
+    assert_close,
+    default_grad_output,
+    make_inputs,
+    present_id,
+    requires_cuda,
+    split,
+)
 from test_compat import make_case, original_dsepconv
 
 F64, F32 = torch.float64, torch.float32
 FORWARD = torch.ops.edsc_ext.deform_sepconv_forward
 BACKWARD = torch.ops.edsc_ext.deform_sepconv_backward
 HALF = (torch.float16, torch.bfloat16)
-OPCHECK_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
-
-
-def split(offset: torch.Tensor):
-    """(dy, dx) of an interleaved (N, 2T, H, W) offset, each dense in the offset's memory format."""
-    fmt = torch.channels_last if offset.is_contiguous(memory_format=torch.channels_last) and not \
-        offset.is_contiguous() else torch.contiguous_format
-    return offset[:, 0::2].contiguous(memory_format=fmt), offset[:, 1::2].contiguous(memory_format=fmt)
 
 
 def outputs_and_grads(case, padding_mode, split_offsets: bool, device="cpu", dtype=F64, layout="contiguous"):
@@ -189,29 +190,6 @@ def test_split_offsets_errors(gen):
         FORWARD(case.input, v, h, None, None, 3, 3, 1, 1, 1, 1, 0, offset_dx=dx)
 
 
-def test_split_offsets_opcheck(gen):
-    for layout in ("contiguous", "channels_last"):
-        fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
-        case = make_inputs(1, 3, 5, 6, 2, 3, 1, (1, 2), generator=gen).map(
-            lambda t, fmt=fmt: t.contiguous(memory_format=fmt))
-        dy, dx = (t.requires_grad_() for t in split(case.offset))
-        for mode in ("edsc", "zeros"):
-            args = normalize_args(case.input.requires_grad_(), case.vertical, case.horizontal, (dy, dx), case.mask,
-                                  **case.kwargs, padding_mode=mode)
-            result = torch.library.opcheck(FORWARD.default, args.op_args(), args.op_kwargs(), test_utils=OPCHECK_UTILS)
-            assert result == {name: "SUCCESS" for name in OPCHECK_UTILS}
-            grad_output = torch.randn((1, 3) + args.output_size, generator=gen, dtype=F64).contiguous(
-                memory_format=fmt)
-            plain = tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in args.op_args())
-            kwargs = {"offset_dx": dx.detach()}
-            for mask in ([True] * 5, [False, False, False, True, False]):
-                result = torch.library.opcheck(BACKWARD.default, (grad_output,) + plain + (mask,), kwargs,
-                                               test_utils=("test_schema", "test_faketensor"))
-                assert result == {"test_schema": "SUCCESS", "test_faketensor": "SUCCESS"}
-                grads = BACKWARD(grad_output, *plain, mask, **kwargs)
-                assert len(grads) == 6 and (grads[5].shape == dx.shape) == mask[3]
-
-
 def test_split_offsets_compile_fullgraph(gen):
     tensors = [t.float() for t in make_case(gen, n=1)]
     compiled = torch.compile(compat.FunctionDSepconv, backend="aot_eager", fullgraph=True)
@@ -230,31 +208,21 @@ def test_split_offsets_compile_fullgraph(gen):
 # The EDSC drop-in: no elementwise pass, no copy
 
 
-class _Ops(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.names = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(str(func))
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
 def test_compat_runs_the_op_alone_forward_and_backward(gen, layout):
     fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
     tensors = [t.float().contiguous(memory_format=fmt).requires_grad_() for t in make_case(gen, n=2, c=3)]
-    with _Ops() as forward_ops:
+    with DispatchedOps() as forward_ops:
         out = compat.FunctionDSepconv(*tensors)
     assert forward_ops.names == ["edsc_ext.deform_sepconv_forward.default"]
     grad = torch.randn(out.shape, generator=gen).to(out).contiguous(memory_format=fmt)
-    with _Ops() as backward_ops:
+    with DispatchedOps() as backward_ops:
         grads = torch.autograd.grad(out, tensors, grad)
     assert backward_ops.names == ["edsc_ext.deform_sepconv_backward.default"]
     assert [g.shape for g in grads] == [t.shape for t in tensors]
     # The unpadded form inside models.EDSC(sampling="compat") too.
     frame = tensors[0][:, :, 2:-2, 2:-2].detach().contiguous(memory_format=fmt)
-    with _Ops() as ops:
+    with DispatchedOps() as ops:
         compat.compat_deform_sepconv(frame, *tensors[1:], padding=2)
     assert ops.names == ["edsc_ext.deform_sepconv_forward.default"]
 

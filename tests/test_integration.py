@@ -1,9 +1,10 @@
 """The op inside training code: torch.compile (static and dynamic shapes, forward and backward),
-torch.library.opcheck with every utility, CUDA graphs, autocast, deterministic algorithms,
-channels_last, non-default streams and threads.
+CUDA graphs, autocast, deterministic algorithms, non-default streams and threads
+(torch.library.opcheck: test_opcheck.py; memory layouts: test_op_inputs.py and test_op_paths.py).
 
-Each test runs on the CPU and, where a GPU is present, on CUDA (those variants carry the ``cuda``
-mark and skip cleanly without a GPU); the CUDA-graph and stream tests are CUDA-only.
+Tests that take a ``device`` run on the CPU and, where a GPU is present, on CUDA (those cases carry
+the ``cuda`` mark and skip cleanly without a GPU); the CUDA-graph and stream tests are CUDA-only, the
+thread-count tests CPU-only.
 """
 
 from __future__ import annotations
@@ -15,63 +16,33 @@ import torch
 
 import edsc_ext
 from edsc_ext import reference as R
-from edsc_ext.ops import normalize_args
 
 from conftest import (
-    ALL_PRESENT,
     ARG_NAMES,
+    BF16,
+    DEVICES,
+    F16,
+    F32,
+    F64,
     GRAD_FACTOR,
     PADDING_MODES,
     TOLERANCES,
     Case,
     assert_close,
     assert_grads_close,
+    capture_and_replay,
     default_grad_output,
+    forward_and_grads,
     make_inputs,
     plans_of,
+    reference_and_grads,
     requires_cuda,
+    synchronize,
 )
 
-F64, F32, F16, BF16 = torch.float64, torch.float32, torch.float16, torch.bfloat16
 OP = edsc_ext.deform_sepconv
 FORWARD = torch.ops.edsc_ext.deform_sepconv_forward
 BACKWARD = torch.ops.edsc_ext.deform_sepconv_backward
-
-CUDA = [pytest.mark.cuda, requires_cuda]
-DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
-
-
-def forward_and_grads(fn, case: Case, padding_mode: str = "border", grad_output=None, **extra):
-    """fn's output (detached) and the gradients of all present tensors, on the case's device."""
-    leaves = case.leaves()
-    out = leaves.call(fn, padding_mode=padding_mode, **extra)
-    if grad_output is None:
-        grad_output = default_grad_output(out.shape)
-    out.backward(grad_output.to(device=out.device, dtype=out.dtype))
-    return out.detach(), leaves.grads()
-
-
-def reference_and_grads(case: Case, padding_mode: str = "border", grad_output=None):
-    """The float64 CPU reference of a case, from its own (possibly rounded) values."""
-    return forward_and_grads(R.deform_sepconv, case.to(F64, "cpu"), padding_mode, grad_output)
-
-
-def synchronize(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-@pytest.fixture
-def deterministic():
-    """Turns torch.use_deterministic_algorithms(True) on for the test and restores the old setting."""
-    enabled = torch.are_deterministic_algorithms_enabled()
-    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
-
 
 # ---------------------------------------------------------------------------------------------
 # torch.compile
@@ -200,78 +171,7 @@ def test_compile_under_autocast(dynamo, gen, device):
 
 
 # ---------------------------------------------------------------------------------------------
-# torch.library.opcheck, every utility
-
-
-OPCHECK_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
-
-
-def _layout(t, layout):
-    return t.contiguous(memory_format=torch.channels_last) if layout == "channels_last" else t
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
-def test_opcheck_forward_all_utils(gen, layout, device):
-    for present in [(True, True, True, True), (False, True, True, False), (False, False, False, False)]:
-        for mode in PADDING_MODES:
-            case = make_inputs(1, 3, 5, 6, 2, 3, 1, (1, 2), present=present, device=device, generator=gen)
-            case = case.map(lambda t: _layout(t, layout)).leaves()
-            args = normalize_args(*case.tensors, **case.kwargs, padding_mode=mode).op_args()
-            result = torch.library.opcheck(FORWARD.default, args, test_utils=OPCHECK_UTILS)
-            assert result == {name: "SUCCESS" for name in OPCHECK_UTILS}
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
-def test_opcheck_backward_all_utils(gen, layout, device):
-    case = make_inputs(1, 3, 5, 6, 2, 3, 1, (1, 2), device=device, generator=gen)
-    case = case.map(lambda t: _layout(t, layout))
-    args = normalize_args(*case.tensors, **case.kwargs, padding_mode="border")
-    grad_output = _layout(torch.randn((1, 3) + args.output_size, generator=gen, dtype=F64).to(device), layout)
-    for mask in ([True] * 5, [False, False, False, True, True], [True, False, False, False, False]):
-        result = torch.library.opcheck(BACKWARD.default, (grad_output,) + args.op_args() + (mask,),
-                                       test_utils=OPCHECK_UTILS)
-        assert result == {name: "SUCCESS" for name in OPCHECK_UTILS}
-
-
-# ---------------------------------------------------------------------------------------------
 # CUDA graphs
-
-
-def _capture_and_replay(case: Case, new_cases, padding_mode: str):
-    """Captures forward + backward of the op on static copies of ``case`` in one CUDA graph (after
-    a warm-up on a side stream, as the CUDA-graph docs ask), then for each new case copies its
-    values into the static tensors, replays, and returns the (output, gradients) read back."""
-    static = case.leaves()
-    out_shape = case.input.shape[:2] + normalize_args(*case.tensors, **case.kwargs).output_size
-    grad_output = default_grad_output(out_shape).to(device="cuda", dtype=case.input.dtype)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            for t in static.tensors:
-                t.grad = None
-            static.call(OP, padding_mode=padding_mode).backward(grad_output)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-
-    for t in static.tensors:
-        t.grad = None  # so that backward allocates the gradients from the graph's pool
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = static.call(OP, padding_mode=padding_mode)
-        static_out.backward(grad_output)
-
-    results = []
-    for new in new_cases:
-        with torch.no_grad():
-            for t, v in zip(static.tensors, new.tensors):
-                t.copy_(v)
-        graph.replay()
-        torch.cuda.synchronize()
-        results.append((static_out.detach().clone(), tuple(t.grad.clone() for t in static.tensors)))
-    return results
 
 
 # channels_last takes the warp-staged kernels (5x5, 3 channels), whose backward opts in to more
@@ -289,7 +189,7 @@ def test_cuda_graph_forward_backward(gen, request, padding_mode, mode, layout):
     if layout == "channels_last":
         first, *new_cases = [c.map(lambda t: t.contiguous(memory_format=torch.channels_last))
                              for c in [first, *new_cases]]
-    results = _capture_and_replay(first, new_cases, padding_mode)
+    results = capture_and_replay(first, new_cases, padding_mode)
     for new, (out, grads) in zip(new_cases, results):
         expected, expected_grads = reference_and_grads(new, padding_mode)
         assert_close(out, expected, F32)
@@ -441,30 +341,6 @@ def test_cpu_backward_independent_of_threads(gen, monkeypatch, config, padding_m
     assert_grads_close(first[1], expected_grads, dtype)
 
 
-@pytest.mark.parametrize("dtype", [F64, F32, F16, BF16], ids=["f64", "f32", "f16", "bf16"])
-@pytest.mark.parametrize("config", [(1, 3, 17, 19, 5, 5, 2, 1), (2, 10, 9, 11, 3, 4, (1, 2), (2, 1))],
-                         ids=["5x5", "3x4-dil"])
-def test_cpu_instruction_sets(gen, monkeypatch, config, dtype):
-    """The CPU loops run compiled for AVX2 + FMA where the CPU has them, else for the x86-64 baseline
-    the wheels target (kernel_policy(cpu_isa="baseline") forces it): both match the float64 reference, in
-    the forward and every gradient, and each is repeatable bit for bit."""
-    case = make_inputs(*config, dtype=dtype, generator=gen, offset_scale=3)
-    expected, expected_grads = reference_and_grads(case, "zeros")
-    default_isa = plans_of(case).forward.split("/")[1]
-    for isa in ("auto", "baseline"):
-        with edsc_ext.kernel_policy(cpu_isa=isa):
-            plans = plans_of(case)
-            assert plans == ("pixels/" + (default_isa if isa == "auto" else "baseline"),
-                             "pixels_fused/" + (default_isa if isa == "auto" else "baseline"))
-            out, grads = forward_and_grads(OP, case, "zeros")
-            again, again_grads = forward_and_grads(OP, case, "zeros")
-        assert_close(out, expected, dtype, what=f"output ({isa})")
-        assert_grads_close(grads, expected_grads, dtype)
-        assert torch.equal(out, again)
-        for name, g, g0 in zip(ARG_NAMES, again_grads, grads):
-            assert torch.equal(g, g0), f"grad of {name} ({isa})"
-
-
 # Configurations with many samples landing on the same input pixels (small offsets, big kernels,
 # many channels), where float atomics would add in a different order from run to run.
 DETERMINISM_CONFIGS = [
@@ -556,216 +432,6 @@ def test_default_path_correct_without_flag(gen, padding_mode):
 
 
 # ---------------------------------------------------------------------------------------------
-# channels_last
-
-
-LAYOUTS = {
-    "all": (True, True, True, True, True),
-    "input-only": (True, False, False, False, False),
-    "per-pixel-only": (False, True, True, True, True),
-}
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("padding_mode", PADDING_MODES)
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_channels_last(gen, layout, padding_mode, device):
-    case = make_inputs(2, 3, 9, 10, 3, 3, 1, 1, dtype=F32, device=device, generator=gen)
-    odd = case.replace(**{name: (t.contiguous(memory_format=torch.channels_last) if cl else t)
-                          for name, t, cl in zip(ARG_NAMES, case.tensors, LAYOUTS[layout])})
-    out, grads = forward_and_grads(OP, odd, padding_mode)
-    # The input decides the call's memory format: the output and the backward op's gradients come in
-    # it (the leaves' .grad then follow autograd's layout contract: each leaf's own strides).
-    format = torch.channels_last if LAYOUTS[layout][0] else torch.contiguous_format
-    args = normalize_args(*odd.tensors, **odd.kwargs, padding_mode=padding_mode)
-    raw_grads = BACKWARD(default_grad_output(out.shape).to(out), *args.op_args(), [True] * 5)
-    for name, t in zip(("output",) + ARG_NAMES, (out,) + tuple(raw_grads)):
-        assert t.is_contiguous(memory_format=format), (name, t.stride())
-    expected, expected_grads = reference_and_grads(case, padding_mode)
-    assert_close(out, expected, F32)
-    assert_grads_close(grads, expected_grads, F32)
-
-
-# channels_last calls index NHWC memory directly in every kernel: the shapes below take the 5x5
-# specialisation and the run-time one with dilation and a tile pass of several channels; the modes
-# take the CUDA backward's shared-memory tile (fixed point, or float for float64), its global-atomic
-# path and the deterministic one; on the CPU the backward splits them into 8 and 7 bands of rows
-# per image.
-CHANNELS_LAST_CONFIGS = [(2, 3, 12, 40, 5, 5, 2, 1), (1, 10, 9, 11, 3, 4, (1, 2), (2, 1))]
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("mode", ["default", "global", "deterministic"])
-@pytest.mark.parametrize("dtype", [F64, F32, F16, BF16], ids=["f64", "f32", "f16", "bf16"])
-@pytest.mark.parametrize("config", CHANNELS_LAST_CONFIGS, ids=["5x5", "3x4-dil"])
-def test_channels_last_paths(gen, request, policy, config, dtype, mode, device):
-    if mode == "global":
-        policy(input_grad_tile=False)
-    elif mode == "deterministic":
-        request.getfixturevalue("deterministic")
-    case = make_inputs(*config, dtype=dtype, device=device, generator=gen, offset_scale=3)
-    odd = case.map(lambda t: t.contiguous(memory_format=torch.channels_last))
-    if device == "cuda":
-        backward = plans_of(odd, "zeros").backward
-        tiled = mode == "default" or (mode == "deterministic" and dtype != F64)
-        assert backward.startswith("nchw_copies+" if config[1] > 4 else "tiled" if tiled else "pixels"), backward
-        assert ("tiled" in backward) == tiled and ("fixed_point" in backward) == (mode == "deterministic"), backward
-    grad_output = torch.randn(case.input.shape[:2] + normalize_args(*case.tensors, **case.kwargs).output_size,
-                              generator=gen, dtype=F64)
-    out, grads = forward_and_grads(OP, odd, "zeros", grad_output.contiguous(memory_format=torch.channels_last))
-    for name, t in zip(("output",) + ARG_NAMES, (out,) + tuple(grads)):
-        assert t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous(), (name, t.stride())
-    expected, expected_grads = reference_and_grads(case, "zeros", grad_output)
-    tol_dtype = F32 if mode == "deterministic" and dtype == F64 else dtype
-    assert_close(out, expected, tol_dtype)
-    assert_grads_close(grads, expected_grads, tol_dtype)
-    if mode == "deterministic":
-        _, again = forward_and_grads(OP, odd, "zeros", grad_output.contiguous(memory_format=torch.channels_last))
-        for name, g, g0 in zip(ARG_NAMES, again, grads):
-            assert torch.equal(g, g0), f"grad of {name} differs between two deterministic runs"
-
-
-# The CUDA channels_last 5x5 kernels that stage each warp's per-pixel values through shared memory
-# (the lane-pair forward in float32 and the half types, the tiled backward; up to 4 channels; 6
-# channels take the backward on NCHW copies): 7 x 45 outputs leave the last warp of each tile row
-# 13 pixels, and the forward's warps (16 pixels) straddle rows and images, the last one partial;
-# every combination of absent tensors; plain and dilated; the deterministic tile too. At dilation
-# 4 the backward's tile holds 3 channels a pass, so 4 channels take a second pass, which stages
-# the values again (the first pass's gradients replaced them in shared memory).
-# kernel_policy(warp_staging=False, plain_forward=True) gives the unstaged kernels, which must agree.
-@pytest.mark.cuda
-@requires_cuda
-@pytest.mark.parametrize("mode", ["default", "deterministic"])
-@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=["f32", "f16", "bf16"])
-@pytest.mark.parametrize("channels", [1, 3, 4, 6])
-def test_channels_last_warp_staged(gen, request, channels, dtype, mode):
-    if mode == "deterministic":
-        request.getfixturevalue("deterministic")
-    as_cl = lambda t: t.contiguous(memory_format=torch.channels_last)  # noqa: E731
-    # Deterministic mode takes the same staged code with a different global fallback: two
-    # combinations of absent tensors cover it, the default mode all 16.
-    presents = ALL_PRESENT if mode == "default" else [(True, True, True, True), (True, False, True, False)]
-    for present in presents:
-        for dilation, padding_mode in ((1, "zeros"), (2, "border"), (4, "zeros")):
-            case = make_inputs(3, channels, 7, 45, 5, 5, 2 * dilation, dilation, present=present, dtype=dtype,
-                               device="cuda", generator=gen, offset_scale=3)
-            grad_output = torch.randn((3, channels, 7, 45), generator=gen, dtype=F64)
-            results = []
-            for staged in (True, False):
-                with edsc_ext.kernel_policy(warp_staging=staged, plain_forward=not staged):
-                    plans = plans_of(case.map(as_cl), padding_mode)
-                    # A 1-channel channels_last tensor is contiguous too: that call is NCHW.
-                    stages = staged and 1 < channels <= 4
-                    if present[2] or dilation > 1:  # else the grid-tap kernels
-                        assert plans.forward.startswith("lane_pairs" if stages else "pixels"), plans
-                        assert ("warp_staged" in plans.backward) == stages, plans
-                        assert plans.backward.startswith("nchw_copies+tiled" if channels > 4 else "tiled"), plans
-                    out, grads = forward_and_grads(OP, case.map(as_cl), padding_mode, as_cl(grad_output))
-                assert out.is_contiguous(memory_format=torch.channels_last), out.stride()
-                results.append((out, grads))
-            expected, expected_grads = reference_and_grads(case, padding_mode, grad_output)
-            for out, grads in results:
-                assert_close(out, expected, dtype)
-                assert_grads_close(grads, expected_grads, dtype)
-            if mode == "deterministic":
-                _, again = forward_and_grads(OP, case.map(as_cl), padding_mode, as_cl(grad_output))
-                for name, g, g0 in zip(ARG_NAMES, again, results[0][1]):
-                    assert g is None and g0 is None or torch.equal(g, g0), f"grad of {name} differs between two runs"
-
-
-# The staged kernels read each tap's (dy, dx) as one aligned pair, and the channels_last forward
-# copies each warp's run of values in 16-byte pieces. A channels_last offset tensor that starts one
-# element past a pair boundary (a view into a larger buffer, used in place) cannot be read either
-# way: the host must route it to the unstaged kernels; one that starts two elements in (pairs
-# aligned, the run not on 16 bytes) takes the forward's unstaged lane-pair kernel. Same results.
-@pytest.mark.cuda
-@requires_cuda
-@pytest.mark.parametrize("shift", [1, 2], ids=["off-pair", "off-16-bytes"])
-@pytest.mark.parametrize("dtype", [F32, BF16], ids=["f32", "bf16"])
-def test_channels_last_offset_off_pair_boundary(gen, dtype, shift):
-    as_cl = lambda t: t.contiguous(memory_format=torch.channels_last)  # noqa: E731
-    case = make_inputs(2, 3, 7, 45, 5, 5, 2, 1, dtype=dtype, device="cuda", generator=gen, offset_scale=3)
-    leaves = case.map(as_cl).leaves()
-    N, taps2, H, W = case.offset.shape
-    storage = torch.zeros(N * H * W * taps2 + shift, dtype=dtype, device="cuda")
-    shifted = lambda flat: flat[shift:].view(N, H, W, taps2).permute(0, 3, 1, 2)  # noqa: E731
-    shifted(storage).copy_(case.offset)
-    storage.requires_grad_()
-    offset = shifted(storage)
-    assert offset.is_contiguous(memory_format=torch.channels_last)
-    pair_bytes = 2 * offset.element_size()
-    assert (offset.data_ptr() % pair_bytes != 0) == (shift == 1)
-    assert offset.data_ptr() % 16 != 0
-    plans = edsc_ext._plan(leaves.input, leaves.vertical, leaves.horizontal, offset, leaves.mask, **case.kwargs,
-                           padding_mode="zeros")
-    # Off the pair boundary: the one-thread forward and the unstaged tile; else the unstaged lane pairs.
-    assert plans == (("pixels", "tiled") if shift == 1 else ("lane_pairs_rgb", "tiled_warp_staged_rgb")), plans
-    out = OP(leaves.input, leaves.vertical, leaves.horizontal, offset, leaves.mask, **case.kwargs,
-             padding_mode="zeros")
-    grad_output = torch.randn(out.shape, generator=gen, dtype=F64)
-    out.backward(as_cl(grad_output).to(device="cuda", dtype=dtype))
-    grads = leaves.grads()[:3] + (shifted(storage.grad), leaves.mask.grad)
-    expected, expected_grads = reference_and_grads(case, "zeros", grad_output)
-    assert out.is_contiguous(memory_format=torch.channels_last), out.stride()
-    assert_close(out.detach(), expected, dtype)
-    assert_grads_close(grads, expected_grads, dtype)
-
-
-COPY_OPS = {"aten::copy_", "aten::clone", "aten::contiguous", "aten::_to_copy"}
-
-
-def _ops_run_by(fn) -> set:
-    """The names of the aten/custom ops that fn dispatches (torch.profiler, host side)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        fn()
-    return {event.name for event in prof.events()}
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "input-only"])
-def test_layout_copies(gen, layout, device):
-    """Tensors already in the call's memory format are used in place: neither the forward nor the
-    backward op copies anything (float32, whose gradients need no dtype conversion); a per-pixel
-    tensor in the other format is converted, which the profiler does see."""
-    case = make_inputs(2, 3, 9, 10, 3, 3, 1, 1, dtype=F32, device=device, generator=gen)
-    if layout != "contiguous":
-        as_cl = lambda t: t.contiguous(memory_format=torch.channels_last)  # noqa: E731
-        case = case.replace(input=as_cl(case.input)) if layout == "input-only" else case.map(as_cl)
-    args = normalize_args(*case.tensors, **case.kwargs, padding_mode="zeros").op_args()
-    grad_output = torch.randn((2, 3, 9, 10), generator=gen, dtype=F32).to(device)
-    if layout != "contiguous":
-        grad_output = grad_output.contiguous(memory_format=torch.channels_last)
-    ops = _ops_run_by(lambda: (FORWARD(*args), BACKWARD(grad_output, *args, [True] * 5)))
-    assert {"edsc_ext::deform_sepconv_forward", "edsc_ext::deform_sepconv_backward"} <= ops, ops
-    if layout == "input-only":
-        assert ops & COPY_OPS, ops
-    else:
-        assert not ops & COPY_OPS, sorted(ops & COPY_OPS)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_channels_last_single_channel(gen, device):
-    """C=1: channels_last and contiguous are the same layout; the values must be right either way."""
-    case = make_inputs(2, 1, 8, 9, 3, 3, 1, 1, dtype=F32, device=device, generator=gen)
-    odd = case.map(lambda t: t.contiguous(memory_format=torch.channels_last))
-    out, grads = forward_and_grads(OP, odd, "zeros")
-    expected, expected_grads = reference_and_grads(case, "zeros")
-    assert_close(out, expected, F32)
-    assert_grads_close(grads, expected_grads, F32)
-
-
-def test_meta_output_memory_format():
-    """The fake kernel predicts the output memory format (what torch.compile plans with)."""
-    case = make_inputs(2, 3, 6, 7, 3, 3, 1, 1).to(device="meta")
-    out = case.map(lambda t: t.contiguous(memory_format=torch.channels_last)).call(OP, padding=1)
-    assert out.device.type == "meta" and out.shape == (2, 3, 6, 7)
-    assert out.is_contiguous(memory_format=torch.channels_last), out.stride()
-    assert case.call(OP, padding=1).is_contiguous()
-
-
-# ---------------------------------------------------------------------------------------------
 # Streams
 
 
@@ -851,3 +517,22 @@ def test_two_threads(gen, device):
             expected, expected_grads = reference_and_grads(case, PADDING_MODES[(k + i) % 2])
             assert_close(out, expected, F32, what=f"thread {k} call {i}")
             assert_grads_close(grads, expected_grads, F32)
+
+
+def test_parallel_and_deterministic(gen):
+    """An image large enough to split over CPU threads: correct, bitwise repeatable, and the same
+    with one thread as with several."""
+    case = make_inputs(2, 6, 40, 44, 3, 3, 1, 1, generator=gen, dtype=F32)
+    out, grads = forward_and_grads(OP, case, "zeros")
+    expected, expected_grads = reference_and_grads(case, "zeros")
+    assert_close(out, expected, F32)
+    assert_grads_close(grads, expected_grads, F32)
+    again, grads_again = forward_and_grads(OP, case, "zeros")
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        single, grads_single = forward_and_grads(OP, case, "zeros")
+    finally:
+        torch.set_num_threads(threads)
+    for a, b, c in zip((out,) + grads, (again,) + grads_again, (single,) + grads_single):
+        assert torch.equal(a, b) and torch.equal(a, c)

@@ -2,14 +2,13 @@
 with a float32 frame, read by the kernels as they are (no copies), computed in float32; the output
 and the frame's gradient float32, each per-pixel gradient in its tensor's dtype. Against the
 float64 reference of the rounded inputs, bitwise against the same call with float32 copies of
-the per-pixel tensors (CPU), under autograd, opcheck, torch.compile, autocast, CUDA graphs; the
+the per-pixel tensors (CPU), under autograd, torch.compile, autocast, CUDA graphs; the
 plans that take such calls; the dtype errors."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from test_edsc_sampling import _Ops, split  # _Ops records the ops dispatched
 
 import edsc_ext
 from edsc_ext.ops import H200, autocast_dtypes, normalize_args
@@ -17,35 +16,29 @@ from edsc_ext.ops import H200, autocast_dtypes, normalize_args
 from conftest import (
     ALL_PRESENT,
     ARG_NAMES,
+    BF16,
+    DEVICES,
+    F16,
+    F32,
+    F64,
     GRAD_FACTOR,
+    LAYOUTS,
+    DispatchedOps,
     assert_close,
+    capture_and_replay,
     default_grad_output,
     make_inputs,
+    memory_format,
+    mixed,
     present_id,
     requires_cuda,
+    split,
 )
 
-F64, F32, F16, BF16 = torch.float64, torch.float32, torch.float16, torch.bfloat16
 HALF = (F16, BF16)
 HALF_IDS = ["f16", "bf16"]
 FORWARD = torch.ops.edsc_ext.deform_sepconv_forward
 BACKWARD = torch.ops.edsc_ext.deform_sepconv_backward
-CUDA = [pytest.mark.cuda, requires_cuda]
-DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
-LAYOUTS = ["contiguous", "channels_last"]
-OPCHECK_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
-
-
-def _format(layout: str):
-    return torch.channels_last if layout == "channels_last" else torch.contiguous_format
-
-
-def mixed(case, per_pixel_dtype, device="cpu", layout="contiguous", frame_dtype=F32):
-    """The case with a ``frame_dtype`` frame and ``per_pixel_dtype`` per-pixel tensors on ``device``."""
-    fmt = _format(layout)
-    return case.replace(**{name: None if t is None else t.to(device, frame_dtype if name == "input" else
-                                                             per_pixel_dtype).contiguous(memory_format=fmt)
-                           for name, t in zip(ARG_NAMES, case.tensors)})
 
 
 def run(case, padding_mode, split_offsets=False, grad_output=None, fn=edsc_ext.deform_sepconv):
@@ -153,30 +146,7 @@ def test_mixed_deterministic_cpu_and_thread_count(gen):
 
 
 # ---------------------------------------------------------------------------------------------
-# The op's contract: opcheck, autograd, torch.compile, autocast
-
-
-def test_mixed_opcheck(gen):
-    for layout in LAYOUTS:
-        case = mixed(make_inputs(1, 3, 5, 6, 2, 3, 1, (1, 2), generator=gen), BF16, layout=layout)
-        for split_offsets in (False, True):
-            offset = split(case.offset) if split_offsets else case.offset
-            leaves = [t.detach().requires_grad_() for t in (case.input, case.vertical, case.horizontal)]
-            offset = tuple(t.detach().requires_grad_() for t in offset) if split_offsets else \
-                offset.detach().requires_grad_()
-            args = normalize_args(*leaves, offset, case.mask.detach().requires_grad_(), **case.kwargs,
-                                  padding_mode="border")
-            result = torch.library.opcheck(FORWARD.default, args.op_args(), args.op_kwargs(), test_utils=OPCHECK_UTILS)
-            assert result == {name: "SUCCESS" for name in OPCHECK_UTILS}, (layout, split_offsets)
-            grad_output = torch.randn((1, 3) + args.output_size, generator=gen).contiguous(
-                memory_format=_format(layout))
-            plain = tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in args.op_args())
-            kwargs = {k: v.detach() for k, v in args.op_kwargs().items()}
-            result = torch.library.opcheck(BACKWARD.default, (grad_output,) + plain + ([True] * 5,), kwargs,
-                                           test_utils=("test_schema", "test_faketensor"))
-            assert result == {"test_schema": "SUCCESS", "test_faketensor": "SUCCESS"}
-            grads = BACKWARD(grad_output, *plain, [True] * 5, **kwargs)
-            assert [g.dtype for g in grads[:5]] == [F32] + [BF16] * 4
+# The op's contract: autograd, torch.compile, autocast (opcheck: test_opcheck.py)
 
 
 def test_mixed_compile_fullgraph(gen):
@@ -204,14 +174,14 @@ def test_autocast_reads_half_per_pixel_tensors_as_they_are(gen, device, layout):
         leaves = case.leaves()
         dy, dx = (t.detach().requires_grad_() for t in split(case.offset))
         with torch.autocast(device, dtype=per_pixel_dtype):
-            with _Ops() as forward_ops:
+            with DispatchedOps() as forward_ops:
                 out = edsc_ext.deform_sepconv(leaves.input, leaves.vertical, leaves.horizontal, (dy, dx), leaves.mask,
                                               **case.kwargs, padding_mode="edsc")
         assert forward_ops.names == ["edsc_ext.deform_sepconv_forward.default"]
         assert out.dtype == F32
-        grad = default_grad_output(out.shape).to(out).contiguous(memory_format=_format(layout))
+        grad = default_grad_output(out.shape).to(out).contiguous(memory_format=memory_format(layout))
         inputs = (leaves.input, leaves.vertical, leaves.horizontal, dy, dx, leaves.mask)
-        with _Ops() as backward_ops:
+        with DispatchedOps() as backward_ops:
             grads = torch.autograd.grad(out, inputs, grad)
         assert backward_ops.names == ["edsc_ext.deform_sepconv_backward.default"]
         assert [g.dtype for g in grads] == [F32] + [per_pixel_dtype] * 5
@@ -245,7 +215,7 @@ def test_autocast_casts_only_what_the_kernels_cannot_read(gen, device):
                         offset=case.offset.float(), mask=case.mask.float())
     leaves = case.leaves()
     with torch.autocast(device, dtype=F16):
-        with _Ops() as ops:
+        with DispatchedOps() as ops:
             out = leaves.call(edsc_ext.deform_sepconv, padding_mode="border")
     assert out.dtype == F32
     copies = [name for name in ops.names if "deform_sepconv" not in name]
@@ -352,10 +322,8 @@ def test_cuda_mixed_plans_ran_and_deterministic(gen, per_pixel_dtype):
 @pytest.mark.cuda
 def test_cuda_graph_of_mixed_call(gen):
     """Forward + backward of a mixed call captured once in a CUDA graph and replayed on new values."""
-    from test_integration import _capture_and_replay
-
     cases = [mixed(make_inputs(2, 3, 10, 12, 5, 5, 2, 1, generator=gen), BF16, "cuda") for _ in range(3)]
-    results = _capture_and_replay(cases[0], cases[1:], "border")
+    results = capture_and_replay(cases[0], cases[1:], "border")
     for new, (out, grads) in zip(cases[1:], results):
         assert_mixed_result(new, out, grads, BF16, "border", what="graph replay")
     assert not torch.equal(results[0][0], results[1][0])

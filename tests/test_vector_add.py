@@ -1,4 +1,6 @@
-"""vector_add: the smallest end-to-end example of the build, dispatch and device handling."""
+"""vector_add: the smallest end-to-end example of the build, dispatch and device handling. Tests
+that take a ``device`` run on the CPU and, where a GPU is present, on CUDA (those cases carry the
+``cuda`` mark and skip cleanly without a GPU); opcheck: test_opcheck.py."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import torch
 
 import edsc_ext
 
-from conftest import requires_cuda, requires_two_gpus
+from conftest import DEVICES, cases, per_device, requires_cuda, requires_two_gpus
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64]
 
@@ -20,22 +22,31 @@ def _random(shape, dtype, gen, device="cpu"):
     return t.to(device=device, dtype=dtype)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", [(0,), (1,), (7,), (1000003,), (3, 5, 7), ()], ids=str)
-def test_matches_plus(gen, dtype, shape):
-    a, b = _random(shape, dtype, gen), _random(shape, dtype, gen)
+DTYPE_AXIS = {str(d): d for d in DTYPES}
+SHAPES = {str(s): s for s in [(0,), (1,), (7,), (1000003,), (3, 5, 7), ()]}
+
+
+@pytest.mark.parametrize("device, shape, dtype", per_device(
+    cpu=cases(SHAPES, DTYPE_AXIS),
+    cuda=cases({k: SHAPES[k] for k in ("(0,)", "(1,)", "(1000003,)", "(3, 5, 7)")}, DTYPE_AXIS)))
+def test_matches_plus(gen, device, shape, dtype):
+    a, b = _random(shape, dtype, gen, device), _random(shape, dtype, gen, device)
     out = edsc_ext.vector_add(a, b)
-    assert out.dtype == dtype and out.shape == a.shape and out.is_contiguous()
+    assert out.device == a.device and out.dtype == dtype and out.shape == a.shape and out.is_contiguous()
     assert torch.equal(out, a + b)
 
 
-def test_non_contiguous(gen):
-    a = _random((64, 33), torch.float32, gen).t()
-    b = _random((33, 128), torch.float32, gen)[:, ::2]
+@pytest.mark.parametrize("device", DEVICES)
+def test_non_contiguous(gen, device):
+    a = _random((64, 33), torch.float32, gen, device).t().requires_grad_()
+    b = _random((33, 128), torch.float32, gen, device)[:, ::2]
     assert not a.is_contiguous() and not b.is_contiguous()
-    assert torch.equal(edsc_ext.vector_add(a, b), a + b)
-    c = _random((1, 33), torch.float32, gen).expand(33, 33)  # stride 0
-    d = _random((33, 33), torch.float32, gen)
+    out = edsc_ext.vector_add(a, b)
+    assert torch.equal(out, a + b)
+    out.sum().backward()
+    assert torch.equal(a.grad, torch.ones_like(a))
+    c = _random((1, 33), torch.float32, gen, device).expand(33, 33)  # stride 0
+    d = _random((33, 33), torch.float32, gen, device)
     assert torch.equal(edsc_ext.vector_add(c, d), c + d)
 
 
@@ -57,22 +68,26 @@ def test_autograd(gen):
     assert torch.autograd.gradcheck(edsc_ext.vector_add, (a.detach().requires_grad_(), b.detach()))
 
 
-def test_opcheck(gen):
-    a = _random((4, 5), torch.float32, gen).requires_grad_()
-    b = _random((4, 5), torch.float32, gen)
-    torch.library.opcheck(torch.ops.edsc_ext.vector_add.default, (a, b))
+# name -> (the arguments on a device, the exception, what its message names)
+BAD_ARGUMENTS = {
+    "length": (lambda d: (torch.zeros(3, device=d), torch.zeros(4, device=d)), ValueError, "shape"),
+    "2d-shape": (lambda d: (torch.zeros(2, 3, device=d), torch.zeros(3, 2, device=d)), ValueError, "shape"),
+    "dtype": (lambda d: (torch.zeros(3, device=d), torch.zeros(3, dtype=torch.float64, device=d)), TypeError,
+              "dtype"),
+    "int-vs-float": (lambda d: (torch.zeros(3, dtype=torch.int32, device=d), torch.zeros(3, device=d)), TypeError,
+                     "dtype"),
+    # Another device: a meta tensor with a CPU one, a CPU tensor with a CUDA one.
+    "device": (lambda d: (torch.zeros(3, device=d), torch.zeros(3, device="meta" if d == "cpu" else "cpu")),
+               ValueError, "device"),
+    "list": (lambda d: (torch.zeros(3, device=d), [0.0, 0.0, 0.0]), TypeError, "b"),
+    "none": (lambda d: (None, torch.zeros(3, device=d)), TypeError, "a"),
+}
 
 
-@pytest.mark.parametrize("a, b, exc, match", [
-    (torch.zeros(3), torch.zeros(4), ValueError, "shape"),
-    (torch.zeros(2, 3), torch.zeros(3, 2), ValueError, "shape"),
-    (torch.zeros(3), torch.zeros(3, dtype=torch.float64), TypeError, "dtype"),
-    (torch.zeros(3, dtype=torch.int32), torch.zeros(3), TypeError, "dtype"),
-    (torch.zeros(3), torch.zeros(3, device="meta"), ValueError, "device"),
-    (torch.zeros(3), [0.0, 0.0, 0.0], TypeError, "b"),
-    (None, torch.zeros(3), TypeError, "a"),
-], ids=["length", "2d-shape", "dtype", "int-vs-float", "device", "list", "none"])
-def test_bad_arguments(a, b, exc, match):
+@pytest.mark.parametrize("device, arguments, exc, match", per_device(
+    cpu=BAD_ARGUMENTS, cuda={name: BAD_ARGUMENTS[name] for name in ("length", "device")}))
+def test_bad_arguments(device, arguments, exc, match):
+    a, b = arguments(device)
     with pytest.raises(exc, match=match):
         edsc_ext.vector_add(a, b)
 
@@ -83,38 +98,6 @@ def test_build_info():
     assert isinstance(info["with_cuda"], bool)
     if torch.cuda.is_available():
         assert info["with_cuda"], "a GPU is present but the extension was built without CUDA"
-
-
-@pytest.mark.cuda
-@requires_cuda
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_cuda_matches_plus(gen, dtype):
-    for shape in [(0,), (1,), (1000003,), (3, 5, 7)]:
-        a, b = _random(shape, dtype, gen, "cuda"), _random(shape, dtype, gen, "cuda")
-        out = edsc_ext.vector_add(a, b)
-        assert out.device == a.device and out.dtype == dtype
-        assert torch.equal(out, a + b)
-
-
-@pytest.mark.cuda
-@requires_cuda
-def test_cuda_non_contiguous_and_autograd(gen):
-    a = _random((64, 33), torch.float32, gen, "cuda").t().requires_grad_()
-    b = _random((33, 128), torch.float32, gen, "cuda")[:, ::2]
-    out = edsc_ext.vector_add(a, b)
-    assert torch.equal(out, a + b)
-    out.sum().backward()
-    assert torch.equal(a.grad, torch.ones_like(a))
-
-
-@pytest.mark.cuda
-@requires_cuda
-def test_cuda_errors(gen):
-    a = torch.zeros(3, device="cuda")
-    with pytest.raises(ValueError, match="device"):
-        edsc_ext.vector_add(a, torch.zeros(3))
-    with pytest.raises(ValueError, match="shape"):
-        edsc_ext.vector_add(a, torch.zeros(4, device="cuda"))
 
 
 @pytest.mark.cuda

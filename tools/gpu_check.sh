@@ -4,7 +4,7 @@
 # optionally the benchmark. Logs go to $OUT (the device tool brings that folder back).
 #   bash tools/gpu_check.sh [--bench "BENCHMARK ARGS"]
 # Knobs (environment): PYTEST_WORKERS (xdist), PYTEST_ARGS (replaces the test selection, e.g.
-# "tests/test_cuda.py -x"; paths under tests/ are taken from the checkout), SANITIZER_TOOLS
+# "tests/test_op_paths.py -x"; paths under tests/ are taken from the checkout), SANITIZER_TOOLS
 # (default "memcheck racecheck"; "" skips), PROFILE=1 (ncu of tools/profile_case.py, whose
 # arguments PROFILE_ARGS gives, e.g. "float32 --case feat --channels-last"), BENCH_MODES (extra
 # benchmark runs with the same arguments, e.g. "--deterministic --channels-last"), SKIP_BUILD=1

@@ -1,0 +1,487 @@
+"""What the op is given: bad arguments (each error names the argument), absent tensors, memory
+layouts (non-contiguous views, channels_last), empty and extreme sizes, non-finite and huge
+offsets, meta tensors and devices. Each case is checked against the float64 reference.
+
+Tests that take a ``device`` run on the CPU and, where a GPU is present, on CUDA (those cases carry
+the ``cuda`` mark and skip cleanly without a GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import edsc_ext
+from edsc_ext import reference as R
+from edsc_ext.ops import normalize_args
+
+from conftest import (
+    ALL_PRESENT,
+    ARG_NAMES,
+    DEVICES,
+    F16,
+    F32,
+    F64,
+    GRAD_FACTOR,
+    PADDING_MODES,
+    assert_close,
+    assert_grads_close,
+    assert_matches_reference,
+    cases,
+    default_grad_output,
+    dtypes,
+    forward_and_grads,
+    make_inputs,
+    named,
+    per_device,
+    present_id,
+    reference,
+    reference_and_grads,
+    requires_cuda,
+    requires_two_gpus,
+    synchronize,
+)
+
+OP = edsc_ext.deform_sepconv
+FORWARD = torch.ops.edsc_ext.deform_sepconv_forward
+BACKWARD = torch.ops.edsc_ext.deform_sepconv_backward
+MODES = named(*PADDING_MODES)
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checking: each bad call raises a TypeError/ValueError that names the argument.
+
+
+def _bad_calls():
+    x = torch.randn(2, 3, 6, 6)
+    v, h = torch.randn(2, 3, 4, 4), torch.randn(2, 3, 4, 4)
+    off, m = torch.randn(2, 18, 4, 4), torch.rand(2, 9, 4, 4)
+    return [
+        ("input ndim", lambda: OP(x[0], v, h), ValueError, "input"),
+        ("input not a tensor", lambda: OP(x.tolist(), v, h), TypeError, "input"),
+        ("input None", lambda: OP(None, v, h), TypeError, "input"),
+        ("vertical ndim", lambda: OP(x, v[0], h), ValueError, "vertical"),
+        ("mask ndim", lambda: OP(x, v, h, off, m.flatten(2)), ValueError, "mask"),
+        ("offset not a tensor", lambda: OP(x, v, h, 0.5), TypeError, "offset"),
+        ("batch mismatch", lambda: OP(x, v, h, off[:1]), ValueError, "offset"),
+        ("batch mismatch vertical", lambda: OP(x, v[:1], h), ValueError, "vertical"),
+        ("KH vs kernel_size", lambda: OP(x, v, h, kernel_size=(2, 3)), ValueError, "vertical"),
+        ("KW vs kernel_size", lambda: OP(x, v, h, kernel_size=(3, 5)), ValueError, "horizontal"),
+        ("offset channels", lambda: OP(x, v, h, off[:, :16]), ValueError, "offset"),
+        ("odd offset channels", lambda: OP(x, None, None, off[:, :17]), ValueError, "offset"),
+        ("offset taps vs KH", lambda: OP(x, v, None, torch.randn(2, 10, 4, 4)), ValueError, "offset"),
+        ("mask channels", lambda: OP(x, v, h, off, m[:, :8]), ValueError, "mask"),
+        ("spatial size", lambda: OP(x, v, h[:, :, :3]), ValueError, "horizontal"),
+        ("negative padding", lambda: OP(x, v, h, padding=-1), ValueError, "padding"),
+        ("negative padding pair", lambda: OP(x, v, h, padding=(1, -1)), ValueError, "padding"),
+        ("padding triple", lambda: OP(x, v, h, padding=(1, 1, 1)), TypeError, "padding"),
+        ("padding float", lambda: OP(x, v, h, padding=1.0), TypeError, "padding"),
+        ("dilation 0", lambda: OP(x, v, h, dilation=0), ValueError, "dilation"),
+        ("kernel_size 0", lambda: OP(x, None, None, kernel_size=0), ValueError, "kernel_size"),
+        ("kernel_size bool", lambda: OP(x, kernel_size=True), TypeError, "kernel_size"),
+        ("padding_mode", lambda: OP(x, v, h, padding_mode="reflect"), ValueError, "padding_mode"),
+        ("padding_mode None", lambda: OP(x, v, h, padding_mode=None), ValueError, "padding_mode"),
+        ("integer input", lambda: OP(x.long(), v.long(), h.long()), TypeError, "input"),
+        ("integer offset", lambda: OP(x, v, h, off.int()), TypeError, "offset"),
+        ("bool mask", lambda: OP(x, v, h, off, m > 0.5), TypeError, "mask"),
+        ("mixed dtypes", lambda: OP(x, v, h.double()), TypeError, "horizontal"),
+        ("mixed dtypes half", lambda: OP(x, v, h, off, m.half()), TypeError, "mask"),
+        ("devices", lambda: OP(x, v.to("meta"), h), ValueError, "vertical"),
+        ("devices input", lambda: OP(x.to("meta"), v, h, off), ValueError, "vertical"),
+        ("ambiguous kernel", lambda: OP(x, None, None, off, m), ValueError, "kernel_size"),
+        ("no kernel info", lambda: OP(x), ValueError, "kernel_size"),
+        ("negative output", lambda: OP(x, kernel_size=9), ValueError, "output size"),
+        ("too wide", lambda: OP(x, kernel_size=(1, 129), padding=(0, 64)), ValueError, "KW"),
+    ]
+
+
+@pytest.mark.parametrize("name, call, exc, match", _bad_calls(), ids=[c[0] for c in _bad_calls()])
+def test_bad_arguments(name, call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+@pytest.mark.parametrize("kwargs, exc, match", [
+    (dict(padding=-1), ValueError, "padding"),
+    (dict(dilation=0), ValueError, "dilation"),
+    (dict(padding_mode="circular"), ValueError, "padding_mode"),
+    (dict(kernel_size=(3, 3, 3)), TypeError, "kernel_size"),
+    (dict(kernel_size=0), ValueError, "kernel_size"),
+])
+def test_module_rejects_bad_geometry_at_construction(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        edsc_ext.nn.DeformSepConv2d(**kwargs)
+
+
+def test_raw_ops_check_shapes(gen):
+    """The compiled ops check what memory safety depends on even when called directly (TORCH_CHECK
+    variants raise RuntimeError, ValueError or TypeError; any of them, never a crash)."""
+    ERRORS = (RuntimeError, ValueError, TypeError)
+    case = make_inputs(1, 2, 5, 6, 3, 3, 1, 1, generator=gen)
+    args = list(normalize_args(*case.tensors, **case.kwargs).op_args())
+    bad_offset = list(args)
+    bad_offset[3] = case.offset[:, :16]
+    with pytest.raises(ERRORS, match="offset"):
+        FORWARD(*bad_offset)
+    bad_kernel = list(args)
+    bad_kernel[5] = 4  # kernel_h disagrees with vertical
+    with pytest.raises(ERRORS):
+        FORWARD(*bad_kernel)
+    bad_mode = args[:-1] + [7]
+    with pytest.raises(ERRORS, match="padding"):
+        FORWARD(*bad_mode)
+    with pytest.raises(ERRORS):
+        FORWARD(*args[:8], -1, *args[9:])  # negative padding
+    with pytest.raises(ERRORS):
+        BACKWARD(torch.zeros(1, 2, 4, 4, dtype=F64), *args, [True] * 5)  # grad_output of the wrong size
+    with pytest.raises(ERRORS):
+        FORWARD(case.input.float(), *args[1:])  # mixed dtypes
+
+
+def test_does_not_modify_inputs(gen):
+    case = make_inputs(2, 3, 6, 7, 3, 3, 1, 1, generator=gen).leaves()
+    before = case.map(lambda t: t.detach().clone())
+    out = case.call(OP, padding_mode="border")
+    out.backward(torch.ones_like(out))
+    for name, a, b in zip(ARG_NAMES, case.tensors, before.tensors):
+        assert torch.equal(a.detach(), b), name
+
+
+# ---------------------------------------------------------------------------------------------
+# Absent tensors
+
+
+# On CUDA 3 channels (the RGB kernels).
+ABSENT_CONFIGS = {"cpu": (2, 2, 6, 7, 3, 2, 1, (1, 2)), "cuda": (2, 3, 7, 8, 3, 2, 1, (1, 2))}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("present", ALL_PRESENT, ids=present_id)
+def test_absent_tensors(gen, device, present):
+    case = make_inputs(*ABSENT_CONFIGS[device], present=present, device=device, generator=gen)
+    for mode in PADDING_MODES:
+        assert_matches_reference(case, mode)
+    if present[0] and present[1]:
+        # The kernel size then follows from vertical and horizontal.
+        no_ks = case.replace(kwargs={k: v for k, v in case.kwargs.items() if k != "kernel_size"})
+        assert torch.equal(no_ks.call(OP), case.call(OP))
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory layouts
+
+
+def _layout(t: torch.Tensor, kind: str) -> torch.Tensor:
+    """The same values as t in a non-contiguous layout."""
+    if kind == "transposed":
+        return t.transpose(2, 3).contiguous().transpose(2, 3)
+    if kind == "sliced":  # strided in every dimension, at an offset into its storage
+        big = torch.zeros(t.shape[0] + 1, t.shape[1] * 2, t.shape[2] + 3, t.shape[3] * 2, dtype=t.dtype,
+                          device=t.device)
+        view = big[1:, ::2, 2:-1, 1::2]
+        view.copy_(t)
+        return view
+    if kind == "wide_rows":  # rows twice as long as the view's
+        return torch.cat([t, t], dim=3)[..., : t.shape[3]]
+    if kind == "channels_last":
+        return t.contiguous(memory_format=torch.channels_last)
+    if kind == "batch_expanded":  # stride 0 in the batch dimension
+        return t[:1].expand(t.shape)
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("device, config, kind, padding_mode", per_device(
+    cpu=cases({"6x7": (2, 3, 6, 7, 3, 3, 1, 1)}, named("transposed", "sliced", "channels_last", "batch_expanded"),
+              MODES),
+    cuda=cases({"7x8": (2, 3, 7, 8, 3, 3, 1, 1)}, named("channels_last", "transposed", "wide_rows"),
+               named("border"))))
+def test_non_contiguous_inputs(gen, device, config, kind, padding_mode):
+    case = make_inputs(*config, device=device, generator=gen)
+    odd = case.map(lambda t: _layout(t, kind))
+    if kind == "batch_expanded":
+        case = odd.map(lambda t: t.contiguous())  # the expected values: both batch items alike
+    assert not any(t.is_contiguous() for t in odd.tensors)
+    assert_matches_reference(case, padding_mode, run=odd)
+
+
+# Which of (input, vertical, horizontal, offset, mask) are channels_last.
+CHANNELS_LAST = {
+    "all": (True, True, True, True, True),
+    "input-only": (True, False, False, False, False),
+    "per-pixel-only": (False, True, True, True, True),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("padding_mode", PADDING_MODES)
+@pytest.mark.parametrize("layout", list(CHANNELS_LAST))
+def test_channels_last(gen, layout, padding_mode, device):
+    case = make_inputs(2, 3, 9, 10, 3, 3, 1, 1, dtype=F32, device=device, generator=gen)
+    odd = case.replace(**{name: (t.contiguous(memory_format=torch.channels_last) if cl else t)
+                          for name, t, cl in zip(ARG_NAMES, case.tensors, CHANNELS_LAST[layout])})
+    out, grads = forward_and_grads(OP, odd, padding_mode)
+    # The input decides the call's memory format: the output and the backward op's gradients come in
+    # it (the leaves' .grad then follow autograd's layout contract: each leaf's own strides).
+    format = torch.channels_last if CHANNELS_LAST[layout][0] else torch.contiguous_format
+    args = normalize_args(*odd.tensors, **odd.kwargs, padding_mode=padding_mode)
+    raw_grads = BACKWARD(default_grad_output(out.shape).to(out), *args.op_args(), [True] * 5)
+    for name, t in zip(("output",) + ARG_NAMES, (out,) + tuple(raw_grads)):
+        assert t.is_contiguous(memory_format=format), (name, t.stride())
+    expected, expected_grads = reference_and_grads(case, padding_mode)
+    assert_close(out, expected, F32)
+    assert_grads_close(grads, expected_grads, F32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_channels_last_single_channel(gen, device):
+    """C=1: channels_last and contiguous are the same layout; the values must be right either way."""
+    case = make_inputs(2, 1, 8, 9, 3, 3, 1, 1, dtype=F32, device=device, generator=gen)
+    odd = case.map(lambda t: t.contiguous(memory_format=torch.channels_last))
+    out, grads = forward_and_grads(OP, odd, "zeros")
+    expected, expected_grads = reference_and_grads(case, "zeros")
+    assert_close(out, expected, F32)
+    assert_grads_close(grads, expected_grads, F32)
+
+
+COPY_OPS = {"aten::copy_", "aten::clone", "aten::contiguous", "aten::_to_copy"}
+
+
+def _ops_run_by(fn) -> set:
+    """The names of the aten/custom ops that fn dispatches (torch.profiler, host side)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return {event.name for event in prof.events()}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "input-only"])
+def test_layout_copies(gen, layout, device):
+    """Tensors already in the call's memory format are used in place: neither the forward nor the
+    backward op copies anything (float32, whose gradients need no dtype conversion); a per-pixel
+    tensor in the other format is converted, which the profiler does see."""
+    case = make_inputs(2, 3, 9, 10, 3, 3, 1, 1, dtype=F32, device=device, generator=gen)
+    if layout != "contiguous":
+        as_cl = lambda t: t.contiguous(memory_format=torch.channels_last)  # noqa: E731
+        case = case.replace(input=as_cl(case.input)) if layout == "input-only" else case.map(as_cl)
+    args = normalize_args(*case.tensors, **case.kwargs, padding_mode="zeros").op_args()
+    grad_output = torch.randn((2, 3, 9, 10), generator=gen, dtype=F32).to(device)
+    if layout != "contiguous":
+        grad_output = grad_output.contiguous(memory_format=torch.channels_last)
+    ops = _ops_run_by(lambda: (FORWARD(*args), BACKWARD(grad_output, *args, [True] * 5)))
+    assert {"edsc_ext::deform_sepconv_forward", "edsc_ext::deform_sepconv_backward"} <= ops, ops
+    if layout == "input-only":
+        assert ops & COPY_OPS, ops
+    else:
+        assert not ops & COPY_OPS, sorted(ops & COPY_OPS)
+
+
+# ---------------------------------------------------------------------------------------------
+# Meta tensors
+
+
+def test_meta_tensors_give_shapes():
+    meta = make_inputs(2, 3, 6, 7, 3, 2, 1, (1, 2)).to(device="meta")
+    out = meta.call(OP, padding_mode="border")
+    assert out.device.type == "meta" and out.shape == (2, 3, 6, 7 + 2 - 2)
+
+
+def test_meta_output_memory_format():
+    """The fake kernel predicts the output memory format (what torch.compile plans with)."""
+    case = make_inputs(2, 3, 6, 7, 3, 3, 1, 1).to(device="meta")
+    out = case.map(lambda t: t.contiguous(memory_format=torch.channels_last)).call(OP, padding=1)
+    assert out.device.type == "meta" and out.shape == (2, 3, 6, 7)
+    assert out.is_contiguous(memory_format=torch.channels_last), out.stride()
+    assert case.call(OP, padding=1).is_contiguous()
+
+
+# ---------------------------------------------------------------------------------------------
+# Sizes: empty, one pixel, wide kernels, more than 2**31 elements
+
+
+EMPTY_SHAPES = {
+    # (N, C, H_in, W_in), (KH, KW), padding
+    "N=0": ((0, 3, 6, 7), (3, 3), 1),  # empty batch
+    "C=0": ((2, 0, 6, 7), (3, 3), 1),  # no channels
+    "H_out=0": ((2, 3, 2, 7), (3, 3), 0),
+    "W_out=0": ((2, 3, 6, 2), (2, 3), 0),
+    "H_in=0": ((1, 2, 0, 5), (3, 3), 2),  # an empty image with padding: a (2, 7) output of zeros
+}
+
+
+@pytest.mark.parametrize("device, spec, padding_mode", per_device(
+    cpu=cases(EMPTY_SHAPES, MODES),
+    cuda=cases({name: EMPTY_SHAPES[name] for name in ("N=0", "C=0", "H_out=0")}, MODES)))
+def test_empty(gen, device, spec, padding_mode):
+    shape, kernel, padding = spec
+    case = make_inputs(*shape, *kernel, padding, 1, device=device, generator=gen)
+    out, grads = forward_and_grads(OP, case, padding_mode)
+    synchronize(device)
+    expected, _ = reference_and_grads(case, padding_mode)
+    assert out.shape == expected.shape and out.device == case.input.device
+    n, c, h, w = shape
+    if h == 0:
+        assert out.shape == (1, 2, 2, 7)
+        assert torch.equal(out, torch.zeros_like(out))
+    else:
+        assert out.numel() == 0
+    for name, g, t in zip(ARG_NAMES, grads, case.tensors):
+        assert g.shape == t.shape and g.device == t.device, name
+        assert torch.all(g == 0), name
+
+
+def test_single_pixel_input(gen):
+    case = make_inputs(2, 3, 1, 1, 3, 3, 1, 1, generator=gen)
+    for mode in PADDING_MODES:
+        assert_matches_reference(case, mode)
+
+
+@pytest.mark.parametrize("KW", [17, 128])
+def test_wide_kernels(gen, KW):
+    """Kernel widths past the small accumulator array, up to the supported maximum."""
+    case = make_inputs(1, 2, 3, KW + 3, 2, KW, (1, 2), 1, generator=gen)
+    for mode in PADDING_MODES:
+        assert_matches_reference(case, mode)
+
+
+@pytest.mark.cuda
+@requires_cuda
+def test_more_than_2_31_elements():
+    """An input and output of more than 2**31 elements (float16, 46341 x 46342), so that flat
+    indices, including those inside one image plane, need 64 bits. Forward only; a few pixels,
+    at the start, the middle and the far corner, are checked against the reference on crops."""
+    H, W = 46341, 46342
+    numel = H * W
+    assert numel > 2**31
+    need = 4 * numel * 2 + (2 << 30)  # input, 2-channel offset, output (float16), some slack
+    free, _ = torch.cuda.mem_get_info()
+    if free < max(need, 16 << 30):
+        pytest.skip(f"needs {need / 2**30:.1f} GiB of free GPU memory, {free / 2**30:.1f} GiB free")
+    g = torch.Generator(device="cuda").manual_seed(1234)
+    input = torch.randn((1, 1, H, W), device="cuda", dtype=F16, generator=g)
+    offset = torch.rand((1, 2, H, W), device="cuda", dtype=F16, generator=g).mul_(3).sub_(1.5)
+    assert edsc_ext._plan(input, offset=offset, padding_mode="zeros").forward == "pixels"  # 64-bit indices
+    try:
+        out = OP(input, offset=offset, padding_mode="zeros")
+        torch.cuda.synchronize()
+        assert out.shape == (1, 1, H, W)
+        points = [(0, 0), (0, W - 1), (1, 1), (H // 2, W // 2), (H - 2, W - 3), (H - 1, 0), (H - 1, W - 1),
+                  (H - 1, W - 2), (46340, 46000)]
+        picks = torch.Generator().manual_seed(0)
+        points += [(int(torch.randint(0, H, (1,), generator=picks)), int(torch.randint(0, W, (1,), generator=picks)))
+                   for _ in range(8)]
+        for y, x in points:
+            # Samples stay within 2.5 pixels of (y, x); a crop of +-3 holds them all (a crop edge at
+            # the image edge is the image edge, so the zeros beyond it are the same).
+            y0, y1, x0, x1 = max(0, y - 3), min(H, y + 4), max(0, x - 3), min(W, x + 4)
+            crop_in = input[:, :, y0:y1, x0:x1].double().cpu()
+            crop_off = offset[:, :, y0:y1, x0:x1].double().cpu()
+            expected = R.deform_sepconv(crop_in, offset=crop_off)[0, 0, y - y0, x - x0].item()
+            actual = out[0, 0, y, x].item()
+            assert abs(actual - expected) <= 2e-2 + 2e-3 * abs(expected), (y, x, actual, expected)
+        # Border mode too, at the far corner.
+        del out
+        out = OP(input, offset=offset, padding_mode="border")
+        y, x = H - 1, W - 1
+        crop_in = input[:, :, y - 3:, x - 3:].double().cpu()
+        crop_off = offset[:, :, y - 3:, x - 3:].double().cpu()
+        expected = R.deform_sepconv(crop_in, offset=crop_off, padding_mode="border")[0, 0, 3, 3].item()
+        assert abs(out[0, 0, y, x].item() - expected) <= 2e-2 + 2e-3 * abs(expected)
+    finally:
+        del input, offset
+        out = None
+        torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------------------------------
+# Non-finite and huge offsets
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("device, config, dtype, poison, which, padding_mode", per_device(
+    # A NaN or an inf at tap 4's dx of pixel (3, 2) of batch 1; every gradient checked away from it.
+    cpu=cases({"3x3-c3": (2, 3, 6, 7, 3, 3, 1, 1)}, dtypes(F64),
+              {"nan": [((1, 9, 3, 2), NAN)], "inf": [((1, 9, 3, 2), INF)]}, {"all-grads": ARG_NAMES}, MODES),
+    # Both at once, at two pixels; the input gradient alone (its own backward kernels). 5x5 RGB takes
+    # the kernels with straight-line taps, which sample (0, 0) there and apply the NaN after the taps.
+    cuda=cases({"3x3-c5": (2, 5, 6, 7, 3, 3, 1, 1), "5x5-rgb": (2, 3, 6, 7, 5, 5, 2, 1)}, dtypes(F32, F16),
+               {"nan+inf": [((1, 9, 3, 2), NAN), ((0, 0, 5, 6), INF)]}, {"input-grad": ("input",)}, MODES)))
+def test_non_finite_offset(gen, device, config, dtype, poison, which, padding_mode):
+    """A NaN or inf offset makes its pixel's output NaN and nothing else; when the poisoned pixels
+    get no gradient, the gradients are those of the clean case (at the poisoned pixels themselves
+    the per-pixel tensors' gradients are not specified)."""
+    case = make_inputs(*config, dtype=dtype, device=device, generator=gen)
+    offset = case.offset.clone()
+    poisoned_pixels = torch.zeros((case.input.shape[0], 1) + case.offset.shape[2:], dtype=torch.bool)
+    for index, value in poison:
+        offset[index] = value
+        poisoned_pixels[index[0], 0, index[2], index[3]] = True
+    poisoned = case.replace(offset=offset)
+    out = poisoned.call(OP, padding_mode=padding_mode)
+    nan = poisoned_pixels.expand(out.shape)
+    assert torch.equal(torch.isnan(out).cpu(), nan)
+    assert_close(out, reference(poisoned, padding_mode), dtype)
+    grad_output = (~nan).double()
+    _, grads = forward_and_grads(OP, poisoned, padding_mode, grad_output, which=which)
+    _, expected = reference_and_grads(case, padding_mode, grad_output, which=which)
+    assert_close(grads[0], expected[0], dtype, factor=GRAD_FACTOR, what="grad of input")
+    for name, g, e in zip(ARG_NAMES[1:], grads[1:], expected[1:]):
+        if name in which:
+            keep = ~poisoned_pixels.expand(g.shape)
+            assert_close(g[keep.to(g.device)], e[keep], dtype, factor=GRAD_FACTOR, what=f"grad of {name}")
+
+
+@pytest.mark.parametrize("device, config, forward_dtypes, grad_dtype", per_device(
+    cpu={"c2": ((2, 2, 5, 6, 3, 3, 1, 1), (F32, F64), F64)},
+    cuda={"c3": ((2, 3, 6, 7, 3, 3, 1, 1), (F32,), F32)}))
+@pytest.mark.parametrize("padding_mode", PADDING_MODES)
+def test_huge_offsets(gen, device, config, forward_dtypes, grad_dtype, padding_mode):
+    """Offsets of +-1e30 and -3e38: finite outputs (no overflow in the index computation) equal to
+    the reference, and no offset gradient where the samples are that far away."""
+    case = make_inputs(*config, device=device, generator=gen)
+    offset = case.offset.clone()
+    offset[0, :, 1:3] = 1e30
+    offset[1, 1::2, :, :2] = -1e30
+    offset[1, 0::4, 4] = -3e38
+    big = case.replace(offset=offset)
+    for dtype in forward_dtypes:
+        out = big.to(dtype).call(OP, padding_mode=padding_mode)
+        assert torch.isfinite(out).all()
+        assert_close(out, reference(big.to(dtype), padding_mode), dtype)
+    out, grads = forward_and_grads(OP, big.to(grad_dtype), padding_mode)
+    _, expected = reference_and_grads(big.to(grad_dtype), padding_mode)
+    assert_grads_close(grads, expected, grad_dtype)
+    assert torch.all(grads[3][0, :, 1:3] == 0)  # no offset gradient where the sample is far away
+
+
+# ---------------------------------------------------------------------------------------------
+# Devices
+
+
+@pytest.mark.cuda
+@pytest.mark.multi_gpu
+@requires_two_gpus
+@pytest.mark.parametrize("padding_mode", PADDING_MODES)
+def test_other_device(gen, padding_mode):
+    """Tensors on cuda:1 while the current device is cuda:0."""
+    case = make_inputs(2, 3, 9, 10, 3, 3, 1, 1, dtype=F32, device="cuda:1", generator=gen)
+    with torch.cuda.device(0):
+        out, grads = forward_and_grads(OP, case, padding_mode)
+        assert torch.cuda.current_device() == 0
+    torch.cuda.synchronize(1)
+    assert out.device == torch.device("cuda:1")
+    assert all(g.device == torch.device("cuda:1") for g in grads)
+    expected, expected_grads = reference_and_grads(case, padding_mode)
+    assert_close(out, expected, F32)
+    assert_grads_close(grads, expected_grads, F32)
+
+
+@pytest.mark.cuda
+@pytest.mark.multi_gpu
+@requires_two_gpus
+def test_mixed_devices_rejected(gen):
+    case = make_inputs(1, 2, 5, 5, 3, 3, 1, 1, device="cuda:0", generator=gen)
+    with pytest.raises(ValueError, match="mask"):
+        OP(*case.tensors[:4], case.mask.to("cuda:1"), padding=1)

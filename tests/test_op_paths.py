@@ -1,0 +1,383 @@
+"""Kernel paths: each CPU and CUDA kernel family that a call can take (the planners' choices, see
+test_plans.py, and the kernel_policy switches that force the alternatives), run against the float64
+reference with an assertion that the path meant did run (edsc_ext._plan). CPU: the grid-tap rows,
+the instruction sets; CUDA: the 5x5 staged, plain and prefetching forwards, the global-atomic input
+gradient, the grid-tap kernels, the channels_last warp-staged kernels.
+
+CUDA cases carry the ``cuda`` mark and skip cleanly without a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import edsc_ext
+from edsc_ext.ops import normalize_args
+
+from conftest import (
+    ALL_PRESENT,
+    ARG_NAMES,
+    BF16,
+    DEVICES,
+    F16,
+    F32,
+    F64,
+    PADDING_MODES,
+    assert_close,
+    assert_grads_close,
+    cases,
+    dtypes,
+    forward_and_grads,
+    make_inputs,
+    named,
+    per_device,
+    plans_of,
+    present_id,
+    reference_and_grads,
+    requires_cuda,
+)
+
+OP = edsc_ext.deform_sepconv
+# The instruction set the CPU plans name (the policy's cpu_isa="auto": torch's capability).
+ISA = "/avx2" if edsc_ext._plan(torch.zeros(1, 1, 1, 1), kernel_size=1).forward.endswith("/avx2") else "/baseline"
+
+
+# ---------------------------------------------------------------------------------------------
+# Without offsets: the grid-tap kernels
+
+
+# Calls without offsets or dilation take the grid-tap kernels (every tap reads one input pixel).
+#
+# CPU: the row-wise kernels; output narrower and wider than the input, a kernel wider than the
+# image, many channels, sepconv's 51 x 51 on a small frame.
+CPU_GRID_TAP_CONFIGS = {
+    # N, C, H_in, W_in, KH, KW, padding
+    "3x5": (2, 3, 7, 9, 3, 5, (1, 2)),
+    "4x6": (1, 5, 6, 8, 4, 6, (0, 4)),
+    "wider-than-image": (1, 2, 5, 4, 3, 9, (1, 4)),
+    "sepconv-51": (1, 3, 12, 14, 51, 51, 25),
+}
+#
+# CUDA: each 8 x 32 tile of output pixels stages the input window its taps read in shared memory
+# (the forward 4, 3, 2 or 1 channels a pass; the parameter gradients all channels at once, up to 4,
+# else the bilinear backward) and holds 8 x 8 taps' weights at a time; without a mask the input
+# gradient is gathered, each 8 x 32 tile of input pixels walking the rows of output pixels that
+# reach it. The shapes give partial tiles, several passes, whole and partial tap chunks, output
+# planes smaller and larger than the input, and sepconv's 51 x 51, whose 3-channel float32 window
+# (57 KB, 109 KB with the backward's sums) needs more than the default 48 KB of shared memory.
+CUDA_GRID_TAP_CONFIGS = {
+    "rgb-5x5": (2, 3, 21, 45, 5, 5, 2),
+    "c5-3x9": (1, 5, 12, 70, 3, 9, (0, 4)),
+    "c4-8x10": (2, 4, 9, 33, 8, 10, (3, 6)),
+    "c6-13x11": (1, 6, 17, 40, 13, 11, (6, 5)),
+    "sepconv-51": (1, 3, 20, 36, 51, 51, 25),
+}
+
+
+def _assert_grid_tap_plans(case, padding_mode, which, present, device):
+    """The call runs the grid-tap kernels of its device (for CUDA: the parameter gradients in the
+    window while it holds every channel, the input gradient gathered where there is no mask)."""
+    plans = plans_of(case, padding_mode, which)
+    if device == "cpu":
+        assert plans == ("grid_taps_rows" + ISA, "grid_taps_rows" + ISA), plans
+    else:
+        small = case.input.shape[1] <= 4  # the grid-tap gradients keep every channel in one window
+        assert plans.forward == "grid_taps", plans
+        assert ("grid_taps_params" in plans.backward) == (small and any(present)), plans
+        assert ("gather_input_grad" in plans.backward) == (small and "input" in which and not present[3]), plans
+
+
+@pytest.mark.parametrize("device, config, dtype, layout", per_device(
+    cpu=cases(CPU_GRID_TAP_CONFIGS, dtypes(F64, F32, BF16), named("contiguous", "channels_last")),
+    cuda=cases(CUDA_GRID_TAP_CONFIGS, dtypes(F32, F16, BF16), named("contiguous", "channels_last"))))
+def test_without_offset(gen, device, config, dtype, layout):
+    """The grid-tap forward and backward against the reference in both padding modes, with and
+    without each of vertical, horizontal and mask, every gradient and (once) the per-pixel
+    tensors' alone (a frame that needs none, as in sepconv training). On the CPU the per-pixel
+    bilinear code (kernel_policy(grid_taps=False)) must agree too."""
+    big = config[4] > 16  # the reference's 2601 taps: one combination of tensors there
+    for present in [(True, True, False, False)] if big else [p for p in ALL_PRESENT if not p[2]]:
+        case = make_inputs(*config, present=present, dtype=dtype, device=device, generator=gen)
+        if layout == "channels_last":
+            case = case.map(lambda t: t.contiguous(memory_format=torch.channels_last))
+        runs = [(mode, ARG_NAMES) for mode in PADDING_MODES]
+        if present == (True, True, False, False):
+            runs.append(("border", ARG_NAMES[1:]))
+        for padding_mode, which in runs:
+            what = f"{present_id(present)}, {padding_mode}"
+            _assert_grid_tap_plans(case, padding_mode, which, present, device)
+            out, grads = forward_and_grads(OP, case, padding_mode, which=which)
+            assert out.is_contiguous(memory_format=torch.channels_last) == (layout == "channels_last")
+            expected, expected_grads = reference_and_grads(case, padding_mode, which=which)
+            assert_close(out, expected, dtype, what=what)
+            assert_grads_close(grads, expected_grads, dtype)
+            if device == "cpu" and not big:
+                with edsc_ext.kernel_policy(grid_taps=False):
+                    bilinear_backward = "pixels_fused" if "input" in which else "pixels_params"
+                    assert plans_of(case, padding_mode, which) == ("pixels" + ISA, bilinear_backward + ISA), what
+                    bilinear, bilinear_grads = forward_and_grads(OP, case, padding_mode, which=which)
+                assert_close(out, bilinear.to(F64), dtype, what=what)
+                assert_grads_close(grads, [None if g is None else g.to(F64) for g in bilinear_grads], dtype)
+
+
+@pytest.mark.parametrize("padding_mode", PADDING_MODES)
+@pytest.mark.parametrize("shape", [(1, 3, 0, 5), (1, 2, 4, 0)], ids=["H_in=0", "W_in=0"])
+def test_without_offset_empty_image(gen, shape, padding_mode):
+    """A frame with no rows or columns but padding: a real output of zeros, which the grid-tap
+    kernels leave to the bilinear code (border mode has no edge pixel to clamp to)."""
+    n, c, h, w = shape
+    case = make_inputs(n, c, h, w, 5, 5, 3, present=(True, True, False, False), generator=gen)
+    out, grads = forward_and_grads(OP, case, padding_mode)
+    assert out.shape == (n, c, h + 2, w + 2) and torch.equal(out, torch.zeros_like(out))
+    expected, expected_grads = reference_and_grads(case, padding_mode)
+    assert_grads_close(grads, expected_grads)
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA: the 5x5 forwards, prefetching, the input gradient's global atomics
+
+
+# Shapes for the 5x5 forward that stages the per-pixel tensors in shared memory in blocks of 128
+# pixels: whole blocks (16-byte copies), a partial last block, an output plane of 143 pixels
+# (4-byte copies in float32; the plain kernel for the half types, whose plane is then not
+# 4-byte aligned), more channels than one channel block with dilation, and C = 1.
+STAGED_CONFIGS = [
+    (2, 3, 16, 16, 5, 5, 2, 1),
+    (2, 4, 9, 20, 5, 5, 2, 1),
+    (1, 3, 13, 11, 5, 5, 2, 1),
+    (1, 32, 12, 12, 5, 5, (1, 3), (2, 1)),
+    (3, 1, 6, 30, 5, 5, 2, 1),
+]
+
+
+@pytest.mark.cuda
+@requires_cuda
+@pytest.mark.parametrize("forward", ["staged", "plain"])
+@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("padding_mode", PADDING_MODES)
+@pytest.mark.parametrize("config", STAGED_CONFIGS, ids=["whole", "partial", "plane143", "c32-dil", "c1"])
+def test_forward_paths(gen, policy, config, padding_mode, dtype, forward):
+    """The default 5x5 forward and the plain one (kernel_policy(plain_forward=True)) against the
+    reference, with every combination of absent per-pixel tensors at 3 channels (the exact-RGB
+    kernel, in every dtype) and 1, 2 or 4 (the staged one in the half types)."""
+    if forward == "plain":
+        policy(plain_forward=True)
+    channels = config[1]
+    every = config is STAGED_CONFIGS[0] or config is STAGED_CONFIGS[1]
+    for present in ALL_PRESENT if every else [(True, True, True, True)]:
+        case = make_inputs(*config, present=present, dtype=dtype, device="cuda", generator=gen, offset_scale=3)
+        if present[2] or config[7] != 1:  # else the grid-tap forward (when not plain)
+            if forward == "staged" and dtype != F32 and channels in (1, 2, 4):
+                planned = "staged"
+            else:
+                planned = "pixels" + ("_rgb" if channels == 3 else "") + ("_prefetch" if channels <= 4 else "")
+            assert plans_of(case, padding_mode).forward == planned
+        out, _ = forward_and_grads(OP, case, padding_mode)
+        expected, _ = reference_and_grads(case, padding_mode)
+        assert_close(out, expected, dtype)
+
+
+@pytest.mark.cuda
+@requires_cuda
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("config", [STAGED_CONFIGS[i] for i in (0, 1, 2, 4)],
+                         ids=["whole", "partial", "plane143", "c1"])
+def test_prefetch_changes_nothing(gen, policy, config, dtype):
+    """The NCHW 5x5 kernels first prefetch each warp's per-pixel values into L2
+    (kernel_policy(prefetch=False) turns that off). A hint must not change a bit of the output or of
+    the per-pixel tensors' gradients, also where a warp's pixels straddle two images (partial,
+    plane143) or tensors are absent. The input gradient's cross-tile float atomics may round in
+    another order."""
+    policy(plain_forward=True)  # the staged half-type forward does not prefetch
+    for present in [(True, True, True, True), (False, True, False, True)]:
+        case = make_inputs(*config, present=present, dtype=dtype, device="cuda", generator=gen, offset_scale=3)
+        results = {}
+        for prefetch in (True, False):
+            with edsc_ext.kernel_policy(prefetch=prefetch):
+                plans = plans_of(case, "border")
+                assert plans.forward.endswith("_prefetch") == prefetch, plans
+                assert plans.backward.endswith("_prefetch") == prefetch, plans
+                results[prefetch] = forward_and_grads(OP, case, "border")
+        (out, grads), (out_off, grads_off) = results[True], results[False]
+        assert torch.equal(out, out_off)
+        assert_close(grads[0], grads_off[0], dtype, what="input gradient")
+        for name, g, g_off in zip(ARG_NAMES[1:], grads[1:], grads_off[1:]):
+            assert (g is None) == (g_off is None), name
+            assert g is None or torch.equal(g, g_off), f"gradient of {name} differs with prefetch on"
+
+
+@pytest.mark.cuda
+@requires_cuda
+@pytest.mark.parametrize("dtype", [F32, F64, BF16], ids=["f32", "f64", "bf16"])
+@pytest.mark.parametrize("padding_mode", PADDING_MODES)
+@pytest.mark.parametrize("config", [(2, 3, 9, 10, 3, 3, 1, 1), (2, 8, 7, 6, 5, 5, 2, 1),
+                                    (1, 2, 6, 40, 1, 20, (0, 10), 1)], ids=["3x3", "5x5", "1x20"])
+def test_global_atomic_input_grad(gen, policy, config, padding_mode, dtype):
+    """The input gradient's global-atomic path (kernel_policy(input_grad_tile=False)), which the
+    shared-memory tile otherwise hides, with offsets large enough that many samples also leave the
+    tile there."""
+    case = make_inputs(*config, dtype=dtype, device="cuda", generator=gen, offset_scale=6)
+    assert plans_of(case, padding_mode).backward.startswith("tiled")
+    policy(input_grad_tile=False)
+    assert plans_of(case, padding_mode).backward == "pixels"
+    out, grads = forward_and_grads(OP, case, padding_mode)
+    expected, expected_grads = reference_and_grads(case, padding_mode)
+    assert_close(out, expected, dtype)
+    assert_grads_close(grads, expected_grads, dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# channels_last
+
+
+# channels_last calls index NHWC memory directly in every kernel: the shapes below take the 5x5
+# specialisation and the run-time one with dilation and a tile pass of several channels; the modes
+# take the CUDA backward's shared-memory tile (fixed point, or float for float64), its global-atomic
+# path and the deterministic one; on the CPU the backward splits them into 8 and 7 bands of rows
+# per image.
+CHANNELS_LAST_CONFIGS = [(2, 3, 12, 40, 5, 5, 2, 1), (1, 10, 9, 11, 3, 4, (1, 2), (2, 1))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", ["default", "global", "deterministic"])
+@pytest.mark.parametrize("dtype", [F64, F32, F16, BF16], ids=["f64", "f32", "f16", "bf16"])
+@pytest.mark.parametrize("config", CHANNELS_LAST_CONFIGS, ids=["5x5", "3x4-dil"])
+def test_channels_last_paths(gen, request, policy, config, dtype, mode, device):
+    if mode == "global":
+        policy(input_grad_tile=False)
+    elif mode == "deterministic":
+        request.getfixturevalue("deterministic")
+    case = make_inputs(*config, dtype=dtype, device=device, generator=gen, offset_scale=3)
+    odd = case.map(lambda t: t.contiguous(memory_format=torch.channels_last))
+    if device == "cuda":
+        backward = plans_of(odd, "zeros").backward
+        tiled = mode == "default" or (mode == "deterministic" and dtype != F64)
+        assert backward.startswith("nchw_copies+" if config[1] > 4 else "tiled" if tiled else "pixels"), backward
+        assert ("tiled" in backward) == tiled and ("fixed_point" in backward) == (mode == "deterministic"), backward
+    grad_output = torch.randn(case.input.shape[:2] + normalize_args(*case.tensors, **case.kwargs).output_size,
+                              generator=gen, dtype=F64)
+    out, grads = forward_and_grads(OP, odd, "zeros", grad_output.contiguous(memory_format=torch.channels_last))
+    for name, t in zip(("output",) + ARG_NAMES, (out,) + tuple(grads)):
+        assert t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous(), (name, t.stride())
+    expected, expected_grads = reference_and_grads(case, "zeros", grad_output)
+    tol_dtype = F32 if mode == "deterministic" and dtype == F64 else dtype
+    assert_close(out, expected, tol_dtype)
+    assert_grads_close(grads, expected_grads, tol_dtype)
+    if mode == "deterministic":
+        _, again = forward_and_grads(OP, odd, "zeros", grad_output.contiguous(memory_format=torch.channels_last))
+        for name, g, g0 in zip(ARG_NAMES, again, grads):
+            assert torch.equal(g, g0), f"grad of {name} differs between two deterministic runs"
+
+
+# The CUDA channels_last 5x5 kernels that stage each warp's per-pixel values through shared memory
+# (the lane-pair forward in float32 and the half types, the tiled backward; up to 4 channels; 6
+# channels take the backward on NCHW copies): 7 x 45 outputs leave the last warp of each tile row
+# 13 pixels, and the forward's warps (16 pixels) straddle rows and images, the last one partial;
+# every combination of absent tensors; plain and dilated; the deterministic tile too. At dilation
+# 4 the backward's tile holds 3 channels a pass, so 4 channels take a second pass, which stages
+# the values again (the first pass's gradients replaced them in shared memory).
+# kernel_policy(warp_staging=False, plain_forward=True) gives the unstaged kernels, which must agree.
+@pytest.mark.cuda
+@requires_cuda
+@pytest.mark.parametrize("mode", ["default", "deterministic"])
+@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("channels", [1, 3, 4, 6])
+def test_channels_last_warp_staged(gen, request, channels, dtype, mode):
+    if mode == "deterministic":
+        request.getfixturevalue("deterministic")
+    as_cl = lambda t: t.contiguous(memory_format=torch.channels_last)  # noqa: E731
+    # Deterministic mode takes the same staged code with a different global fallback: two
+    # combinations of absent tensors cover it, the default mode all 16.
+    presents = ALL_PRESENT if mode == "default" else [(True, True, True, True), (True, False, True, False)]
+    for present in presents:
+        for dilation, padding_mode in ((1, "zeros"), (2, "border"), (4, "zeros")):
+            case = make_inputs(3, channels, 7, 45, 5, 5, 2 * dilation, dilation, present=present, dtype=dtype,
+                               device="cuda", generator=gen, offset_scale=3)
+            grad_output = torch.randn((3, channels, 7, 45), generator=gen, dtype=F64)
+            results = []
+            for staged in (True, False):
+                with edsc_ext.kernel_policy(warp_staging=staged, plain_forward=not staged):
+                    plans = plans_of(case.map(as_cl), padding_mode)
+                    # A 1-channel channels_last tensor is contiguous too: that call is NCHW.
+                    stages = staged and 1 < channels <= 4
+                    if present[2] or dilation > 1:  # else the grid-tap kernels
+                        assert plans.forward.startswith("lane_pairs" if stages else "pixels"), plans
+                        assert ("warp_staged" in plans.backward) == stages, plans
+                        assert plans.backward.startswith("nchw_copies+tiled" if channels > 4 else "tiled"), plans
+                    out, grads = forward_and_grads(OP, case.map(as_cl), padding_mode, as_cl(grad_output))
+                assert out.is_contiguous(memory_format=torch.channels_last), out.stride()
+                results.append((out, grads))
+            expected, expected_grads = reference_and_grads(case, padding_mode, grad_output)
+            for out, grads in results:
+                assert_close(out, expected, dtype)
+                assert_grads_close(grads, expected_grads, dtype)
+            if mode == "deterministic":
+                _, again = forward_and_grads(OP, case.map(as_cl), padding_mode, as_cl(grad_output))
+                for name, g, g0 in zip(ARG_NAMES, again, results[0][1]):
+                    assert g is None and g0 is None or torch.equal(g, g0), f"grad of {name} differs between two runs"
+
+
+# The staged kernels read each tap's (dy, dx) as one aligned pair, and the channels_last forward
+# copies each warp's run of values in 16-byte pieces. A channels_last offset tensor that starts one
+# element past a pair boundary (a view into a larger buffer, used in place) cannot be read either
+# way: the host must route it to the unstaged kernels; one that starts two elements in (pairs
+# aligned, the run not on 16 bytes) takes the forward's unstaged lane-pair kernel. Same results.
+@pytest.mark.cuda
+@requires_cuda
+@pytest.mark.parametrize("shift", [1, 2], ids=["off-pair", "off-16-bytes"])
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=["f32", "bf16"])
+def test_channels_last_offset_off_pair_boundary(gen, dtype, shift):
+    as_cl = lambda t: t.contiguous(memory_format=torch.channels_last)  # noqa: E731
+    case = make_inputs(2, 3, 7, 45, 5, 5, 2, 1, dtype=dtype, device="cuda", generator=gen, offset_scale=3)
+    leaves = case.map(as_cl).leaves()
+    N, taps2, H, W = case.offset.shape
+    storage = torch.zeros(N * H * W * taps2 + shift, dtype=dtype, device="cuda")
+    shifted = lambda flat: flat[shift:].view(N, H, W, taps2).permute(0, 3, 1, 2)  # noqa: E731
+    shifted(storage).copy_(case.offset)
+    storage.requires_grad_()
+    offset = shifted(storage)
+    assert offset.is_contiguous(memory_format=torch.channels_last)
+    pair_bytes = 2 * offset.element_size()
+    assert (offset.data_ptr() % pair_bytes != 0) == (shift == 1)
+    assert offset.data_ptr() % 16 != 0
+    plans = edsc_ext._plan(leaves.input, leaves.vertical, leaves.horizontal, offset, leaves.mask, **case.kwargs,
+                           padding_mode="zeros")
+    # Off the pair boundary: the one-thread forward and the unstaged tile; else the unstaged lane pairs.
+    assert plans == (("pixels", "tiled") if shift == 1 else ("lane_pairs_rgb", "tiled_warp_staged_rgb")), plans
+    out = OP(leaves.input, leaves.vertical, leaves.horizontal, offset, leaves.mask, **case.kwargs,
+             padding_mode="zeros")
+    grad_output = torch.randn(out.shape, generator=gen, dtype=F64)
+    out.backward(as_cl(grad_output).to(device="cuda", dtype=dtype))
+    grads = leaves.grads()[:3] + (shifted(storage.grad), leaves.mask.grad)
+    expected, expected_grads = reference_and_grads(case, "zeros", grad_output)
+    assert out.is_contiguous(memory_format=torch.channels_last), out.stride()
+    assert_close(out.detach(), expected, dtype)
+    assert_grads_close(grads, expected_grads, dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU instruction sets
+
+
+@pytest.mark.parametrize("dtype", [F64, F32, F16, BF16], ids=["f64", "f32", "f16", "bf16"])
+@pytest.mark.parametrize("config", [(1, 3, 17, 19, 5, 5, 2, 1), (2, 10, 9, 11, 3, 4, (1, 2), (2, 1))],
+                         ids=["5x5", "3x4-dil"])
+def test_cpu_instruction_sets(gen, monkeypatch, config, dtype):
+    """The CPU loops run compiled for AVX2 + FMA where the CPU has them, else for the x86-64 baseline
+    the wheels target (kernel_policy(cpu_isa="baseline") forces it): both match the float64 reference, in
+    the forward and every gradient, and each is repeatable bit for bit."""
+    case = make_inputs(*config, dtype=dtype, generator=gen, offset_scale=3)
+    expected, expected_grads = reference_and_grads(case, "zeros")
+    default_isa = plans_of(case).forward.split("/")[1]
+    for isa in ("auto", "baseline"):
+        with edsc_ext.kernel_policy(cpu_isa=isa):
+            plans = plans_of(case)
+            assert plans == ("pixels/" + (default_isa if isa == "auto" else "baseline"),
+                             "pixels_fused/" + (default_isa if isa == "auto" else "baseline"))
+            out, grads = forward_and_grads(OP, case, "zeros")
+            again, again_grads = forward_and_grads(OP, case, "zeros")
+        assert_close(out, expected, dtype, what=f"output ({isa})")
+        assert_grads_close(grads, expected_grads, dtype)
+        assert torch.equal(out, again)
+        for name, g, g0 in zip(ARG_NAMES, again_grads, grads):
+            assert torch.equal(g, g0), f"grad of {name} ({isa})"

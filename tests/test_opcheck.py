@@ -1,0 +1,146 @@
+"""torch.library.opcheck of every custom op the extension registers (deform_sepconv's forward and
+backward, vector_add), the one place where opcheck runs: the schema, the autograd registration,
+the fake (meta) kernels and AOT dispatch with dynamic shapes, on every device, in both memory
+layouts, with absent tensors, each padding mode, split offsets and mixed dtypes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import edsc_ext
+from edsc_ext.ops import normalize_args
+
+from conftest import (
+    BF16,
+    DEVICES,
+    F32,
+    F64,
+    LAYOUTS,
+    PADDING_MODES,
+    make_inputs,
+    memory_format,
+    mixed,
+    present_id,
+    split,
+)
+
+FORWARD = torch.ops.edsc_ext.deform_sepconv_forward
+BACKWARD = torch.ops.edsc_ext.deform_sepconv_backward
+# torch.library.opcheck's utilities, all of them (its default), named so that the result can be checked.
+OPCHECK_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+ALL_SUCCEEDED = {name: "SUCCESS" for name in OPCHECK_UTILS}
+# The backward op is not differentiable: its schema and its fake kernel.
+BACKWARD_UTILS = ("test_schema", "test_faketensor")
+
+GEOMETRIES = {
+    # N, C, H_in, W_in, KH, KW, padding, dilation
+    "2x3": (1, 3, 5, 6, 2, 3, 1, (1, 2)),
+    "3x2": (1, 3, 6, 7, 3, 2, 1, (1, 2)),
+}
+# Which of (vertical, horizontal, offset, mask) are given.
+PRESENT = [(True, True, True, True), (False, True, True, False), (False, False, False, False)]
+# Which gradients of (input, vertical, horizontal, offset, mask) the backward op is asked for.
+GRAD_MASKS = [[True] * 5, [False, False, False, True, True], [True, False, False, False, False],
+              [False, True, False, True, False]]
+
+
+def mask_id(mask) -> str:
+    return "".join(letter if asked else "-" for letter, asked in zip("ivhom", mask))
+
+
+def _case(device, layout, geometry, gen, present=(True, True, True, True)):
+    case = make_inputs(*GEOMETRIES[geometry], present=present, device=device, generator=gen)
+    return case.map(lambda t: t.contiguous(memory_format=memory_format(layout)))
+
+
+def _detached(args) -> tuple:
+    return tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in args)
+
+
+# ---------------------------------------------------------------------------------------------
+# deform_sepconv
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("geometry", list(GEOMETRIES))
+@pytest.mark.parametrize("present", PRESENT, ids=present_id)
+@pytest.mark.parametrize("padding_mode", PADDING_MODES)
+def test_opcheck_forward(gen, device, layout, geometry, present, padding_mode):
+    case = _case(device, layout, geometry, gen, present).leaves()
+    args = normalize_args(*case.tensors, **case.kwargs, padding_mode=padding_mode).op_args()
+    assert torch.library.opcheck(FORWARD.default, args, test_utils=OPCHECK_UTILS) == ALL_SUCCEEDED
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("geometry", list(GEOMETRIES))
+@pytest.mark.parametrize("grad_mask", GRAD_MASKS, ids=mask_id)
+def test_opcheck_backward(gen, device, layout, geometry, grad_mask):
+    case = _case(device, layout, geometry, gen)
+    args = normalize_args(*case.tensors, **case.kwargs, padding_mode="border")
+    grad_output = torch.randn(case.input.shape[:2] + args.output_size, generator=gen, dtype=F64).to(device)
+    grad_output = grad_output.contiguous(memory_format=memory_format(layout))
+    result = torch.library.opcheck(BACKWARD.default, (grad_output,) + _detached(args.op_args()) + (grad_mask,),
+                                   test_utils=OPCHECK_UTILS)
+    assert result == ALL_SUCCEEDED
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("padding_mode", ["edsc", "zeros"])
+def test_opcheck_split_offsets(gen, device, layout, padding_mode):
+    """dy and dx as two tensors (the forward's offset_dx keyword; the backward's sixth gradient)."""
+    case = _case(device, layout, "2x3", gen)
+    dy, dx = (t.requires_grad_() for t in split(case.offset))
+    args = normalize_args(case.input.requires_grad_(), case.vertical, case.horizontal, (dy, dx), case.mask,
+                          **case.kwargs, padding_mode=padding_mode)
+    result = torch.library.opcheck(FORWARD.default, args.op_args(), args.op_kwargs(), test_utils=OPCHECK_UTILS)
+    assert result == ALL_SUCCEEDED
+    grad_output = torch.randn((1, 3) + args.output_size, generator=gen, dtype=F64).to(device).contiguous(
+        memory_format=memory_format(layout))
+    plain = _detached(args.op_args())
+    kwargs = {"offset_dx": dx.detach()}
+    for grad_mask in ([True] * 5, [False, False, False, True, False]):
+        result = torch.library.opcheck(BACKWARD.default, (grad_output,) + plain + (grad_mask,), kwargs,
+                                       test_utils=BACKWARD_UTILS)
+        assert result == {name: "SUCCESS" for name in BACKWARD_UTILS}
+        grads = BACKWARD(grad_output, *plain, grad_mask, **kwargs)
+        assert len(grads) == 6 and (grads[5].shape == dx.shape) == grad_mask[3]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("split_offsets", [False, True], ids=["interleaved", "split"])
+def test_opcheck_mixed_dtypes(gen, device, layout, split_offsets):
+    """A float32 frame with bfloat16 per-pixel tensors; the backward gives each its own dtype."""
+    case = mixed(make_inputs(*GEOMETRIES["2x3"], generator=gen), BF16, device, layout=layout)
+    offset = case.offset
+    leaves = [t.detach().requires_grad_() for t in (case.input, case.vertical, case.horizontal)]
+    offset = tuple(t.detach().requires_grad_() for t in split(offset)) if split_offsets else \
+        offset.detach().requires_grad_()
+    args = normalize_args(*leaves, offset, case.mask.detach().requires_grad_(), **case.kwargs, padding_mode="border")
+    result = torch.library.opcheck(FORWARD.default, args.op_args(), args.op_kwargs(), test_utils=OPCHECK_UTILS)
+    assert result == ALL_SUCCEEDED
+    grad_output = torch.randn((1, 3) + args.output_size, generator=gen).to(device).contiguous(
+        memory_format=memory_format(layout))
+    plain = _detached(args.op_args())
+    kwargs = {k: v.detach() for k, v in args.op_kwargs().items()}
+    result = torch.library.opcheck(BACKWARD.default, (grad_output,) + plain + ([True] * 5,), kwargs,
+                                   test_utils=BACKWARD_UTILS)
+    assert result == {name: "SUCCESS" for name in BACKWARD_UTILS}
+    grads = BACKWARD(grad_output, *plain, [True] * 5, **kwargs)
+    assert [g.dtype for g in grads[:5]] == [F32] + [BF16] * 4
+
+
+# ---------------------------------------------------------------------------------------------
+# vector_add
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_vector_add(gen, device):
+    a = torch.randn((4, 5), generator=gen).to(device).requires_grad_()
+    b = torch.randn((4, 5), generator=gen).to(device)
+    torch.library.opcheck(torch.ops.edsc_ext.vector_add.default, (a, b))
+    assert edsc_ext.vector_add(a, b).device.type == device
