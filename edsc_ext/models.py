@@ -37,7 +37,7 @@ from .compat import compat_deform_sepconv
 from .ops import deform_sepconv, natively_supported
 
 __all__ = ["HetConv2d", "EDSC", "EDSC_s", "EDSC_m", "CapturedEDSC", "load_checkpoint", "save_checkpoint",
-           "state_dict_of", "pad_to_multiple", "SAMPLINGS", "MODEL_NAMES", "HEAD_LAYOUTS"]
+           "state_dict_of", "pad_to_multiple", "auto_head_layout", "SAMPLINGS", "MODEL_NAMES", "HEAD_LAYOUTS"]
 
 SAMPLINGS = ("compat", "clean")
 # How the fused heads run: "grouped" (the first layers as one convolution, the others grouped),
@@ -48,8 +48,8 @@ SAMPLINGS = ("compat", "clean")
 # the number of calls, bounds the time), "padded" (per_head with each head's odd channel counts (k,
 # k*k, 3, EDSC_m's 65 inputs), and the 6 input channels of the trunk's first convolution, rounded up to
 # a multiple of CHANNEL_MULTIPLE by zero weights: cuDNN's tensor-core convolutions want channels in
-# multiples of 8 and otherwise pad copies of the tensors or take slower engines), or "auto": padded on
-# CUDA, per_head elsewhere (BENCHMARKS.md, issue #20).
+# multiples of 8 and otherwise pad copies of the tensors or take slower engines), or "auto": padded for
+# inference on CUDA, per_head otherwise (auto_head_layout; BENCHMARKS.md, issue #20).
 HEAD_LAYOUTS = ("auto", "grouped", "block_diagonal", "per_head", "padded")
 CHANNEL_MULTIPLE = 8
 MODEL_NAMES = ("EDSC_s", "EDSC_m")
@@ -160,6 +160,13 @@ def _head(in_channels: int, out_channels: int, sigmoid: bool = False) -> nn.Sequ
     return nn.Sequential(*layers)
 
 
+def auto_head_layout(device_type: str, grad_enabled: bool) -> str:
+    """What ``head_layout="auto"`` runs: "padded" for inference on CUDA, "per_head" otherwise. Measured
+    on the H200 (BENCHMARKS.md, issue #20): padding wins inference (most in half precision and
+    compiled), but not training, whose backward convolutions it made slower in float16."""
+    return "padded" if device_type == "cuda" and not grad_enabled else "per_head"
+
+
 def _round_up(channels: int) -> int:
     return -(-channels // CHANNEL_MULTIPLE) * CHANNEL_MULTIPLE
 
@@ -221,7 +228,7 @@ class EDSC(nn.Module):
             False: the original code's module-by-module composition. Also an attribute that can be
             switched at any time: both read the same parameters.
         head_layout: how the fused heads run: "auto" (the default: the layout measured fastest,
-            "padded" on CUDA and "per_head" elsewhere), "grouped", "block_diagonal", "per_head"
+            "padded" for inference on CUDA and "per_head" otherwise), "grouped", "block_diagonal", "per_head"
             (the heads one module at a time) or "padded" (one at a time, channel counts rounded up
             to multiples of 8); see ``HEAD_LAYOUTS`` and :meth:`fused_heads`.
     """
@@ -344,8 +351,9 @@ class EDSC(nn.Module):
         The outputs are channel slices (views) of those last convolutions: kernels
         (vertical1, horizontal1, vertical2, horizontal2) and offsets and masks (offset1x, offset1y,
         mask1, offset2x, offset2y, mask2); the masks' sigmoid makes new tensors, as the modules do.
-        ``head_layout="per_head"`` (what "auto" runs on the CPU) runs :meth:`unfused_heads` instead,
-        and ``"padded"`` (what "auto" runs on CUDA) :meth:`padded_heads`.
+        ``head_layout="per_head"`` (what "auto" runs on the CPU and for training) runs
+        :meth:`unfused_heads` instead, and ``"padded"`` (what "auto" runs for inference on CUDA)
+        :meth:`padded_heads`.
         """
         layout = self._layout(combine)
         if layout == "per_head":
@@ -402,10 +410,10 @@ class EDSC(nn.Module):
         return frame1, frame2, _padded_head(self.moduleBias, combine) if self.use_bias else None
 
     def _layout(self, x: Tensor) -> str:
-        """The head layout that runs on ``x``'s device ("auto" resolved)."""
+        """The head layout that runs on ``x`` now ("auto" resolved by :func:`auto_head_layout`)."""
         if self.head_layout != "auto":
             return self.head_layout
-        return "padded" if x.device.type == "cuda" else "per_head"
+        return auto_head_layout(x.device.type, torch.is_grad_enabled())
 
     def _first_layer_weight(self, weight: Tensor, reads: int) -> Tensor:
         """A head's first-layer weight over the fused input (EDSC_m: feature, t, 1 - t)."""

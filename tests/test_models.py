@@ -30,6 +30,7 @@ from edsc_ext.models import (
     EDSC_m,
     EDSC_s,
     HetConv2d,
+    auto_head_layout,
     block_diagonal,
     load_checkpoint,
     pad_to_multiple,
@@ -288,6 +289,16 @@ def test_auto_head_layout_runs_the_heads_one_by_one_on_the_cpu(gen):
         fused, unfused = model.fused_heads(combine, 0.3), model.unfused_heads(combine, 0.3)
     for a, b in zip([*fused[0], *fused[1], fused[2]], [*unfused[0], *unfused[1], unfused[2]]):
         assert torch.equal(a, b)
+
+
+def test_auto_head_layout_pads_for_cuda_inference_only():
+    assert auto_head_layout("cuda", grad_enabled=False) == "padded"
+    assert auto_head_layout("cuda", grad_enabled=True) == "per_head"
+    assert auto_head_layout("cpu", grad_enabled=False) == "per_head"
+    model = EDSC_s()
+    assert model._layout(torch.empty(0)) == "per_head"
+    model.head_layout = "padded"
+    assert model._layout(torch.empty(0)) == "padded"
 
 
 def _recorded_conv_channels(model, *args):
