@@ -1,5 +1,5 @@
 // Shared by the CPU backend's translation units (deform_sepconv_forward_cpu.cpp,
-// deform_sepconv_backward_cpu.cpp): the dispatch of a call to its compiled variant, the
+// deform_sepconv_backward_loops_cpu.h): the dispatch of a call to its compiled variant, the
 // instruction-set switch their parallel loops run under, and the loop constants.
 #pragma once
 
@@ -16,15 +16,27 @@
 namespace edsc_ext {
 namespace {
 
-// Runs `body` (a lambda) instantiated for the call's dtypes (the frame's scalar_t, the per-pixel
-// tensors' param_t, accumulating in acc_t), index width (index_t), memory layout (kChannelsLast)
-// and kernel size (kKernelH, kKernelW); `t` is the call's DeformSepconvTensors.
-#define EDSC_DISPATCH_CPU_CALL(name, t, kernel_h, kernel_w, ...)                                                    \
-  EDSC_DISPATCH_FRAME_AND_PARAM_TYPES((t).input.scalar_type(), (t).param_dtype, name, [&] {                         \
-    using acc_t = at::opmath_type<scalar_t>;                                                                        \
-    EDSC_DISPATCH_INDEX_TYPE((t).use_32bit_indexing, [&] {                                                          \
-      EDSC_DISPATCH_LAYOUT((t).channels_last, [&] { EDSC_DISPATCH_KERNEL_SIZE(kernel_h, kernel_w, __VA_ARGS__); }); \
-    });                                                                                                             \
+// Runs `body` (a lambda) instantiated for the call's memory layout (kChannelsLast), index width
+// (index_t) and kernel size (kKernelH, kKernelW; 0 for run-time sizes); `t` is the call's
+// DeformSepconvTensors. Only 32-bit-index calls get the static 5x5 variant: calls past 2^31 elements
+// are rare on the CPU, and each variant is another compile of every kernel.
+#define EDSC_DISPATCH_CPU_SHAPE(t, kernel_h, kernel_w, ...)              \
+  EDSC_DISPATCH_LAYOUT((t).channels_last, [&] {                          \
+    if ((t).use_32bit_indexing) {                                        \
+      using index_t = int32_t;                                           \
+      return EDSC_DISPATCH_KERNEL_SIZE(kernel_h, kernel_w, __VA_ARGS__); \
+    }                                                                    \
+    using index_t = int64_t;                                             \
+    constexpr int kKernelH = 0, kKernelW = 0;                            \
+    return __VA_ARGS__();                                                \
+  })
+
+// As EDSC_DISPATCH_CPU_SHAPE, and for the call's dtypes too (the frame's scalar_t, the per-pixel
+// tensors' param_t, accumulating in acc_t).
+#define EDSC_DISPATCH_CPU_CALL(name, t, kernel_h, kernel_w, ...)                            \
+  EDSC_DISPATCH_FRAME_AND_PARAM_TYPES((t).input.scalar_type(), (t).param_dtype, name, [&] { \
+    using acc_t = at::opmath_type<scalar_t>;                                                \
+    EDSC_DISPATCH_CPU_SHAPE(t, kernel_h, kernel_w, __VA_ARGS__);                            \
   })
 
 // Instruction sets: the wheels target the x86-64 baseline (SSE2), which leaves the sampling math

@@ -13,7 +13,7 @@ namespace {
 // (kCpuTasks) when the batch is small, as long as their scratch planes fit the budget; where they
 // do not, fewer bands still beat the two-pass backward if they outnumber the channels (its tasks).
 // The split depends on the shape and budget alone, so the result does not depend on the thread
-// count (deform_sepconv_backward_cpu.cpp).
+// count (deform_sepconv_backward_loops_cpu.h).
 int64_t cpu_backward_bands(const DeformSepconvCall& c, int64_t scratch_bytes) {
   const int64_t image_bytes = c.channels * c.height_in * c.width_in * (c.element_size == 8 ? 8 : 4);  // acc_t
   const int64_t wanted =

@@ -1,0 +1,11 @@
+// The CPU backward for bfloat16 (deform_sepconv_backward_loops_cpu.h).
+#include "deform_sepconv_backward_loops_cpu.h"
+
+namespace edsc_ext {
+
+template void run_deform_sepconv_backward_cpu<c10::BFloat16, c10::BFloat16>(const DeformSepconvTensors&,
+                                                                            const DeformSepconvConfig&,
+                                                                            const CpuBackwardPlan&,
+                                                                            DeformSepconvGrads&);
+
+}  // namespace edsc_ext

@@ -1,0 +1,17 @@
+// The CPU backward's per-dtype-pair entry (deform_sepconv_backward_cpu.cpp dispatches to it). Its
+// definition (deform_sepconv_backward_loops_cpu.h) is compiled once per pair, each in a unit of its own
+// (deform_sepconv_backward_<frame>[_<per-pixel>]_cpu.cpp), so that a build compiles them in parallel.
+#pragma once
+
+#include "deform_sepconv_plan.h"
+#include "edsc_ext/ops.h"
+
+namespace edsc_ext {
+
+// Fills `grads` (allocate_deform_sepconv_grads) as `plan` (plan_cpu_backward) says, for a frame of
+// scalar_t and per-pixel tensors of param_t.
+template <typename scalar_t, typename param_t>
+void run_deform_sepconv_backward_cpu(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
+                                     const CpuBackwardPlan& plan, DeformSepconvGrads& grads);
+
+}  // namespace edsc_ext

@@ -1,0 +1,10 @@
+// The CPU backward for float16 (deform_sepconv_backward_loops_cpu.h).
+#include "deform_sepconv_backward_loops_cpu.h"
+
+namespace edsc_ext {
+
+template void run_deform_sepconv_backward_cpu<c10::Half, c10::Half>(const DeformSepconvTensors&,
+                                                                    const DeformSepconvConfig&, const CpuBackwardPlan&,
+                                                                    DeformSepconvGrads&);
+
+}  // namespace edsc_ext

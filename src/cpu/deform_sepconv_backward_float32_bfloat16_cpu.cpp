@@ -1,0 +1,10 @@
+// The CPU backward for a float32 frame with bfloat16 per-pixel tensors (deform_sepconv_backward_loops_cpu.h).
+#include "deform_sepconv_backward_loops_cpu.h"
+
+namespace edsc_ext {
+
+template void run_deform_sepconv_backward_cpu<float, c10::BFloat16>(const DeformSepconvTensors&,
+                                                                    const DeformSepconvConfig&, const CpuBackwardPlan&,
+                                                                    DeformSepconvGrads&);
+
+}  // namespace edsc_ext
