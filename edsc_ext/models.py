@@ -176,6 +176,12 @@ def _memory_format(x: Tensor) -> torch.memory_format:
         else torch.contiguous_format
 
 
+def _zero_channels(x: Tensor, count: int) -> Tensor:
+    """``count`` zero channels of ``x``'s batch, size, dtype and memory format, to concatenate with it."""
+    n, _, h, w = x.shape
+    return torch.empty((n, count, h, w), dtype=x.dtype, device=x.device, memory_format=_memory_format(x)).zero_()
+
+
 def _padded_conv(x: Tensor, conv: nn.Conv2d, out_channels: int) -> Tensor:
     """``conv`` on ``x`` (which may carry zero channels past the conv's inputs), its weight zero-padded
     to ``x``'s channels and ``out_channels`` outputs."""
@@ -301,14 +307,12 @@ class EDSC(nn.Module):
     def features(self, first: Tensor, second: Tensor) -> Tensor:
         """The U-Net: the 64-channel half-resolution feature the heads read. With the "padded" layout
         (see ``head_layout``) the first convolution reads the two frames' 6 channels and 2 zero ones."""
-        x = torch.cat([first, second], 1)
-        if self.fused and self._layout(x) == "padded":
-            n, c, h, w = x.shape
-            zeros = x.new_zeros((n, _round_up(c) - c, h, w)).contiguous(memory_format=_memory_format(x))
-            x = torch.cat([x, zeros], 1)
+        if self.fused and self._layout(first) == "padded":
+            c = first.shape[1] + second.shape[1]
+            x = torch.cat([first, second, _zero_channels(first, _round_up(c) - c)], 1)
             conv1 = self.moduleConv1[1:](_padded_conv(x, self.moduleConv1[0], self.moduleConv1[0].out_channels))
         else:
-            conv1 = self.moduleConv1(x)
+            conv1 = self.moduleConv1(torch.cat([first, second], 1))
         conv2 = self.moduleConv2(F.avg_pool2d(conv1, 2))
         conv3 = self.moduleConv3(F.avg_pool2d(conv2, 2))
         conv4 = self.moduleConv4(F.avg_pool2d(conv3, 2))
@@ -397,11 +401,9 @@ class EDSC(nn.Module):
         outputs, channel slices of the last convolutions, equal the unfused heads'."""
         if self.multiple:
             # [feature, t, zeros]: 65 channels rounded up, built once per frame.
-            n, c, h, w = combine.shape
-            extra = _round_up(c + 1) - c - 1
-            fmt = _memory_format(combine)
-            t = self._time_map(time, combine).contiguous(memory_format=fmt)
-            zeros = combine.new_zeros((n, extra, h, w)).contiguous(memory_format=fmt)
+            c = combine.shape[1]
+            t = self._time_map(time, combine).contiguous(memory_format=_memory_format(combine))
+            zeros = _zero_channels(combine, _round_up(c + 1) - c - 1)
             in1, in2 = torch.cat([combine, t, zeros], 1), torch.cat([combine, 1 - t, zeros], 1)
         else:
             in1 = in2 = combine
