@@ -46,6 +46,10 @@ class KernelPolicy:
             footprints too large for shared memory or tensors that need 64-bit indices).
         warp_staging: CUDA, channels_last 5x5 backward: the per-pixel values are staged through
             shared memory a warp at a time; False reads them in place.
+        vector_loads: CUDA, channels_last forward of a multiple of 4 channels in the
+            one-thread-per-(pixel, channel block) kernel (many channels, mixed precision): each
+            bilinear corner's block of 4 channels is read with one vector load; False reads them one
+            by one.
         cpu_scratch_mb: CPU backward: megabytes of scratch planes that may be used to split one
             image over threads; beyond it (or at 0) the input gradient takes a slower pass per
             (image, channel block) instead.
@@ -60,6 +64,7 @@ class KernelPolicy:
     prefetch: bool = True
     input_grad_tile: bool = True
     warp_staging: bool = True
+    vector_loads: bool = True
     cpu_scratch_mb: int = 256
     cpu_isa: str = "auto"
 
@@ -87,8 +92,8 @@ def current_kernel_policy() -> KernelPolicy:
 def _set(policy: KernelPolicy) -> None:
     global _current
     torch.ops.edsc_ext.set_kernel_policy(policy.grid_taps, policy.plain_forward, policy.prefetch,
-                                         policy.input_grad_tile, policy.warp_staging, policy.cpu_isa == "baseline",
-                                         policy.cpu_scratch_mb)
+                                         policy.input_grad_tile, policy.warp_staging, policy.vector_loads,
+                                         policy.cpu_isa == "baseline", policy.cpu_scratch_mb)
     _current = policy
 
 

@@ -95,15 +95,16 @@ std::vector<std::string> deform_sepconv_plan(const at::Tensor& input, const std:
 }
 
 void set_kernel_policy_op(bool grid_taps, bool plain_forward, bool prefetch, bool input_grad_tile, bool warp_staging,
-                          bool cpu_baseline, int64_t cpu_scratch_mb) {
+                          bool vector_loads, bool cpu_baseline, int64_t cpu_scratch_mb) {
   TORCH_CHECK_VALUE(cpu_scratch_mb >= 0, "cpu_scratch_mb must be >= 0, got ", cpu_scratch_mb);
-  set_kernel_policy({grid_taps, plain_forward, prefetch, input_grad_tile, warp_staging, cpu_baseline, cpu_scratch_mb});
+  set_kernel_policy(
+      {grid_taps, plain_forward, prefetch, input_grad_tile, warp_staging, vector_loads, cpu_baseline, cpu_scratch_mb});
 }
 
-std::tuple<bool, bool, bool, bool, bool, bool, int64_t> get_kernel_policy_op() {
+std::tuple<bool, bool, bool, bool, bool, bool, bool, int64_t> get_kernel_policy_op() {
   const KernelPolicy p = kernel_policy();
-  return {p.grid_taps,    p.plain_forward, p.prefetch,      p.input_grad_tile,
-          p.warp_staging, p.cpu_baseline,  p.cpu_scratch_mb};
+  return {p.grid_taps,    p.plain_forward, p.prefetch,     p.input_grad_tile,
+          p.warp_staging, p.vector_loads,  p.cpu_baseline, p.cpu_scratch_mb};
 }
 
 }  // namespace
@@ -203,6 +204,7 @@ DeformSepconvCall describe_call(const DeformSepconvTensors& t, const DeformSepco
   for (const at::Tensor* per_pixel : {&t.vertical, &t.horizontal, &t.offset, &t.mask, &t.offset_dx}) {
     if (per_pixel->defined()) c.per_pixel_alignment = std::min(c.per_pixel_alignment, start_alignment(*per_pixel));
   }
+  c.input_alignment = start_alignment(t.input);
   c.offset_pairs_aligned = !c.has_offset || c.split_offsets || start_alignment(t.offset) % (2 * c.element_size) == 0;
   // A gradient is computed where it is asked for and has elements (allocate_deform_sepconv_grads).
   const at::Tensor* sources[5] = {&t.input, &t.vertical, &t.horizontal, &t.offset, &t.mask};
@@ -255,9 +257,9 @@ TORCH_LIBRARY(edsc_ext, m) {
       &deform_sepconv_plan);
   m.def(
       "set_kernel_policy(bool grid_taps, bool plain_forward, bool prefetch, bool input_grad_tile, bool warp_staging, "
-      "bool cpu_baseline, int cpu_scratch_mb) -> ()",
+      "bool vector_loads, bool cpu_baseline, int cpu_scratch_mb) -> ()",
       &set_kernel_policy_op);
-  m.def("get_kernel_policy() -> (bool, bool, bool, bool, bool, bool, int)", &get_kernel_policy_op);
+  m.def("get_kernel_policy() -> (bool, bool, bool, bool, bool, bool, bool, int)", &get_kernel_policy_op);
 }
 
 }  // namespace edsc_ext

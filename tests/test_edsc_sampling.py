@@ -248,7 +248,7 @@ def test_plans_of_split_offsets_and_edsc_mode(gen):
         # 2-byte NCHW with 4 channels: not the staged forward, whose copies are of (dy, dx) pairs.
         (torch.float16, 4, "contiguous", "pixels_prefetch", "tiled_prefetch"),
         # channels_last: not the lane-pair forward nor the warp-staged backward.
-        (F32, 3, "channels_last", "pixels", "tiled"),
+        (F32, 3, "channels_last", "pixels_rgb", "tiled"),
     ):
         fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
         case = make_inputs(2, channels, 12, 16, 5, 5, 2, 1, generator=gen).map(

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import edsc_ext
+from edsc_ext import reference
 from edsc_ext.ops import normalize_args
 
 from conftest import (
@@ -29,6 +30,7 @@ from conftest import (
     dtypes,
     forward_and_grads,
     make_inputs,
+    mixed,
     named,
     per_device,
     plans_of,
@@ -317,6 +319,68 @@ def test_channels_last_warp_staged(gen, request, channels, dtype, mode):
                     assert g is None and g0 is None or torch.equal(g, g0), f"grad of {name} differs between two runs"
 
 
+# The CUDA channels_last one-thread-per-(pixel, channel block) forward with whole blocks of 4
+# channels reads each bilinear corner's block with one vector load (kernel_policy(vector_loads=True),
+# the default): several blocks a pixel (8, 12 channels), one block (4 channels, which only the plain
+# forward or mixed precision sends here rather than to the lane pairs), the 5x5 specialisation and a
+# run-time kernel size with dilation, every padding mode (EDSC mode's doubled border samples
+# included), float32 and the half types, and float32 frames with bfloat16 per-pixel tensors; the
+# scalar loads (vector_loads=False) must agree, and both the float64 reference.
+@pytest.mark.cuda
+@requires_cuda
+@pytest.mark.parametrize("per_pixel", ["same", "bf16"])
+@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("config", [(2, 8, 9, 37, 5, 5, 2, 1), (1, 12, 10, 21, 3, 4, (1, 2), (2, 1)),
+                                    (2, 4, 7, 45, 5, 5, 2, 1)], ids=["c8-5x5", "c12-3x4-dil", "c4-5x5"])
+def test_channels_last_vector_loads(gen, config, dtype, per_pixel):
+    if per_pixel == "bf16" and dtype != F32:
+        pytest.skip("mixed precision takes a float32 frame")
+    as_cl = lambda t: t.contiguous(memory_format=torch.channels_last)  # noqa: E731
+    base = make_inputs(*config, dtype=F64, generator=gen, offset_scale=3)
+    case = (mixed(base, BF16, "cuda", "channels_last") if per_pixel == "bf16"
+            else base.map(lambda t: as_cl(t.to("cuda", dtype))))
+    grad_output = torch.randn(case.input.shape[:2] + normalize_args(*case.tensors, **case.kwargs).output_size,
+                              generator=gen, dtype=F64)
+    for padding_mode in PADDING_MODES + ("edsc",):
+        expected, expected_grads = reference_and_grads(case, padding_mode, grad_output)
+        for vector in (True, False):
+            # 4 channels of one dtype would take the lane-pair forward: the plain forward instead.
+            plain = config[1] == 4 and per_pixel == "same"
+            with edsc_ext.kernel_policy(vector_loads=vector, plain_forward=plain):
+                assert plans_of(case, padding_mode).forward == ("pixels_vectorized" if vector else "pixels"), (
+                    padding_mode, vector)
+                out, grads = forward_and_grads(OP, case, padding_mode, as_cl(grad_output))
+            assert out.is_contiguous(memory_format=torch.channels_last), out.stride()
+            what = f"{padding_mode} vector_loads={vector}"
+            assert_close(out, expected, dtype, what=what)
+            # Each gradient has its argument's dtype: the per-pixel ones bfloat16 in the mixed case.
+            assert_grads_close(grads, expected_grads, BF16 if per_pixel == "bf16" else dtype)
+
+
+# A channels_last frame that starts off a 16-byte boundary (a view into a larger buffer, used in
+# place) cannot take the vector loads: the planner sends it to the scalar ones; one that starts 16
+# bytes in takes them. The same results.
+@pytest.mark.cuda
+@requires_cuda
+@pytest.mark.parametrize("shift", [1, 4], ids=["off-16-bytes", "on-16-bytes"])
+def test_channels_last_vector_loads_frame_alignment(gen, shift):
+    case = make_inputs(2, 8, 9, 37, 5, 5, 2, 1, dtype=F32, device="cuda", generator=gen, offset_scale=3)
+    case = case.map(lambda t: t.contiguous(memory_format=torch.channels_last))
+    N, C, H, W = case.input.shape
+    storage = torch.zeros(N * H * W * C + shift, dtype=F32, device="cuda")
+    frame = storage[shift:].view(N, H, W, C).permute(0, 3, 1, 2)
+    frame.copy_(case.input)
+    assert frame.is_contiguous(memory_format=torch.channels_last)
+    assert (frame.data_ptr() % 16 == 0) == (shift == 4)
+    shifted = case.replace(input=frame)
+    # (plans_of would plan fresh copies, which the allocator aligns.)
+    plans = edsc_ext._plan(*shifted.tensors, **shifted.kwargs, padding_mode="border")
+    assert plans.forward == ("pixels_vectorized" if shift == 4 else "pixels"), plans
+    out = OP(*shifted.tensors, **shifted.kwargs, padding_mode="border")
+    assert_close(out, reference.deform_sepconv(*case.to(F64, "cpu").tensors, **case.kwargs, padding_mode="border"),
+                 F32)
+
+
 # The staged kernels read each tap's (dy, dx) as one aligned pair, and the channels_last forward
 # copies each warp's run of values in 16-byte pieces. A channels_last offset tensor that starts one
 # element past a pair boundary (a view into a larger buffer, used in place) cannot be read either
@@ -343,7 +407,7 @@ def test_channels_last_offset_off_pair_boundary(gen, dtype, shift):
     plans = edsc_ext._plan(leaves.input, leaves.vertical, leaves.horizontal, offset, leaves.mask, **case.kwargs,
                            padding_mode="zeros")
     # Off the pair boundary: the one-thread forward and the unstaged tile; else the unstaged lane pairs.
-    assert plans == (("pixels", "tiled") if shift == 1 else ("lane_pairs_rgb", "tiled_warp_staged_rgb")), plans
+    assert plans == (("pixels_rgb", "tiled") if shift == 1 else ("lane_pairs_rgb", "tiled_warp_staged_rgb")), plans
     out = OP(leaves.input, leaves.vertical, leaves.horizontal, offset, leaves.mask, **case.kwargs,
              padding_mode="zeros")
     grad_output = torch.randn(out.shape, generator=gen, dtype=F64)

@@ -25,21 +25,21 @@ CPU = CpuFacts(avx2=True, threads=2)
 CASES = {c.name: c for c in B.CASES}
 
 
-def meta_call(case: B.Case, dtype=F32, channels_last=False, channels=None, grads=True, **changes):
+def meta_call(case: B.Case, dtype=F32, channels_last=False, channels=None, grads=True, param_dtype=None, **changes):
     """(args, kwargs) of edsc_ext._plan for a benchmark case as meta tensors (every present tensor
-    requiring grad when ``grads``)."""
+    requiring grad when ``grads``; the per-pixel ones in ``param_dtype``, default ``dtype``)."""
     case = dataclasses.replace(case, **changes) if changes else case
     c = case.c if channels is None else channels
     hw = (case.h, case.w)
 
-    def tensor(*shape):
+    def tensor(*shape, dtype=param_dtype or dtype):
         t = torch.empty(*shape, device="meta", dtype=dtype)
         if channels_last:
             t = t.contiguous(memory_format=torch.channels_last)
         return t.requires_grad_(grads)
 
     taps = case.k * case.k
-    frame = tensor(case.n, c, case.h_in, case.w_in)
+    frame = tensor(case.n, c, case.h_in, case.w_in, dtype=dtype)
     v = tensor(case.n, case.k, *hw) if case.separable else None
     h = tensor(case.n, case.k, *hw) if case.separable else None
     offset = tensor(case.n, 2 * taps, *hw) if case.deformable else None
@@ -68,6 +68,10 @@ TABLE_CALLS = {
     "train f32 channels_last": (meta_call(TRAIN, channels_last=True), False),
     "train bf16 channels_last": (meta_call(TRAIN, BF16, channels_last=True), False),
     "feat f32 channels_last": (meta_call(FEAT, channels_last=True), False),
+    "feat bf16 channels_last": (meta_call(FEAT, BF16, channels_last=True), False),
+    "feat f64 channels_last": (meta_call(FEAT, F64, channels_last=True), False),
+    "feat f32+bf16 channels_last": (meta_call(FEAT, channels_last=True, param_dtype=BF16), False),
+    "train f32+f16 channels_last": (meta_call(TRAIN, channels_last=True, param_dtype=F16), False),
     "train f32 deterministic": (meta_call(TRAIN), True),
     "train f64 deterministic": (meta_call(TRAIN, F64), True),
     "train f32 channels_last deterministic": (meta_call(TRAIN, channels_last=True), True),
@@ -112,7 +116,11 @@ EXPECTED_PLANS = {
     'train f64': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
     'train f32 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'lane_pairs_rgb_staged', 'tiled_warp_staged_rgb'),
     'train bf16 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'lane_pairs_rgb_staged', 'tiled_warp_staged_rgb'),
-    'feat f32 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'pixels', 'nchw_copies+tiled_prefetch'),
+    'feat f32 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_vectorized', 'nchw_copies+tiled_prefetch'),
+    'feat bf16 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_vectorized', 'nchw_copies+tiled_prefetch'),
+    'feat f64 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'pixels', 'nchw_copies+tiled_prefetch'),
+    'feat f32+bf16 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_vectorized', 'nchw_copies+tiled_prefetch'),
+    'train f32+f16 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb', 'tiled'),
     'train f32 deterministic': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch+fixed_point'),
     'train f64 deterministic': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb_prefetch', 'pixels+fixed_point'),
     'train f32 channels_last deterministic': ('pixels/avx2', 'pixels_fused/avx2', 'lane_pairs_rgb_staged', 'tiled_warp_staged_rgb+fixed_point'),
@@ -154,7 +162,7 @@ POLICY_CASES = [
     ("plain_forward", True, meta_call(TRAIN, F16, channels=4), H200,
      ("staged", "tiled_prefetch"), ("pixels_prefetch", "tiled_prefetch")),
     ("plain_forward", True, meta_call(TRAIN, channels_last=True), H200,
-     ("lane_pairs_rgb_staged", "tiled_warp_staged_rgb"), ("pixels", "tiled_warp_staged_rgb")),
+     ("lane_pairs_rgb_staged", "tiled_warp_staged_rgb"), ("pixels_rgb", "tiled_warp_staged_rgb")),
     ("plain_forward", True, meta_call(SEPCONV), H200,
      ("grid_taps", "grid_taps_params+gather_input_grad"), ("pixels", "grid_taps_params+gather_input_grad")),
     ("prefetch", False, meta_call(TRAIN), H200,
@@ -163,6 +171,8 @@ POLICY_CASES = [
      ("pixels_rgb_prefetch", "tiled_rgb_prefetch"), ("pixels_rgb_prefetch", "pixels")),
     ("warp_staging", False, meta_call(TRAIN, channels_last=True), H200,
      ("lane_pairs_rgb_staged", "tiled_warp_staged_rgb"), ("lane_pairs_rgb_staged", "tiled")),
+    ("vector_loads", False, meta_call(FEAT, channels_last=True), H200,
+     ("pixels_vectorized", "nchw_copies+tiled_prefetch"), ("pixels", "nchw_copies+tiled_prefetch")),
     ("cpu_scratch_mb", 0, meta_call(CASES["infer"]), CPU,
      ("pixels/avx2", "pixels_fused/avx2"), ("pixels/avx2", "pixels_two_pass/avx2")),
     ("cpu_isa", "baseline", meta_call(TRAIN), CPU,
@@ -188,12 +198,12 @@ def test_policy_reaches_the_op():
     """The compiled op reads the policy the Python context set (one value for the process), and the
     block restores it, nested or left by an exception."""
     default = torch.ops.edsc_ext.get_kernel_policy()
-    assert default == (True, False, True, True, True, False, 256)
+    assert default == (True, False, True, True, True, True, False, 256)
     with edsc_ext.kernel_policy(grid_taps=False, cpu_scratch_mb=7):
-        assert torch.ops.edsc_ext.get_kernel_policy() == (False, False, True, True, True, False, 7)
-        with edsc_ext.kernel_policy(cpu_isa="baseline", grid_taps=True):
-            assert torch.ops.edsc_ext.get_kernel_policy() == (True, False, True, True, True, True, 7)
-        assert torch.ops.edsc_ext.get_kernel_policy() == (False, False, True, True, True, False, 7)
+        assert torch.ops.edsc_ext.get_kernel_policy() == (False, False, True, True, True, True, False, 7)
+        with edsc_ext.kernel_policy(cpu_isa="baseline", grid_taps=True, vector_loads=False):
+            assert torch.ops.edsc_ext.get_kernel_policy() == (True, False, True, True, True, False, True, 7)
+        assert torch.ops.edsc_ext.get_kernel_policy() == (False, False, True, True, True, True, False, 7)
         with pytest.raises(RuntimeError, match="inside"):
             with edsc_ext.kernel_policy(plain_forward=True):
                 raise RuntimeError("inside")

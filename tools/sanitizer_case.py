@@ -48,6 +48,11 @@ def run_every_path() -> None:
                 cl = [t.detach().contiguous(memory_format=torch.channels_last).requires_grad_() for t in ts]
                 out = edsc_ext.deform_sepconv(*cl, padding=pad, dilation=dil, padding_mode=mode)
                 out.sum().backward()
+                # channels_last with 8 channels: whole blocks of 4, each corner's block read with one
+                # vector load (float32 and the half types), the far offsets' corners outside included.
+                wide = torch.cat([cl[0].detach()] * 2, 1)[:, :8].contiguous(memory_format=torch.channels_last)
+                edsc_ext.deform_sepconv(wide.requires_grad_(), *cl[1:], padding=pad, dilation=dil,
+                                        padding_mode=mode).sum().backward()
                 # NCHW with 3 channels: one channel block, where the float32 forward prefetches each
                 # warp's per-pixel values (11 x 13 outputs: warps straddle the two images).
                 rgb = ts[0].detach()[:, :3].contiguous().requires_grad_()

@@ -123,6 +123,28 @@ struct HorizontalWeights {
   }
 };
 
+// kCount adjacent values (a pixel's block of channels in channels_last memory) as one object, so
+// that an aligned block is read with one vector load (on the GPU, kCount * sizeof(scalar_t) <= 16
+// bytes) instead of kCount.
+template <typename scalar_t, int kCount>
+struct alignas(sizeof(scalar_t) * kCount) ValueBlock {
+  scalar_t v[kCount];
+};
+
+// The kCount channels of one corner (0 outside the image) with one load; `at` must be aligned to
+// the block's size.
+template <int kCount, typename acc_t, typename scalar_t>
+EDSC_HOST_DEVICE void load_corner_block(bool inside, const scalar_t* at, acc_t (&out)[kCount]) {
+  if (inside) {
+    const ValueBlock<scalar_t, kCount> block = *reinterpret_cast<const ValueBlock<scalar_t, kCount>*>(at);
+    EDSC_UNROLL
+    for (int k = 0; k < kCount; ++k) out[k] = static_cast<acc_t>(block.v[k]);
+  } else {
+    EDSC_UNROLL
+    for (int k = 0; k < kCount; ++k) out[k] = acc_t(0);
+  }
+}
+
 // Adds one tap, weight w at input position (py, px), to the accumulators of the block's first
 // `block` channels (planes at in + cc * plane, plane = input_channel_stride), and returns whether
 // the position was finite. A non-finite one makes every channel's output NaN: by a branch around
@@ -130,8 +152,10 @@ struct HorizontalWeights {
 // the taps straight-line code. On the H200 straight-line taps won where the channel count is a
 // compile-time constant (RGB) and lost where a run-time channel count leaves a branch per channel
 // anyway (BENCHMARKS.md, "Measurements behind the kernel choices").
-template <int kChannelBlock, bool kChannelsLast, bool kBranchFree, typename scalar_t, typename acc_t, typename index_t,
-          typename param_t>
+// kVectorLoads (channels_last; the caller guarantees a whole block, `in` aligned to it): each
+// corner's kChannelBlock channels in one load (load_corner_block).
+template <int kChannelBlock, bool kChannelsLast, bool kBranchFree, bool kVectorLoads = false, typename scalar_t,
+          typename acc_t, typename index_t, typename param_t>
 EDSC_HOST_DEVICE bool accumulate_tap(const DeformSepconvParams<scalar_t, index_t, param_t>& p, const scalar_t* in,
                                      index_t plane, int block, acc_t w, acc_t py, acc_t px,
                                      acc_t (&acc)[kChannelBlock]) {
@@ -146,9 +170,22 @@ EDSC_HOST_DEVICE bool accumulate_tap(const DeformSepconvParams<scalar_t, index_t
       return false;
     }
   }
-  EDSC_UNROLL
-  for (int cc = 0; cc < kChannelBlock; ++cc) {
-    if (cc < block) acc[cc] += w * interpolate(s, load_corners<acc_t>(s, in + cc * plane));
+  if constexpr (kVectorLoads) {
+    static_assert(kChannelsLast, "vector loads read a pixel's adjacent channels");
+    acc_t v00[kChannelBlock], v01[kChannelBlock], v10[kChannelBlock], v11[kChannelBlock];
+    load_corner_block(s.y.lo_in && s.x.lo_in, in + s.offset_of(0, 0), v00);
+    load_corner_block(s.y.lo_in && s.x.hi_in, in + s.offset_of(0, 1), v01);
+    load_corner_block(s.y.hi_in && s.x.lo_in, in + s.offset_of(1, 0), v10);
+    load_corner_block(s.y.hi_in && s.x.hi_in, in + s.offset_of(1, 1), v11);
+    EDSC_UNROLL
+    for (int cc = 0; cc < kChannelBlock; ++cc) {
+      acc[cc] += w * interpolate(s, Corners<acc_t>{v00[cc], v01[cc], v10[cc], v11[cc]});
+    }
+  } else {
+    EDSC_UNROLL
+    for (int cc = 0; cc < kChannelBlock; ++cc) {
+      if (cc < block) acc[cc] += w * interpolate(s, load_corners<acc_t>(s, in + cc * plane));
+    }
   }
   return s.finite;
 }
@@ -238,9 +275,10 @@ struct GlobalPixelValues {
 
 // out[n, c0 : c0 + kChannelBlock, y, x]. The sampling positions and weights of each tap are
 // computed once and reused for the block of channels. `values`: see GlobalPixelValues;
-// kBranchFree: see accumulate_tap.
+// kBranchFree, kVectorLoads: see accumulate_tap.
 template <int kChannelBlock, int kKernelH, int kKernelW, bool kChannelsLast, typename scalar_t, typename acc_t,
-          typename index_t, typename PixelValues, bool kBranchFree = false, typename param_t = scalar_t>
+          typename index_t, typename PixelValues, bool kBranchFree = false, bool kVectorLoads = false,
+          typename param_t = scalar_t>
 EDSC_HOST_DEVICE void deform_sepconv_forward_pixel_with(const DeformSepconvParams<scalar_t, index_t, param_t>& p,
                                                         PixelValues& values, scalar_t* output, index_t n, index_t y,
                                                         index_t x, index_t c0) {
@@ -279,7 +317,8 @@ EDSC_HOST_DEVICE void deform_sepconv_forward_pixel_with(const DeformSepconvParam
           py += values.template offset_value<acc_t>(j, t, 0);
           px += values.template offset_value<acc_t>(j, t, 1);
         }
-        finite &= accumulate_tap<kChannelBlock, kChannelsLast, kBranchFree>(p, in, plane, block, w, py, px, acc);
+        finite &= accumulate_tap<kChannelBlock, kChannelsLast, kBranchFree, kVectorLoads>(p, in, plane, block, w, py,
+                                                                                          px, acc);
       }
     }
     values.end_row(i);
@@ -296,13 +335,13 @@ EDSC_HOST_DEVICE void deform_sepconv_forward_pixel_with(const DeformSepconvParam
 
 // The same, reading the per-pixel tensors from global memory.
 template <int kChannelBlock, int kKernelH, int kKernelW, bool kChannelsLast, typename scalar_t, typename acc_t,
-          typename index_t, bool kBranchFree = false, typename param_t = scalar_t>
+          typename index_t, bool kBranchFree = false, bool kVectorLoads = false, typename param_t = scalar_t>
 EDSC_HOST_DEVICE void deform_sepconv_forward_pixel(const DeformSepconvParams<scalar_t, index_t, param_t>& p,
                                                    scalar_t* output, index_t n, index_t y, index_t x, index_t c0) {
   using Values = GlobalPixelValues<kChannelsLast, scalar_t, index_t, param_t>;
   Values values(p, n, y * p.width_out + x, kernel_extent<kKernelH>(p.kernel_h), kernel_extent<kKernelW>(p.kernel_w));
   deform_sepconv_forward_pixel_with<kChannelBlock, kKernelH, kKernelW, kChannelsLast, scalar_t, acc_t, index_t, Values,
-                                    kBranchFree>(p, values, output, n, y, x, c0);
+                                    kBranchFree, kVectorLoads>(p, values, output, n, y, x, c0);
 }
 
 // Backward of one output pixel, recomputing each tap's sample once:

@@ -24,6 +24,9 @@ struct KernelPolicy {
   bool input_grad_tile = true;
   // CUDA, channels_last 5x5 backward: per-pixel values staged through shared memory a warp at a time.
   bool warp_staging = true;
+  // CUDA, channels_last per-pixel forward of a multiple of 4 channels: each bilinear corner's block
+  // of 4 channels in one vector load; false loads them one by one.
+  bool vector_loads = true;
   // CPU: the baseline (x86-64 SSE2) loops even where torch reports AVX2 or better.
   bool cpu_baseline = false;
   // CPU backward: megabytes of scratch planes for splitting one image over threads; beyond it (or
@@ -33,7 +36,8 @@ struct KernelPolicy {
   bool operator==(const KernelPolicy& other) const {
     return grid_taps == other.grid_taps && plain_forward == other.plain_forward && prefetch == other.prefetch &&
            input_grad_tile == other.input_grad_tile && warp_staging == other.warp_staging &&
-           cpu_baseline == other.cpu_baseline && cpu_scratch_mb == other.cpu_scratch_mb;
+           vector_loads == other.vector_loads && cpu_baseline == other.cpu_baseline &&
+           cpu_scratch_mb == other.cpu_scratch_mb;
   }
 };
 

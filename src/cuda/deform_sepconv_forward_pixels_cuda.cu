@@ -1,9 +1,10 @@
 // CUDA forward, one thread per (n, block of kPixelChannelBlock channels, output pixel), compiled
 // for each memory layout, with consecutive threads on adjacent memory (x fastest in NCHW, the
 // channel block in channels_last): the kernel of every call no specialised kernel takes
-// (plan_cuda_forward). In NCHW with 5x5 kernels, exactly 3 channels (RGB) make the channel count a
-// compile-time constant, which leaves no branch in a tap (accumulate_tap), and with one channel
-// block each warp first prefetches its per-pixel values into L2 (prefetched_pixel_values.cuh).
+// (plan_cuda_forward). With 5x5 kernels, exactly 3 channels (RGB) make the channel count a
+// compile-time constant, which leaves no branch in a tap (accumulate_tap); in NCHW with one channel
+// block each warp first prefetches its per-pixel values into L2 (prefetched_pixel_values.cuh); in
+// channels_last whole blocks of channels load a corner as one vector.
 #include "deform_sepconv_forward_cuda.cuh"
 #include "prefetched_pixel_values.cuh"
 
@@ -23,15 +24,17 @@ constexpr int min_blocks_per_multiprocessor() {
 // kPrefetch (NCHW, 5x5, one block of channels, 32-bit indices): each warp first prefetches all its
 // pixels' per-pixel values into L2 (prefetched_pixel_values.cuh). kExactBlock: the call has exactly
 // kChannelBlock channels (RGB); knowing that at compile time removes a branch per channel and tap.
+// kVectorLoads (channels_last, whole aligned blocks): accumulate_tap's one load a corner.
 // A minimum of 0 blocks leaves the register budget to the compiler.
 template <int kChannelBlock, int kKernelH, int kKernelW, bool kChannelsLast, bool kPrefetch, bool kExactBlock,
-          typename scalar_t, typename index_t, typename param_t>
+          bool kVectorLoads, typename scalar_t, typename index_t, typename param_t>
 __global__ void __launch_bounds__(kThreadsPerBlock, (min_blocks_per_multiprocessor<scalar_t, index_t>()))
     deform_sepconv_forward_cuda_kernel(const DeformSepconvParams<scalar_t, index_t, param_t> params,
                                        scalar_t* __restrict__ output, int64_t work_items) {
   static_assert(
       !kPrefetch || (!kChannelsLast && kKernelH == kKernelW && kKernelH > 0 && std::is_same_v<index_t, int32_t>),
       "prefetch: NCHW, static square kernels, 32-bit indices");
+  static_assert(!kVectorLoads || (kChannelsLast && !kExactBlock), "vector loads: channels_last, whole blocks");
   decltype(auto) p = with_exact_block<kExactBlock, kChannelBlock>(params);
   using acc_t = at::opmath_type<scalar_t>;
   const index_t hw = p.height_out * p.width_out;
@@ -61,8 +64,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock, (min_blocks_per_multiprocess
     }
     // Straight-line taps where the channel count is a constant (accumulate_tap says why).
     deform_sepconv_forward_pixel<kChannelBlock, kKernelH, kKernelW, kChannelsLast, scalar_t, acc_t, index_t,
-                                 /*kBranchFree=*/kExactBlock>(p, output, n, pixel / p.width_out, pixel % p.width_out,
-                                                              c0);
+                                 /*kBranchFree=*/kExactBlock, kVectorLoads>(p, output, n, pixel / p.width_out,
+                                                                            pixel % p.width_out, c0);
   }
 }
 
@@ -84,22 +87,36 @@ void launch_pixels_forward(const DeformSepconvTensors& t, const DeformSepconvCon
             kernel<<<blocks_for(work_items), kThreadsPerBlock, 0, stream>>>(p, out, work_items);
             C10_CUDA_KERNEL_LAUNCH_CHECK();
           };
-          if constexpr (!kChannelsLast && kKernelH == kSpecializedKernel && kKernelW == kSpecializedKernel &&
-                        std::is_same_v<index_t, int32_t>) {
+          constexpr bool kSpecialized =
+              kKernelH == kSpecializedKernel && kKernelW == kSpecializedKernel && std::is_same_v<index_t, int32_t>;
+          if constexpr (kSpecialized && !kChannelsLast) {
             if (plan.exact_rgb) {  // RGB: the channel count as a constant
               return plan.prefetch
                          ? launch(deform_sepconv_forward_cuda_kernel<3, kKernelH, kKernelW, kChannelsLast, true, true,
-                                                                     scalar_t, index_t, param_t>)
+                                                                     false, scalar_t, index_t, param_t>)
                          : launch(deform_sepconv_forward_cuda_kernel<3, kKernelH, kKernelW, kChannelsLast, false, true,
-                                                                     scalar_t, index_t, param_t>);
+                                                                     false, scalar_t, index_t, param_t>);
             }
             if (plan.prefetch) {
               return launch(deform_sepconv_forward_cuda_kernel<kPixelChannelBlock, kKernelH, kKernelW, kChannelsLast,
-                                                               true, false, scalar_t, index_t, param_t>);
+                                                               true, false, false, scalar_t, index_t, param_t>);
+            }
+          }
+          if constexpr (kSpecialized && kChannelsLast) {
+            if (plan.exact_rgb) {
+              return launch(deform_sepconv_forward_cuda_kernel<3, kKernelH, kKernelW, kChannelsLast, false, true, false,
+                                                               scalar_t, index_t, param_t>);
+            }
+          }
+          // Vector loads of at most 16 bytes: float32 and the half types (the planner's condition).
+          if constexpr (kChannelsLast && std::is_same_v<index_t, int32_t> && sizeof(scalar_t) <= 4) {
+            if (plan.vector_loads) {
+              return launch(deform_sepconv_forward_cuda_kernel<kPixelChannelBlock, kKernelH, kKernelW, kChannelsLast,
+                                                               false, false, true, scalar_t, index_t, param_t>);
             }
           }
           launch(deform_sepconv_forward_cuda_kernel<kPixelChannelBlock, kKernelH, kKernelW, kChannelsLast, false, false,
-                                                    scalar_t, index_t, param_t>);
+                                                    false, scalar_t, index_t, param_t>);
         });
       });
     });

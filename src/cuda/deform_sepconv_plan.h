@@ -125,6 +125,7 @@ struct CudaForwardPlan {
   bool staged_values = false;  // kLanePairs: each warp's per-pixel values through shared memory
   bool exact_rgb = false;      // kLanePairs, kPixels: exactly 3 channels, a compile-time constant
   bool prefetch = false;       // kPixels: each warp prefetches its per-pixel values into L2
+  bool vector_loads = false;   // kPixels, channels_last: a corner's kPixelChannelBlock channels in one load
 };
 
 enum class CudaBackwardKernel {

@@ -99,11 +99,17 @@ CudaForwardPlan plan_cuda_forward(const DeformSepconvCall& c, const CudaDeviceFa
     return plan;
   }
   plan.kernel = CudaForwardKernel::kPixels;
+  if (specialized) plan.exact_rgb = c.channels == 3;
   if (specialized && !c.channels_last) {
-    plan.exact_rgb = c.channels == 3;
     // With more channel blocks the warps of different blocks would prefetch the same lines.
     plan.prefetch = policy.prefetch && c.channels <= kPixelChannelBlock;
   }
+  // In channels_last a pixel's channels are adjacent: whole blocks of them, aligned (every block
+  // starts a multiple of kPixelChannelBlock elements into the frame), load as one vector of at most
+  // 16 bytes; the many-channel forward was bound by the L1 load instructions (BENCHMARKS.md).
+  plan.vector_loads = policy.vector_loads && c.channels_last && c.channels % kPixelChannelBlock == 0 &&
+                      c.element_size <= 4 && c.use_32bit_indexing &&
+                      c.input_alignment >= kPixelChannelBlock * c.element_size;
   return plan;
 }
 
@@ -194,7 +200,8 @@ std::string plan_name(const CudaForwardPlan& plan) {
     case CudaForwardKernel::kLanePairs:
       return std::string("lane_pairs") + (plan.exact_rgb ? "_rgb" : "") + (plan.staged_values ? "_staged" : "");
     case CudaForwardKernel::kPixels:
-      return std::string("pixels") + (plan.exact_rgb ? "_rgb" : "") + (plan.prefetch ? "_prefetch" : "");
+      return std::string("pixels") + (plan.exact_rgb ? "_rgb" : "") + (plan.vector_loads ? "_vectorized" : "") +
+             (plan.prefetch ? "_prefetch" : "");
   }
   return "unknown";
 }
