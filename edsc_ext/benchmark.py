@@ -367,8 +367,12 @@ def _impl_call(impl: str, case: Case, tensors) -> tuple:
         present = [t for t in tensors if t is not None]
         return (lambda *ts: deform_sepconv_grid_sample(*_fill(tensors, ts), **kwargs)), present
     if impl == "compat":
-        dy = offset[:, 0::2].detach().contiguous().requires_grad_(offset.requires_grad)
-        dx = offset[:, 1::2].detach().contiguous().requires_grad_(offset.requires_grad)
+        # EDSC's two offset tensors in the memory format of the rest (a channels_last run would
+        # otherwise time the op's copies of NCHW offsets into the frame's layout).
+        nhwc = offset.is_contiguous(memory_format=torch.channels_last) and not offset.is_contiguous()
+        fmt = torch.channels_last if nhwc else torch.contiguous_format
+        dy = offset[:, 0::2].detach().contiguous(memory_format=fmt).requires_grad_(offset.requires_grad)
+        dx = offset[:, 1::2].detach().contiguous(memory_format=fmt).requires_grad_(offset.requires_grad)
         return (lambda f, vv, hh, oy, ox, m: compat_deform_sepconv(f, vv, hh, oy, ox, m, padding=case.padding),
                 [frame, v, h, dy, dx, mask])
     if impl == "deform_conv2d":

@@ -118,6 +118,20 @@ def test_peers_are_checked_and_skipped_where_they_do_not_apply(monkeypatch):
     assert status == ("ok" if tv else "n/a"), status
 
 
+@pytest.mark.parametrize("impl", ["edsc_ext", "compat"])
+def test_peer_inputs_keep_the_memory_format(impl):
+    """Under --channels-last a peer's prepared inputs (EDSC's two offset tensors included) are
+    channels_last too, so the timed call makes no layout copies."""
+    case = next(c for c in benchmark.CPU_CASES if c.name == "train").tiny()
+    gen = torch.Generator().manual_seed(0)
+    per_pixel = [case.k, case.k, 2 * case.k * case.k, case.k * case.k]
+    shapes = [(case.n, case.c, case.h_in, case.w_in)] + [(case.n, k, case.h, case.w) for k in per_pixel]
+    tensors = [torch.randn(s, generator=gen).contiguous(memory_format=torch.channels_last) for s in shapes]
+    _, inputs = benchmark._impl_call(impl, case, tensors)
+    for t in inputs:
+        assert t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous(), (impl, t.shape, t.stride())
+
+
 def test_peer_check_catches_a_wrong_peer(monkeypatch):
     case = benchmark.CPU_CASES[0]
     real = benchmark._impl_call
