@@ -51,6 +51,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import gc
 import json
@@ -837,6 +838,32 @@ def plot(rows: Sequence[dict], path: str, metric: str = "pct_floor") -> bool:
 # Command line
 
 
+def _parse_policy(parser: argparse.ArgumentParser, items: Sequence[str]) -> Dict[str, object]:
+    """KEY=VALUE items as keywords of edsc_ext.kernel_policy, typed by the KernelPolicy field."""
+    fields = {f.name: f for f in dataclasses.fields(edsc_ext.KernelPolicy)}
+    policy: Dict[str, object] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or key not in fields:
+            parser.error(f"--policy {item!r}: expected KEY=VALUE with KEY one of {', '.join(fields)}")
+        default = getattr(edsc_ext.KernelPolicy(), key)
+        if isinstance(default, bool):
+            if value.lower() not in ("true", "false"):
+                parser.error(f"--policy {item!r}: {key} takes true or false")
+            policy[key] = value.lower() == "true"
+        elif isinstance(default, int):
+            if not value.isdigit():
+                parser.error(f"--policy {item!r}: {key} takes an integer >= 0")
+            policy[key] = int(value)
+        else:
+            policy[key] = value
+    try:
+        edsc_ext.KernelPolicy(**policy)
+    except (TypeError, ValueError) as exc:
+        parser.error(f"--policy: {exc}")
+    return policy
+
+
 def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m edsc_ext.benchmark", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -869,7 +896,11 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--deterministic", action="store_true",
                    help="time under torch.use_deterministic_algorithms(True) (the fixed-point input gradient on "
                         "CUDA); implies --no-baseline, since grid_sample's backward has no deterministic CUDA path")
+    p.add_argument("--policy", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="run under edsc_ext.kernel_policy(KEY=VALUE, ...), e.g. vector_loads=false, to time the "
+                        "kernels a switch falls back to (booleans: true/false)")
     args = p.parse_args(argv)
+    args.policy = _parse_policy(p, args.policy)
     args.dtypes = [d for item in args.dtypes for d in item.split(",") if d]
     for d in args.dtypes:
         if d not in DTYPES:
@@ -922,12 +953,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     env = environment(device, command)
     bandwidth = measure_copy_bandwidth(device, nbytes=(2 ** 26 if args.quick and device.type == "cpu" else None),
                                        warmup=min(args.warmup, 3) or 1, reps=max(3, min(args.reps, 20)))
-    rows = run(device, dtypes=args.dtypes, cases=args.cases, warmup=args.warmup, reps=args.reps,
-               baseline=not args.no_baseline, memory_budget_gb=args.memory_budget_gb, seed=args.seed,
-               progress=not args.no_progress, copy_bandwidth=bandwidth, channels_last=args.channels_last,
-               impls=None if args.no_baseline or args.impls is None else ["edsc_ext", *args.impls])
+    with edsc_ext.kernel_policy(**args.policy):
+        rows = run(device, dtypes=args.dtypes, cases=args.cases, warmup=args.warmup, reps=args.reps,
+                   baseline=not args.no_baseline, memory_budget_gb=args.memory_budget_gb, seed=args.seed,
+                   progress=not args.no_progress, copy_bandwidth=bandwidth, channels_last=args.channels_last,
+                   impls=None if args.no_baseline or args.impls is None else ["edsc_ext", *args.impls])
     options = ((["deterministic: torch.use_deterministic_algorithms(True)"] if args.deterministic else []) +
-               (["memory format: channels_last"] if args.channels_last else []))
+               (["memory format: channels_last"] if args.channels_last else []) +
+               ([f"kernel policy: {', '.join(f'{k}={v}' for k, v in args.policy.items())}"] if args.policy else []))
     report = to_markdown(rows, _header_lines(env, bandwidth, args.warmup, args.reps, options))
     sys.stdout.write(report)
     sys.stdout.flush()
@@ -939,7 +972,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             json.dump({"environment": env, "copy_bandwidth": bandwidth, "options": {
                 "device": str(device), "dtypes": args.dtypes, "cases": args.cases, "reps": args.reps,
                 "warmup": args.warmup, "baseline": not args.no_baseline, "memory_budget_gb": args.memory_budget_gb,
-                "seed": args.seed, "deterministic": args.deterministic, "channels_last": args.channels_last},
+                "seed": args.seed, "deterministic": args.deterministic, "channels_last": args.channels_last,
+                "policy": args.policy},
                 "cases": [dict(asdict(c), h_in=c.h_in, w_in=c.w_in) for c in
                                               (CPU_CASES if device.type == "cpu" else CASES)
                                               if args.cases is None or c.name in args.cases],

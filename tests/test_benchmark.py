@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+import edsc_ext
 from edsc_ext import benchmark
 from edsc_ext.benchmark import Case, floor_bytes
 
@@ -53,6 +54,37 @@ def test_main_cpu_channels_last(tmp_path, capsys):
     assert len(timed) == 2 and all(r["status"] == "ok" and r["ms"] > 0 for r in timed)
     assert {r["memory_format"] for r in data["rows"]} == {"channels_last"}
     assert "**memory format: channels_last**" in capsys.readouterr().out
+
+
+def test_main_under_a_kernel_policy(tmp_path, capsys, monkeypatch):
+    """--policy runs the timing under edsc_ext.kernel_policy(...) and restores the policy after."""
+    seen = []
+    real_run = benchmark.run
+
+    def spy(*args, **kwargs):
+        seen.append(edsc_ext.current_kernel_policy())
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(benchmark, "run", spy)
+    path = tmp_path / "bench.json"
+    before = edsc_ext.current_kernel_policy()
+    rc = benchmark.main(["--device", "cpu", "--quick", "--cases", "sepconv", "--dtypes", "float32", "--no-baseline",
+                         "--policy", "grid_taps=false", "cpu_scratch_mb=16", "--json", str(path), "--no-progress"])
+    assert rc == 0
+    assert [(p.grid_taps, p.cpu_scratch_mb) for p in seen] == [(False, 16)]
+    assert edsc_ext.current_kernel_policy() == before
+    assert json.loads(path.read_text())["options"]["policy"] == {"grid_taps": False, "cpu_scratch_mb": 16}
+    assert "**kernel policy: grid_taps=False, cpu_scratch_mb=16**" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("item, message", [("vector_loads", "expected KEY=VALUE"), ("speed=fast", "expected KEY=VALUE"),
+                                           ("vector_loads=maybe", "takes true or false"),
+                                           ("cpu_scratch_mb=-1", "integer >= 0"), ("cpu_isa=avx9", "cpu_isa must be")])
+def test_main_rejects_a_bad_policy(capsys, item, message):
+    with pytest.raises(SystemExit) as exc:
+        benchmark.main(["--device", "cpu", "--policy", item])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
 
 
 def test_floor_bytes_by_hand():
