@@ -33,10 +33,11 @@ namespace edsc_ext {
 
 namespace {
 
-// `dtype`: the dtype the tensor must have, named by `dtype_source` in the message.
+// `dtype`: the dtype the tensor must have, named by `dtype_source` in the message. in_place: kept as
+// it is where the kernels can follow its strides (per_pixel_strides), else made dense.
 at::Tensor checked_optional(const std::optional<at::Tensor>& t, const char* name, const at::Tensor& input,
                             int64_t channels, int64_t height_out, int64_t width_out, at::MemoryFormat format,
-                            at::ScalarType dtype, const char* dtype_source) {
+                            at::ScalarType dtype, const char* dtype_source, bool in_place = false) {
   if (!t.has_value() || !t->defined()) return at::Tensor();
   const at::Tensor& v = *t;
   TORCH_CHECK_VALUE(v.device() == input.device(), name, " is on ", v.device(), " but input is on ", input.device(),
@@ -47,7 +48,16 @@ at::Tensor checked_optional(const std::optional<at::Tensor>& t, const char* name
                         v.size(3) == width_out,
                     name, " must have shape (", input.size(0), ", ", channels, ", ", height_out, ", ", width_out,
                     "), got ", v.sizes());
+  if (in_place && per_pixel_strides(v, format == at::MemoryFormat::ChannelsLast).has_value()) return v;
   return v.contiguous(format);
+}
+
+// The largest element offset a tensor's strides reach (0 for an empty one).
+int64_t largest_offset(const at::Tensor& t) {
+  if (t.numel() == 0) return 0;
+  int64_t offset = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) offset += (t.size(d) - 1) * t.stride(d);
+  return offset;
 }
 
 bool fits_int32(int64_t v) { return v >= 0 && v <= std::numeric_limits<int32_t>::max(); }
@@ -74,8 +84,9 @@ std::vector<std::string> deform_sepconv_plan(const at::Tensor& input, const std:
                                              at::IntArrayRef cpu_facts, at::IntArrayRef cuda_device,
                                              const std::optional<at::Tensor>& offset_dx) {
   const DeformSepconvConfig cfg{kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode};
-  const DeformSepconvTensors t =
-      prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg, nullptr, offset_dx);
+  // As the backends' forwards prepare their calls: the CPU's reads views of per-pixel tensors in place.
+  const DeformSepconvTensors t = prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg, nullptr,
+                                                        offset_dx, /*per_pixel_in_place=*/cuda_device.empty());
   const DeformSepconvCall call = describe_call(t, cfg, output_mask, at::globalContext().deterministicAlgorithms());
   const KernelPolicy policy = kernel_policy();
   const bool backward = std::find(output_mask.begin(), output_mask.end(), true) != output_mask.end();
@@ -109,11 +120,28 @@ std::tuple<bool, bool, bool, bool, bool, bool, bool, int64_t> get_kernel_policy_
 
 }  // namespace
 
+std::optional<PerPixelStrides<int64_t>> per_pixel_strides(const at::Tensor& t, bool channels_last) {
+  if (t.dim() != 4) return std::nullopt;
+  const int64_t K = t.size(1), H = t.size(2), W = t.size(3);
+  // A dimension of size 1 may have any stride: only the others are checked.
+  const auto has = [&](int64_t d, int64_t stride) { return t.size(d) <= 1 || t.stride(d) == stride; };
+  const int64_t batch = t.size(0) > 1 ? t.stride(0) : 0;
+  if (channels_last) {
+    // (y * W + x) * pixel + k: pixel from x's stride, or y's where W is 1.
+    const int64_t pixel = W > 1 ? t.stride(3) : (H > 1 ? t.stride(2) : K);
+    if (has(1, 1) && has(3, pixel) && has(2, W * pixel)) return PerPixelStrides<int64_t>{batch, pixel};
+    return std::nullopt;
+  }
+  if (has(3, 1) && has(2, W) && has(1, H * W)) return PerPixelStrides<int64_t>{batch, 1};
+  return std::nullopt;
+}
+
 DeformSepconvTensors prepare_deform_sepconv(const at::Tensor& input, const std::optional<at::Tensor>& vertical,
                                             const std::optional<at::Tensor>& horizontal,
                                             const std::optional<at::Tensor>& offset,
                                             const std::optional<at::Tensor>& mask, const DeformSepconvConfig& cfg,
-                                            const at::Tensor* grad_output, const std::optional<at::Tensor>& offset_dx) {
+                                            const at::Tensor* grad_output, const std::optional<at::Tensor>& offset_dx,
+                                            bool per_pixel_in_place) {
   TORCH_CHECK_VALUE(input.dim() == 4, "input must be 4-D (N, C, H, W), got shape ", input.sizes());
   TORCH_CHECK_TYPE(at::isFloatingType(input.scalar_type()), "input must have a floating dtype, got ",
                    input.scalar_type());
@@ -158,8 +186,11 @@ DeformSepconvTensors prepare_deform_sepconv(const at::Tensor& input, const std::
       !mixed || (input.scalar_type() == at::kFloat && (t.param_dtype == at::kHalf || t.param_dtype == at::kBFloat16)),
       param_source, " has dtype ", t.param_dtype, " but input has dtype ", input.scalar_type(),
       "; per-pixel tensors must have the input's dtype, or float16 / bfloat16 with a float32 input");
+  // The backward's gradients are dense and share the values' indexing: only a forward reads views.
+  const bool in_place = per_pixel_in_place && grad_output == nullptr;
   const auto checked = [&](const std::optional<at::Tensor>& v, const char* name, int64_t channels) {
-    return checked_optional(v, name, input, channels, t.height_out, t.width_out, format, t.param_dtype, param_source);
+    return checked_optional(v, name, input, channels, t.height_out, t.width_out, format, t.param_dtype, param_source,
+                            in_place);
   };
   t.vertical = checked(vertical, "vertical", cfg.kernel_h);
   t.horizontal = checked(horizontal, "horizontal", cfg.kernel_w);
@@ -174,8 +205,16 @@ DeformSepconvTensors prepare_deform_sepconv(const at::Tensor& input, const std::
   // 32-bit indices when every element offset (and every coordinate term) fits.
   const int64_t output_numel = input.size(0) * input.size(1) * t.height_out * t.width_out;
   const int64_t per_pixel_numel = input.size(0) * 2 * taps * t.height_out * t.width_out;
+  int64_t per_pixel_reach = 0;
+  for (const at::Tensor* v : {&t.vertical, &t.horizontal, &t.offset, &t.mask, &t.offset_dx}) {
+    if (v->defined()) {
+      per_pixel_reach = std::max(per_pixel_reach, largest_offset(*v));
+      t.dense_per_pixel = t.dense_per_pixel && v->is_contiguous(format);
+    }
+  }
   t.use_32bit_indexing =
       fits_int32(input.numel()) && fits_int32(output_numel) && fits_int32(per_pixel_numel) &&
+      fits_int32(per_pixel_reach) &&
       fits_int32(input.size(0) * std::max(cfg.kernel_h, cfg.kernel_w) * t.height_out * t.width_out) &&
       fits_int32(4 * std::max(cfg.pad_h, cfg.pad_w)) &&
       fits_int32(4 * std::max(cfg.dilation_h * cfg.kernel_h, cfg.dilation_w * cfg.kernel_w));
@@ -201,6 +240,7 @@ DeformSepconvCall describe_call(const DeformSepconvTensors& t, const DeformSepco
   c.has_offset = t.offset.defined();
   c.has_mask = t.mask.defined();
   c.split_offsets = t.offset_dx.defined();
+  c.dense_per_pixel = t.dense_per_pixel;
   for (const at::Tensor* per_pixel : {&t.vertical, &t.horizontal, &t.offset, &t.mask, &t.offset_dx}) {
     if (per_pixel->defined()) c.per_pixel_alignment = std::min(c.per_pixel_alignment, start_alignment(*per_pixel));
   }

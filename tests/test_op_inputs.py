@@ -276,6 +276,105 @@ def test_layout_copies(gen, layout, device):
         assert not ops & COPY_OPS, sorted(ops & COPY_OPS)
 
 
+def _channel_slice(t: torch.Tensor, extra: int, fmt) -> torch.Tensor:
+    """t as the first channels of a tensor with ``extra`` more (zero) channels in memory format
+    ``fmt``: the view the EDSC network's padded heads hand the op."""
+    wide = torch.zeros(t.shape[0], t.shape[1] + extra, *t.shape[2:], dtype=t.dtype, device=t.device)
+    wide = wide.contiguous(memory_format=fmt)
+    wide[:, : t.shape[1]].copy_(t)
+    return wide[:, : t.shape[1]]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("offsets", ["interleaved", "split"])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_per_pixel_views(gen, layout, offsets, device):
+    """Per-pixel tensors that are views: channel slices of wider tensors (batch stride and, in
+    channels_last, pixel stride larger than their own channel count), split offsets as two slices of
+    one tensor, a mask expanded along the batch. The CPU forward reads them in place (no copy; the
+    CUDA one still makes them dense); the values and every gradient (to the wider tensors) match the
+    reference of the dense tensors."""
+    fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+    dense = make_inputs(2, 3, 9, 10, 5, 5, 2, 1, dtype=F32, generator=gen)
+    dense = dense.replace(mask=dense.mask[:1].expand(dense.mask.shape).contiguous())  # both images alike
+    frame = dense.input.contiguous(memory_format=fmt).to(device)
+    vertical = _channel_slice(dense.vertical.to(device), 3, fmt)
+    horizontal = _channel_slice(dense.horizontal.to(device), 11, fmt)
+    if offsets == "split":
+        dy, dx = dense.offset[:, 0::2], dense.offset[:, 1::2]
+        both = _channel_slice(torch.cat([dy, dx], 1).to(device), 6, fmt)
+        offset = (both[:, :25], both[:, 25:])
+    else:
+        offset = _channel_slice(dense.offset.to(device), 6, fmt)
+    mask = dense.mask[:1].to(device).contiguous(memory_format=fmt).expand(dense.mask.shape)
+    views = (vertical, horizontal) + (offset if offsets == "split" else (offset,)) + (mask,)
+    assert not any(v.is_contiguous(memory_format=fmt) for v in views)
+    kwargs = dict(kernel_size=5, padding=2, padding_mode="border")
+    normalized = normalize_args(frame, vertical, horizontal, offset, mask, **kwargs)
+    args, op_kwargs = normalized.op_args(), normalized.op_kwargs()
+    ops = _ops_run_by(lambda: FORWARD(*args, **op_kwargs))
+    if device == "cpu":
+        assert not ops & COPY_OPS, sorted(ops & COPY_OPS)
+    out = FORWARD(*args, **op_kwargs)
+    assert out.is_contiguous(memory_format=fmt)
+    assert_close(out, reference(dense, "border"), F32)
+
+    # Gradients through the views reach the wider tensors (the backward makes the views dense).
+    bases = [v._base for v in (vertical, horizontal) + (offset if offsets == "split" else (offset,))]
+    leaves = [b.detach().clone().requires_grad_() for b in dict.fromkeys(bases)]
+    by_base = dict(zip(dict.fromkeys(bases), leaves))
+    frame_leaf = frame.detach().clone().requires_grad_()
+    mask_leaf = dense.mask[:1].to(device).contiguous(memory_format=fmt).requires_grad_()
+    sliced = [by_base[v._base][:, : v.shape[1]] for v in (vertical, horizontal)]
+    if offsets == "split":
+        whole = by_base[offset[0]._base]
+        offset_arg = (whole[:, :25], whole[:, 25:50])
+    else:
+        offset_arg = by_base[offset._base][:, :50]
+    grad_output = default_grad_output(out.shape).to(out)
+    OP(frame_leaf, *sliced, offset_arg, mask_leaf.expand(dense.mask.shape), **kwargs).backward(grad_output)
+    _, expected = reference_and_grads(dense, "border", default_grad_output(out.shape))
+    g_frame, g_v, g_h, g_off, g_mask = expected
+    assert_close(frame_leaf.grad, g_frame, F32, factor=GRAD_FACTOR, what="grad of input")
+    assert_close(by_base[vertical._base].grad[:, :5], g_v, F32, factor=GRAD_FACTOR, what="grad of vertical")
+    assert_close(by_base[horizontal._base].grad[:, :5], g_h, F32, factor=GRAD_FACTOR, what="grad of horizontal")
+    if offsets == "split":
+        g = by_base[offset[0]._base].grad
+        assert_close(g[:, :25], g_off[:, 0::2], F32, factor=GRAD_FACTOR, what="grad of dy")
+        assert_close(g[:, 25:50], g_off[:, 1::2], F32, factor=GRAD_FACTOR, what="grad of dx")
+    else:
+        assert_close(by_base[offset._base].grad[:, :50], g_off, F32, factor=GRAD_FACTOR, what="grad of offset")
+    assert_close(mask_leaf.grad, g_mask.sum(0, keepdim=True), F32, factor=GRAD_FACTOR, what="grad of mask")
+    for base_grad, k in ((by_base[vertical._base].grad, 5), (by_base[horizontal._base].grad, 5)):
+        assert torch.equal(base_grad[:, k:], torch.zeros_like(base_grad[:, k:]))
+
+
+def test_cpu_views_without_offsets_take_the_per_pixel_loops(gen):
+    """The CPU row loops of calls without offsets read dense per-pixel tensors: a view sends the
+    call to the per-pixel loops (read in place), with the same result."""
+    case = make_inputs(2, 3, 9, 10, 5, 5, 2, 1, present=(True, True, False, True), dtype=F32, generator=gen)
+    view = case.replace(vertical=_channel_slice(case.vertical, 3, torch.contiguous_format))
+    kwargs = dict(**case.kwargs, padding_mode="border")
+    isa = edsc_ext._plan(*case.tensors, **kwargs).forward.split("/")[1]
+    assert edsc_ext._plan(*case.tensors, **kwargs).forward == "grid_taps_rows/" + isa
+    assert edsc_ext._plan(*view.tensors, **kwargs).forward == "pixels/" + isa
+    args = normalize_args(*view.tensors, **kwargs).op_args()
+    assert not _ops_run_by(lambda: FORWARD(*args)) & COPY_OPS
+    assert_close(FORWARD(*args), reference(case, "border"), F32)
+
+
+def test_per_pixel_views_of_other_patterns_are_copied(gen):
+    """A view whose strides the kernels cannot follow (every other channel of an interleaved offset)
+    is made dense first: the profiler sees the copy, and the values are right."""
+    case = make_inputs(2, 3, 9, 10, 5, 5, 2, 1, dtype=F32, generator=gen)
+    wide = torch.randn(2, 100, 9, 10, generator=gen)
+    wide[:, 0::2] = case.offset
+    odd = case.replace(offset=wide[:, 0::2])
+    args = normalize_args(*odd.tensors, **odd.kwargs, padding_mode="border").op_args()
+    assert _ops_run_by(lambda: FORWARD(*args)) & COPY_OPS
+    assert_close(FORWARD(*args), reference(case, "border"), F32)
+
+
 # ---------------------------------------------------------------------------------------------
 # Meta tensors
 

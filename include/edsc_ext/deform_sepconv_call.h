@@ -31,6 +31,9 @@ struct DeformSepconvCall {
   // The offsets come as two tensors, dy and dx (DeformSepconvParams::offset_dx): only the kernels
   // that read offsets through GlobalPixelValues take them.
   bool split_offsets = false;
+  // Every present per-pixel tensor is dense in the call's layout; else some are views read in place
+  // (DeformSepconvTensors::dense_per_pixel), which only kernels taking PerPixelStrides read.
+  bool dense_per_pixel = true;
   // The gradients the backward computes: requested (output_mask) and of a present tensor, in the
   // order input, vertical, horizontal, offset, mask.
   std::array<bool, 5> grads{};

@@ -9,6 +9,15 @@
 
 namespace edsc_ext {
 
+// Where one per-pixel tensor's values are: (n, k, y, x) at n * batch + (y * W + x) * pixel + k *
+// (channel stride: H * W in NCHW, 1 in channels_last). Dense tensors have batch = K * H * W and
+// pixel = 1 (NCHW) or K (channels_last); views read in place (DeformSepconvTensors::dense_per_pixel)
+// others, e.g. a channel slice of a wider channels_last tensor has pixel = its width in channels.
+template <typename index_t>
+struct PerPixelStrides {
+  index_t batch, pixel;
+};
+
 // Raw pointers and sizes of one call. Absent optional tensors are nullptr: the kernels then skip
 // their loads and multiplies rather than reading a tensor of ones or zeros. Every 4-D tensor of a
 // call (gradients and output included) has one memory layout: NCHW-contiguous, or channels_last
@@ -27,6 +36,9 @@ struct DeformSepconvParams {
   const param_t* offset;
   const param_t* offset_dx;  // split offsets: (N, KH*KW, H_out, W_out), dx; else nullptr
   const param_t* mask;       // (N, KH*KW, H_out, W_out) or nullptr
+  // Their strides (0 for an absent tensor); only GlobalPixelValues<..., kStrided = true> reads
+  // them, the other kernels take dense tensors.
+  PerPixelStrides<index_t> vertical_strides, horizontal_strides, offset_strides, offset_dx_strides, mask_strides;
   index_t batch, channels, height_in, width_in, height_out, width_out;
   // pad_h/pad_w: where tap 0 sits, y - pad_h (the call's padding, less the EDSC tap shift in EDSC
   // mode); frame_pad_h/w: the call's padding, where EDSC mode starts counting border pixels twice.
@@ -203,7 +215,9 @@ EDSC_HOST_DEVICE void finish_taps(bool finite, acc_t (&acc)[kChannelBlock]) {
 // channels_last kernels pass a policy with the same interface that stages a warp's rows of taps
 // in shared memory instead (begin_row / end_row, called by every lane, active or not, in step).
 // Taps are named by their row i, column j and index t = i * KW + j.
-template <bool kChannelsLast, typename scalar_t, typename index_t, typename param_t = scalar_t>
+// kStrided: the tensors' own PerPixelStrides (views read in place); forward only, since the
+// gradients are dense and stored at the same bases.
+template <bool kChannelsLast, typename scalar_t, typename index_t, typename param_t = scalar_t, bool kStrided = false>
 struct GlobalPixelValues {
   using param_type = param_t;
   const param_t *vert, *horz, *offs, *mask;  // the pixel's first value; nullptr for an absent tensor
@@ -219,16 +233,27 @@ struct GlobalPixelValues {
       : grads(param_grads) {
     const index_t hw_out = p.height_out * p.width_out;
     stride = channel_stride<kChannelsLast>(hw_out);
-    vert_base = pixel_view<kChannelsLast>(n, pixel, KH, hw_out).base;
-    horz_base = pixel_view<kChannelsLast>(n, pixel, KW, hw_out).base;
     split_offsets = p.split_offsets();
-    offs_base = pixel_view<kChannelsLast>(n, pixel, (split_offsets ? 1 : 2) * KH * KW, hw_out).base;
     offs_tap_stride = split_offsets ? stride : 2 * stride;
-    mask_base = pixel_view<kChannelsLast>(n, pixel, KH * KW, hw_out).base;
+    index_t offs_dx_base = 0;
+    if constexpr (kStrided) {
+      const auto base = [&](const PerPixelStrides<index_t>& s) { return n * s.batch + pixel * s.pixel; };
+      vert_base = base(p.vertical_strides);
+      horz_base = base(p.horizontal_strides);
+      offs_base = base(p.offset_strides);
+      offs_dx_base = base(p.offset_dx_strides);
+      mask_base = base(p.mask_strides);
+    } else {
+      vert_base = pixel_view<kChannelsLast>(n, pixel, KH, hw_out).base;
+      horz_base = pixel_view<kChannelsLast>(n, pixel, KW, hw_out).base;
+      offs_base = pixel_view<kChannelsLast>(n, pixel, (split_offsets ? 1 : 2) * KH * KW, hw_out).base;
+      offs_dx_base = offs_base;
+      mask_base = pixel_view<kChannelsLast>(n, pixel, KH * KW, hw_out).base;
+    }
     vert = p.vertical ? p.vertical + vert_base : nullptr;
     horz = p.horizontal ? p.horizontal + horz_base : nullptr;
     offs = p.offset ? p.offset + offs_base : nullptr;
-    offs_dx = split_offsets ? p.offset_dx + offs_base : (offs ? offs + stride : nullptr);
+    offs_dx = split_offsets ? p.offset_dx + offs_dx_base : (offs ? offs + stride : nullptr);
     mask = p.mask ? p.mask + mask_base : nullptr;
   }
 
@@ -334,11 +359,13 @@ EDSC_HOST_DEVICE void deform_sepconv_forward_pixel_with(const DeformSepconvParam
 }
 
 // The same, reading the per-pixel tensors from global memory.
+// kStrided: the per-pixel tensors at their own strides (GlobalPixelValues).
 template <int kChannelBlock, int kKernelH, int kKernelW, bool kChannelsLast, typename scalar_t, typename acc_t,
-          typename index_t, bool kBranchFree = false, bool kVectorLoads = false, typename param_t = scalar_t>
+          typename index_t, bool kBranchFree = false, bool kVectorLoads = false, bool kStrided = false,
+          typename param_t = scalar_t>
 EDSC_HOST_DEVICE void deform_sepconv_forward_pixel(const DeformSepconvParams<scalar_t, index_t, param_t>& p,
                                                    scalar_t* output, index_t n, index_t y, index_t x, index_t c0) {
-  using Values = GlobalPixelValues<kChannelsLast, scalar_t, index_t, param_t>;
+  using Values = GlobalPixelValues<kChannelsLast, scalar_t, index_t, param_t, kStrided>;
   Values values(p, n, y * p.width_out + x, kernel_extent<kKernelH>(p.kernel_h), kernel_extent<kKernelW>(p.kernel_w));
   deform_sepconv_forward_pixel_with<kChannelBlock, kKernelH, kKernelW, kChannelsLast, scalar_t, acc_t, index_t, Values,
                                     kBranchFree, kVectorLoads>(p, values, output, n, y, x, c0);

@@ -20,8 +20,9 @@ struct DeformSepconvConfig {
   int64_t kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode;
 };
 
-// Validated tensors of one call, all dense in one memory format (memory_format()). Absent
-// optional tensors stay undefined.
+// Validated tensors of one call in one memory format (memory_format()): dense, except per-pixel
+// tensors that a backend reads in place as views (dense_per_pixel false; see prepare_deform_sepconv).
+// Absent optional tensors stay undefined.
 struct DeformSepconvTensors {
   // offset_dx defined: split offsets, offset holding dy and offset_dx dx (DeformSepconvParams).
   at::Tensor input, vertical, horizontal, offset, mask, grad_output, offset_dx;
@@ -31,7 +32,8 @@ struct DeformSepconvTensors {
   // input's when none is given.
   at::ScalarType param_dtype = at::ScalarType::Undefined;
   bool use_32bit_indexing = true;
-  bool channels_last = false;  // the call's layout; kernels take it as kChannelsLast (EDSC_DISPATCH_LAYOUT)
+  bool channels_last = false;   // the call's layout; kernels take it as kChannelsLast (EDSC_DISPATCH_LAYOUT)
+  bool dense_per_pixel = true;  // every present per-pixel tensor is dense in memory_format()
 
   at::MemoryFormat memory_format() const {
     return channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
@@ -41,6 +43,9 @@ struct DeformSepconvTensors {
 // Checks what memory safety depends on (the Python layer gives the friendlier messages first)
 // and makes every tensor dense in the call's memory format: channels_last when the input is
 // (wants_channels_last), NCHW-contiguous otherwise; a tensor already so is not copied.
+// per_pixel_in_place: a per-pixel tensor whose strides the kernels can follow (per_pixel_strides:
+// a channel slice of a wider tensor, an expanded one) is kept as it is instead, for a backend whose
+// planner sends such calls to kernels that take PerPixelStrides (the CPU forward).
 // grad_output is checked when given. With offset_dx (split offsets), offset and offset_dx are the
 // dy and dx of every tap, (N, KH*KW, H_out, W_out) each; else offset is (N, 2*KH*KW, H_out, W_out).
 DeformSepconvTensors prepare_deform_sepconv(const at::Tensor& input, const std::optional<at::Tensor>& vertical,
@@ -48,7 +53,13 @@ DeformSepconvTensors prepare_deform_sepconv(const at::Tensor& input, const std::
                                             const std::optional<at::Tensor>& offset,
                                             const std::optional<at::Tensor>& mask, const DeformSepconvConfig& cfg,
                                             const at::Tensor* grad_output = nullptr,
-                                            const std::optional<at::Tensor>& offset_dx = std::nullopt);
+                                            const std::optional<at::Tensor>& offset_dx = std::nullopt,
+                                            bool per_pixel_in_place = false);
+
+// The batch and pixel strides (elements) at which the kernels can read a 4-D per-pixel tensor in
+// place in the call's layout: element (n, k, y, x) at n * batch + (y * W + x) * pixel + k * HW in
+// NCHW (pixel 1), + k in channels_last; nullopt where its strides are of another pattern.
+std::optional<PerPixelStrides<int64_t>> per_pixel_strides(const at::Tensor& t, bool channels_last);
 
 // The gradients of input, vertical, horizontal, offset, mask and offset_dx (split offsets).
 using DeformSepconvGrads = std::array<at::Tensor, 6>;
@@ -90,6 +101,16 @@ DeformSepconvParams<scalar_t, index_t, param_t> make_params(const DeformSepconvT
   p.offset = data_or_null<param_t>(t.offset);
   p.offset_dx = data_or_null<param_t>(t.offset_dx);
   p.mask = data_or_null<param_t>(t.mask);
+  const auto strides = [&](const at::Tensor& v) {
+    if (!v.defined()) return PerPixelStrides<index_t>{0, 0};
+    const PerPixelStrides<int64_t> s = per_pixel_strides(v, t.channels_last).value();  // prepare checked it
+    return PerPixelStrides<index_t>{static_cast<index_t>(s.batch), static_cast<index_t>(s.pixel)};
+  };
+  p.vertical_strides = strides(t.vertical);
+  p.horizontal_strides = strides(t.horizontal);
+  p.offset_strides = strides(t.offset);
+  p.offset_dx_strides = strides(t.offset_dx);
+  p.mask_strides = strides(t.mask);
   p.batch = static_cast<index_t>(t.input.size(0));
   p.channels = static_cast<index_t>(t.input.size(1));
   p.height_in = static_cast<index_t>(t.input.size(2));

@@ -108,8 +108,10 @@ at::Tensor deform_sepconv_forward_cpu(const at::Tensor& input, const std::option
                                       int64_t dilation_h, int64_t dilation_w, int64_t padding_mode,
                                       const std::optional<at::Tensor>& offset_dx) {
   const DeformSepconvConfig cfg{kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode};
-  const DeformSepconvTensors t =
-      prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg, nullptr, offset_dx);
+  // Per-pixel tensors that are views (channel slices of wider tensors, expanded ones) are read in
+  // place: the per-pixel loops take their strides (GlobalPixelValues<..., kStrided>).
+  const DeformSepconvTensors t = prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg, nullptr,
+                                                        offset_dx, /*per_pixel_in_place=*/true);
   at::Tensor output = at::empty({input.size(0), input.size(1), t.height_out, t.width_out},
                                 input.options().memory_format(t.memory_format()));
   const CpuForwardPlan plan = plan_cpu_forward(describe_call(t, cfg, {}, false), this_cpu(), kernel_policy());
@@ -134,8 +136,11 @@ at::Tensor deform_sepconv_forward_cpu(const at::Tensor& input, const std::option
         for_each_output_pixel<index_t>(
             plan.avx2, p.batch, t.height_out, t.width_out, [&](index_t n, index_t y, index_t x) EDSC_CPU_INLINE {
               for (index_t c0 = 0; c0 < p.channels; c0 += kCpuChannelBlock) {
+                // Strided for dense tensors too (their strides are the dense ones): one
+                // instantiation, a few index multiplies a pixel.
                 deform_sepconv_forward_pixel<kCpuChannelBlock, kKernelH, kKernelW, kChannelsLast, scalar_t, acc_t,
-                                             index_t>(p, out, n, y, x, c0);
+                                             index_t, /*kBranchFree=*/false, /*kVectorLoads=*/false,
+                                             /*kStrided=*/true>(p, out, n, y, x, c0);
               }
             });
       });

@@ -45,7 +45,9 @@ CpuForwardPlan plan_cpu_forward(const DeformSepconvCall& call, const CpuFacts& c
   CpuForwardPlan plan;
   plan.avx2 = cpu.avx2 && !policy.cpu_baseline;
   if (call.batch * call.channels * call.height_out * call.width_out == 0) return plan;
-  plan.kernel = takes_grid_taps(call, policy) ? CpuForwardKernel::kGridTapRows : CpuForwardKernel::kPixels;
+  // The row loops read dense per-pixel tensors; views read in place take the per-pixel loops.
+  const bool rows = takes_grid_taps(call, policy) && call.dense_per_pixel;
+  plan.kernel = rows ? CpuForwardKernel::kGridTapRows : CpuForwardKernel::kPixels;
   return plan;
 }
 
