@@ -8,6 +8,7 @@ import argparse
 import torch
 
 import edsc_ext
+from edsc_ext.benchmark import _parse_policy  # the benchmark's --policy, the same keywords and checks
 
 # N, C, H, W, dilation of the benchmark's cases (edsc_ext/benchmark.py).
 CASES = {"train": (16, 3, 256, 256, 1), "feat": (4, 32, 256, 256, 1), "adacof": (8, 3, 256, 256, 2)}
@@ -19,10 +20,7 @@ parser.add_argument("--channels-last", action="store_true", help="every 4-D tens
 parser.add_argument("--policy", nargs="*", default=[], metavar="KEY=VALUE",
                     help="edsc_ext.kernel_policy keywords, e.g. vector_loads=false (booleans: true/false)")
 args = parser.parse_args()
-policy = {}
-for item in args.policy:
-    key, _, value = item.partition("=")
-    policy[key] = {"true": True, "false": False}.get(value.lower(), int(value) if value.isdigit() else value)
+policy = _parse_policy(parser, args.policy)
 
 dtype = getattr(torch, args.dtype)
 n, c, h, w, dil = CASES[args.case]
