@@ -84,10 +84,13 @@ std::vector<std::string> deform_sepconv_plan(const at::Tensor& input, const std:
                                              at::IntArrayRef cpu_facts, at::IntArrayRef cuda_device,
                                              const std::optional<at::Tensor>& offset_dx) {
   const DeformSepconvConfig cfg{kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode};
-  // As the backends' forwards prepare their calls: the CPU's reads views of per-pixel tensors in place.
+  // As the backends' forwards prepare their calls: both read views of per-pixel tensors in place.
   const DeformSepconvTensors t = prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg, nullptr,
-                                                        offset_dx, /*per_pixel_in_place=*/cuda_device.empty());
+                                                        offset_dx, /*per_pixel_in_place=*/true);
   const DeformSepconvCall call = describe_call(t, cfg, output_mask, at::globalContext().deterministicAlgorithms());
+  // The backward makes every per-pixel tensor dense (prepare_deform_sepconv with grad_output).
+  DeformSepconvCall backward_call = call;
+  backward_call.dense_per_pixel = true;
   const KernelPolicy policy = kernel_policy();
   const bool backward = std::find(output_mask.begin(), output_mask.end(), true) != output_mask.end();
   if (!cuda_device.empty()) {
@@ -95,14 +98,14 @@ std::vector<std::string> deform_sepconv_plan(const at::Tensor& input, const std:
                       "cuda_device must be [major, minor, shared_memory_per_block_optin], got ", cuda_device);
     const CudaDeviceFacts device{cuda_device[0], cuda_device[1], cuda_device[2]};
     return {plan_name(plan_cuda_forward(call, device, policy)),
-            backward ? plan_name(plan_cuda_backward(call, device, policy)) : std::string("none")};
+            backward ? plan_name(plan_cuda_backward(backward_call, device, policy)) : std::string("none")};
   }
   TORCH_CHECK_VALUE(cpu_facts.empty() || cpu_facts.size() == 2, "cpu_facts must be [] or [avx2, threads], got ",
                     cpu_facts);
   CpuFacts cpu = this_cpu();
   if (!cpu_facts.empty()) cpu = {cpu_facts[0] != 0, cpu_facts[1]};
   return {plan_name(plan_cpu_forward(call, cpu, policy)),
-          backward ? plan_name(plan_cpu_backward(call, cpu, policy)) : std::string("none")};
+          backward ? plan_name(plan_cpu_backward(backward_call, cpu, policy)) : std::string("none")};
 }
 
 void set_kernel_policy_op(bool grid_taps, bool plain_forward, bool prefetch, bool input_grad_tile, bool warp_staging,

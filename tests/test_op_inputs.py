@@ -291,9 +291,9 @@ def _channel_slice(t: torch.Tensor, extra: int, fmt) -> torch.Tensor:
 def test_per_pixel_views(gen, layout, offsets, device):
     """Per-pixel tensors that are views: channel slices of wider tensors (batch stride and, in
     channels_last, pixel stride larger than their own channel count), split offsets as two slices of
-    one tensor, a mask expanded along the batch. The CPU forward reads them in place (no copy; the
-    CUDA one still makes them dense); the values and every gradient (to the wider tensors) match the
-    reference of the dense tensors."""
+    one tensor, a mask expanded along the batch. The forward reads them in place (no copy; on CUDA
+    the one-thread-per-pixel kernel, which follows their strides); the values and every gradient (to
+    the wider tensors) match the reference of the dense tensors."""
     fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
     dense = make_inputs(2, 3, 9, 10, 5, 5, 2, 1, dtype=F32, generator=gen)
     dense = dense.replace(mask=dense.mask[:1].expand(dense.mask.shape).contiguous())  # both images alike
@@ -313,8 +313,9 @@ def test_per_pixel_views(gen, layout, offsets, device):
     normalized = normalize_args(frame, vertical, horizontal, offset, mask, **kwargs)
     args, op_kwargs = normalized.op_args(), normalized.op_kwargs()
     ops = _ops_run_by(lambda: FORWARD(*args, **op_kwargs))
-    if device == "cpu":
-        assert not ops & COPY_OPS, sorted(ops & COPY_OPS)
+    assert not ops & COPY_OPS, sorted(ops & COPY_OPS)
+    plan = edsc_ext._plan(frame, vertical, horizontal, offset, mask, **kwargs).forward
+    assert (plan == "pixels_rgb") if device == "cuda" else plan.startswith("pixels/"), plan
     out = FORWARD(*args, **op_kwargs)
     assert out.is_contiguous(memory_format=fmt)
     assert_close(out, reference(dense, "border"), F32)

@@ -25,21 +25,24 @@ CPU = CpuFacts(avx2=True, threads=2)
 CASES = {c.name: c for c in B.CASES}
 
 
-def meta_call(case: B.Case, dtype=F32, channels_last=False, channels=None, grads=True, param_dtype=None, **changes):
+def meta_call(case: B.Case, dtype=F32, channels_last=False, channels=None, grads=True, param_dtype=None,
+              views=False, **changes):
     """(args, kwargs) of edsc_ext._plan for a benchmark case as meta tensors (every present tensor
-    requiring grad when ``grads``; the per-pixel ones in ``param_dtype``, default ``dtype``)."""
+    requiring grad when ``grads``; the per-pixel ones in ``param_dtype``, default ``dtype``; with
+    ``views``, as channel slices of wider tensors, which the forwards read in place)."""
     case = dataclasses.replace(case, **changes) if changes else case
     c = case.c if channels is None else channels
     hw = (case.h, case.w)
 
-    def tensor(*shape, dtype=param_dtype or dtype):
-        t = torch.empty(*shape, device="meta", dtype=dtype)
+    def tensor(*shape, dtype=param_dtype or dtype, view=views):
+        n, k, h, w = shape
+        t = torch.empty(n, k + 3 if view else k, h, w, device="meta", dtype=dtype)
         if channels_last:
             t = t.contiguous(memory_format=torch.channels_last)
-        return t.requires_grad_(grads)
+        return t[:, :k].detach().requires_grad_(grads) if view else t.requires_grad_(grads)
 
     taps = case.k * case.k
-    frame = tensor(case.n, c, case.h_in, case.w_in, dtype=dtype)
+    frame = tensor(case.n, c, case.h_in, case.w_in, dtype=dtype, view=False)
     v = tensor(case.n, case.k, *hw) if case.separable else None
     h = tensor(case.n, case.k, *hw) if case.separable else None
     offset = tensor(case.n, 2 * taps, *hw) if case.deformable else None
@@ -88,6 +91,11 @@ TABLE_CALLS = {
     "sepconv f32 channels_last": (meta_call(SEPCONV, channels_last=True), False),
     "sepconv f64": (meta_call(SEPCONV, F64, k=5, padding=2), False),
     "adacof f32 channels_last": (meta_call(ADACOF, channels_last=True), False),
+    "train f32 views": (meta_call(TRAIN, views=True), False),
+    "train f32 channels_last views": (meta_call(TRAIN, channels_last=True, views=True), False),
+    "train f16 C=4 views": (meta_call(TRAIN, F16, channels=4, views=True), False),
+    "feat f32 channels_last views": (meta_call(FEAT, channels_last=True, views=True), False),
+    "sepconv f32 channels_last views": (meta_call(SEPCONV, channels_last=True, views=True), False),
     "train f32 frame grad only": (meta_call(TRAIN, grads=False), False),
     "train f32 no grads": (meta_call(TRAIN, grads=False), False),
 }
@@ -137,6 +145,11 @@ EXPECTED_PLANS = {
     'sepconv f32 channels_last': ('grid_taps_rows/avx2', 'grid_taps_rows/avx2', 'grid_taps', 'grid_taps_params+gather_input_grad'),
     'sepconv f64': ('grid_taps_rows/avx2', 'grid_taps_rows/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
     'adacof f32 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'lane_pairs_rgb_staged', 'tiled_warp_staged_rgb'),
+    'train f32 views': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb', 'tiled_rgb_prefetch'),
+    'train f32 channels_last views': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb', 'tiled_warp_staged_rgb'),
+    'train f16 C=4 views': ('pixels/avx2', 'pixels_fused/avx2', 'pixels', 'tiled_prefetch'),
+    'feat f32 channels_last views': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_vectorized', 'nchw_copies+tiled_prefetch'),
+    'sepconv f32 channels_last views': ('pixels/avx2', 'grid_taps_rows/avx2', 'pixels', 'grid_taps_params+gather_input_grad'),
     'train f32 frame grad only': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
     'train f32 no grads': ('pixels/avx2', 'none', 'pixels_rgb_prefetch', 'none'),
 }

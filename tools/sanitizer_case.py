@@ -92,7 +92,27 @@ def run_every_path() -> None:
                                 out = edsc_ext.deform_sepconv(frame, per_pixel[0], per_pixel[1], offset, per_pixel[4],
                                                               padding=pad, dilation=dil, padding_mode=mode)
                                 out.backward(torch.randn_like(out))
+                # Per-pixel tensors as views, read in place by the forward: channel slices of wider
+                # tensors, split offsets as two slices of one tensor, a mask expanded along the batch;
+                # NCHW and NHWC, 5 and 3 channels, and half-type views with float32 frames.
+                for frame, rest in ((ts[0], ts), (rgb, cl)):
+                    fmt = torch.channels_last if rest is cl else torch.contiguous_format
+                    for view_dtype in (dtype,) + ((torch.float16, torch.bfloat16) if dtype == torch.float32 else ()):
+                        vert, horz, mask = (channel_slice(t, view_dtype, fmt) for t in (rest[1], rest[2], rest[4][:1]))
+                        offsets = rest[3].detach()
+                        both = channel_slice(torch.cat([offsets[:, 0::2], offsets[:, 1::2]], 1), view_dtype, fmt)
+                        dy_dx = (both[:, : kh * kw], both[:, kh * kw :])
+                        edsc_ext.deform_sepconv(frame.detach(), vert, horz, dy_dx, mask.expand(rest[4].shape), padding=pad,
+                                                dilation=dil, padding_mode=mode)
+                        edsc_ext.deform_sepconv(frame.detach(), vert, horz, channel_slice(offsets, view_dtype, fmt), None,
+                                                padding=pad, dilation=dil, padding_mode=mode)
     torch.cuda.synchronize(device)
+
+
+def channel_slice(t: torch.Tensor, dtype: torch.dtype, fmt: torch.memory_format) -> torch.Tensor:
+    """t's values in dtype as the first channels of a wider tensor in memory format fmt (a view)."""
+    t = t.detach().to(dtype)
+    return torch.cat([t, t[:, :3]], 1).contiguous(memory_format=fmt)[:, : t.shape[1]]
 
 
 if __name__ == "__main__":

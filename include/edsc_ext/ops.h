@@ -45,7 +45,7 @@ struct DeformSepconvTensors {
 // (wants_channels_last), NCHW-contiguous otherwise; a tensor already so is not copied.
 // per_pixel_in_place: a per-pixel tensor whose strides the kernels can follow (per_pixel_strides:
 // a channel slice of a wider tensor, an expanded one) is kept as it is instead, for a backend whose
-// planner sends such calls to kernels that take PerPixelStrides (the CPU forward).
+// planner sends such calls to kernels that take PerPixelStrides (the CPU and CUDA forwards).
 // grad_output is checked when given. With offset_dx (split offsets), offset and offset_dx are the
 // dy and dx of every tap, (N, KH*KW, H_out, W_out) each; else offset is (N, 2*KH*KW, H_out, W_out).
 DeformSepconvTensors prepare_deform_sepconv(const at::Tensor& input, const std::optional<at::Tensor>& vertical,

@@ -4,7 +4,9 @@
 // (plan_cuda_forward). With 5x5 kernels, exactly 3 channels (RGB) make the channel count a
 // compile-time constant, which leaves no branch in a tap (accumulate_tap); in NCHW with one channel
 // block each warp first prefetches its per-pixel values into L2 (prefetched_pixel_values.cuh); in
-// channels_last whole blocks of channels load a corner as one vector.
+// channels_last whole blocks of channels load a corner as one vector. The per-pixel tensors are read
+// at their own strides (views, e.g. channel slices of the EDSC heads' outputs, in place), except by
+// the prefetching kernel, which the planner gives dense tensors only.
 #include "deform_sepconv_forward_cuda.cuh"
 #include "prefetched_pixel_values.cuh"
 
@@ -64,8 +66,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock, (min_blocks_per_multiprocess
     }
     // Straight-line taps where the channel count is a constant (accumulate_tap says why).
     deform_sepconv_forward_pixel<kChannelBlock, kKernelH, kKernelW, kChannelsLast, scalar_t, acc_t, index_t,
-                                 /*kBranchFree=*/kExactBlock, kVectorLoads>(p, output, n, pixel / p.width_out,
-                                                                            pixel % p.width_out, c0);
+                                 /*kBranchFree=*/kExactBlock, kVectorLoads, /*kStrided=*/!kPrefetch>(
+        p, output, n, pixel / p.width_out, pixel % p.width_out, c0);
   }
 }
 

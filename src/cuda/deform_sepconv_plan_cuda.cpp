@@ -61,7 +61,8 @@ CudaForwardPlan plan_cuda_forward(const DeformSepconvCall& c, const CudaDeviceFa
   if (c.batch * c.channels * c.height_out * c.width_out == 0) return plan;
   GridWindow window;
   int64_t channel_bytes = 0;
-  if (!policy.plain_forward && grid_window(c, device, policy, window, channel_bytes)) {
+  // Only the one-thread-per-pixel kernel follows the strides of per-pixel views (dense_per_pixel false).
+  if (!policy.plain_forward && c.dense_per_pixel && grid_window(c, device, policy, window, channel_bytes)) {
     // The most channels of 4, 3, 2, 1 that divides the channel count and whose windows fit the budget.
     for (const int pass : {4, 3, 2, 1}) {
       if (c.channels % pass == 0 && pass * channel_bytes <= kGridWindowBudgetBytes) {
@@ -76,8 +77,8 @@ CudaForwardPlan plan_cuda_forward(const DeformSepconvCall& c, const CudaDeviceFa
   // RGB takes the exact-RGB one-thread kernel instead, which beats it in these types too.
   // The staged and lane-pair forwards and the warp-staged backward copy (dy, dx) pairs of one
   // offset tensor in the frame's dtype: split offsets and mixed precision take the kernels that
-  // read them through GlobalPixelValues.
-  const bool copies_pairs = !c.split_offsets && !c.mixed_precision();
+  // read them through GlobalPixelValues, as do per-pixel views.
+  const bool copies_pairs = !c.split_offsets && !c.mixed_precision() && c.dense_per_pixel;
   if (specialized && !policy.plain_forward && !c.channels_last && c.element_size == kStagedElementSize &&
       c.channels <= kSmallChannels && c.channels != 3 && device.major >= kStagedMinMajor && copies_pairs) {
     // cp.async needs aligned addresses, and a segment starts at (n * channels + k) * hw + p0 elements.
@@ -102,7 +103,8 @@ CudaForwardPlan plan_cuda_forward(const DeformSepconvCall& c, const CudaDeviceFa
   if (specialized) plan.exact_rgb = c.channels == 3;
   if (specialized && !c.channels_last) {
     // With more channel blocks the warps of different blocks would prefetch the same lines.
-    plan.prefetch = policy.prefetch && c.channels <= kPixelChannelBlock;
+    // The prefetch addresses dense planes.
+    plan.prefetch = policy.prefetch && c.channels <= kPixelChannelBlock && c.dense_per_pixel;
   }
   // In channels_last a pixel's channels are adjacent: whole blocks of them, aligned (every block
   // starts a multiple of kPixelChannelBlock elements into the frame), load as one vector of at most
