@@ -3,6 +3,13 @@
 // device is. plan_cuda_backward (deform_sepconv_plan.h) chooses the kernels: the grid-tap ones
 // (deform_sepconv_grid_taps_input_grad_cuda.cu, deform_sepconv_backward_grid_taps_cuda.cu) and the
 // bilinear one for the rest (deform_sepconv_backward_launch.cuh, compiled once per dtype).
+#include <ATen/Context.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <ATen/ops/where.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
 #include "deform_sepconv_backward_cuda.cuh"
 
 namespace edsc_ext {

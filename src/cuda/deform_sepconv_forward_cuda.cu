@@ -3,6 +3,8 @@
 // device is. plan_cuda_forward (deform_sepconv_plan.h) chooses the kernel; each family has its own
 // unit (deform_sepconv_forward_{grid_taps,staged,lane_pairs,pixels}_cuda.cu), the per-pixel work of
 // the bilinear ones from include/edsc_ext/deform_sepconv_pixel.h.
+#include <torch/library.h>
+
 #include "deform_sepconv_forward_cuda.cuh"
 
 namespace edsc_ext {

@@ -10,6 +10,8 @@
 // so that a thread's KW taps are contiguous (16-byte loads), and dL/dout_c(o) V_i(o) for each tile
 // row's i. No atomics, one write per element, so it is deterministic too. The bilinear backward
 // scattered this with global float atomics, most of sepconv's forward+backward time (BENCHMARKS.md).
+#include <ATen/ops/cat.h>
+
 #include <vector>
 
 #include "deform_sepconv_backward_cuda.cuh"
