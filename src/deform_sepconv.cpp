@@ -53,7 +53,7 @@ at::Tensor checked_optional(const std::optional<at::Tensor>& t, const char* name
 }
 
 // The largest element offset a tensor's strides reach (0 for an empty one).
-int64_t largest_offset(const at::Tensor& t) {
+int64_t largest_offset(const at::TensorBase& t) {
   if (t.numel() == 0) return 0;
   int64_t offset = 0;
   for (int64_t d = 0; d < t.dim(); ++d) offset += (t.size(d) - 1) * t.stride(d);
@@ -64,7 +64,7 @@ bool fits_int32(int64_t v) { return v >= 0 && v <= std::numeric_limits<int32_t>:
 
 // The largest of 16, 8, 4, 2, 1 that the tensor's start address is a multiple of (16 for a meta
 // tensor, which has no address: plans for a described call assume allocator alignment).
-int64_t start_alignment(const at::Tensor& t) {
+int64_t start_alignment(const at::TensorBase& t) {
   const uintptr_t address = t.is_meta() ? 0 : reinterpret_cast<uintptr_t>(t.const_data_ptr());
   for (const int64_t bytes : {16, 8, 4, 2}) {
     if (address % bytes == 0) return bytes;
@@ -123,7 +123,7 @@ std::tuple<bool, bool, bool, bool, bool, bool, bool, int64_t> get_kernel_policy_
 
 }  // namespace
 
-std::optional<PerPixelStrides<int64_t>> per_pixel_strides(const at::Tensor& t, bool channels_last) {
+std::optional<PerPixelStrides<int64_t>> per_pixel_strides(const at::TensorBase& t, bool channels_last) {
   if (t.dim() != 4) return std::nullopt;
   const int64_t K = t.size(1), H = t.size(2), W = t.size(3);
   // A dimension of size 1 may have any stride: only the others are checked.
@@ -209,7 +209,7 @@ DeformSepconvTensors prepare_deform_sepconv(const at::Tensor& input, const std::
   const int64_t output_numel = input.size(0) * input.size(1) * t.height_out * t.width_out;
   const int64_t per_pixel_numel = input.size(0) * 2 * taps * t.height_out * t.width_out;
   int64_t per_pixel_reach = 0;
-  for (const at::Tensor* v : {&t.vertical, &t.horizontal, &t.offset, &t.mask, &t.offset_dx}) {
+  for (const at::TensorBase* v : {&t.vertical, &t.horizontal, &t.offset, &t.mask, &t.offset_dx}) {
     if (v->defined()) {
       per_pixel_reach = std::max(per_pixel_reach, largest_offset(*v));
       t.dense_per_pixel = t.dense_per_pixel && v->is_contiguous(format);
@@ -244,13 +244,13 @@ DeformSepconvCall describe_call(const DeformSepconvTensors& t, const DeformSepco
   c.has_mask = t.mask.defined();
   c.split_offsets = t.offset_dx.defined();
   c.dense_per_pixel = t.dense_per_pixel;
-  for (const at::Tensor* per_pixel : {&t.vertical, &t.horizontal, &t.offset, &t.mask, &t.offset_dx}) {
+  for (const at::TensorBase* per_pixel : {&t.vertical, &t.horizontal, &t.offset, &t.mask, &t.offset_dx}) {
     if (per_pixel->defined()) c.per_pixel_alignment = std::min(c.per_pixel_alignment, start_alignment(*per_pixel));
   }
   c.input_alignment = start_alignment(t.input);
   c.offset_pairs_aligned = !c.has_offset || c.split_offsets || start_alignment(t.offset) % (2 * c.element_size) == 0;
   // A gradient is computed where it is asked for and has elements (allocate_deform_sepconv_grads).
-  const at::Tensor* sources[5] = {&t.input, &t.vertical, &t.horizontal, &t.offset, &t.mask};
+  const at::TensorBase* sources[5] = {&t.input, &t.vertical, &t.horizontal, &t.offset, &t.mask};
   for (int k = 0; k < 5; ++k) c.grads[k] = output_mask[k] && sources[k]->defined() && sources[k]->numel() > 0;
   c.deterministic = deterministic;
   return c;
@@ -262,7 +262,7 @@ bool wants_channels_last(const at::Tensor& input) {
 
 DeformSepconvGrads allocate_deform_sepconv_grads(const DeformSepconvTensors& t,
                                                  const std::array<bool, 5>& output_mask) {
-  const at::Tensor* sources[6] = {&t.input, &t.vertical, &t.horizontal, &t.offset, &t.mask, &t.offset_dx};
+  const at::TensorBase* sources[6] = {&t.input, &t.vertical, &t.horizontal, &t.offset, &t.mask, &t.offset_dx};
   DeformSepconvGrads grads;
   for (int k = 0; k < 6; ++k) {
     const bool wanted = output_mask[k == kOffsetDxGrad ? 3 : k];

@@ -5,12 +5,15 @@
 // bilinear one for the rest (deform_sepconv_backward_launch.cuh, compiled once per dtype).
 #include <ATen/Context.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/where.h>
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include "deform_sepconv_backward_cuda.cuh"
+#include "edsc_ext/ops.h"
 
 namespace edsc_ext {
 namespace {
@@ -21,24 +24,25 @@ namespace {
 // mode, whose doubled border samples weigh up to 2 per axis). Device-side only.
 FixedPointInputGrad prepare_fixed_point_input_grad(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg) {
   const auto f64 = t.input.options().dtype(at::kDouble);
-  at::Tensor per_pixel = t.grad_output.abs().amax(1).to(at::kDouble);
-  per_pixel = per_pixel * (t.vertical.defined() ? t.vertical.abs().sum(1, false, at::kDouble)
+  const auto abs = [](const at::TensorBase& v) { return at::Tensor(v).abs(); };
+  at::Tensor per_pixel = abs(t.grad_output).amax(1).to(at::kDouble);
+  per_pixel = per_pixel * (t.vertical.defined() ? abs(t.vertical).sum(1, false, at::kDouble)
                                                 : at::scalar_tensor(double(cfg.kernel_h), f64));
-  per_pixel = per_pixel * (t.horizontal.defined() ? t.horizontal.abs().sum(1, false, at::kDouble)
+  per_pixel = per_pixel * (t.horizontal.defined() ? abs(t.horizontal).sum(1, false, at::kDouble)
                                                   : at::scalar_tensor(double(cfg.kernel_w), f64));
-  if (t.mask.defined()) per_pixel = per_pixel * t.mask.abs().amax(1).to(at::kDouble);
+  if (t.mask.defined()) per_pixel = per_pixel * abs(t.mask).amax(1).to(at::kDouble);
   FixedPointInputGrad w;
-  w.bound = per_pixel.sum() * (cfg.padding_mode == kPaddingEdsc ? 4.0 : 1.0);
-  w.scale =
-      at::where(w.bound > 0, at::scalar_tensor(4.611686018427387904e18, f64) / w.bound, at::scalar_tensor(1.0, f64));
+  const at::Tensor bound = per_pixel.sum() * (cfg.padding_mode == kPaddingEdsc ? 4.0 : 1.0);
+  w.bound = bound;
+  w.scale = at::where(bound > 0, at::scalar_tensor(4.611686018427387904e18, f64) / bound, at::scalar_tensor(1.0, f64));
   w.sums = at::empty(t.input.sizes(), t.input.options().dtype(at::kLong).memory_format(t.memory_format())).zero_();
   w.poisoned = at::zeros({1}, t.input.options().dtype(at::kInt));
   return w;
 }
 
 at::Tensor finish_fixed_point_input_grad(const FixedPointInputGrad& w) {
-  const at::Tensor value = w.sums.to(at::kDouble) / w.scale;
-  const at::Tensor bad = (w.poisoned > 0).logical_or(w.bound.isfinite().logical_not());
+  const at::Tensor value = at::Tensor(w.sums).to(at::kDouble) / at::Tensor(w.scale);
+  const at::Tensor bad = (at::Tensor(w.poisoned) > 0).logical_or(at::Tensor(w.bound).isfinite().logical_not());
   return at::where(bad, at::scalar_tensor(std::numeric_limits<double>::quiet_NaN(), value.options()), value);
 }
 
@@ -76,12 +80,25 @@ DeformSepconvBackwardResult deform_sepconv_backward_cuda(
                          cuda_device_facts(input.device().index()), kernel_policy());
   if (plan.empty) return backward_result(grads);
   if (plan.gather_input_grad) launch_gather_input_grad(t, cfg, plan, grads[0]);
-  if (plan.grid_tap_param_grads) launch_grid_taps_param_grads(t, cfg, plan, grads);
+  if (plan.grid_tap_param_grads) launch_grid_taps_param_grads(t, cfg, plan, grad_buffers(grads));
   if (plan.kernel != CudaBackwardKernel::kNone) {
     FixedPointInputGrad fixed_point;
     if (plan.deterministic) fixed_point = prepare_fixed_point_input_grad(t, cfg);
     EDSC_DISPATCH_FRAME_AND_PARAM_TYPES(input.scalar_type(), t.param_dtype, "deform_sepconv_backward_cuda", [&] {
-      launch_deform_sepconv_backward<scalar_t, param_t>(t, cfg, plan, grads, fixed_point);
+      // The kernels add the input gradient up in acc_t: into grads[0] where that is its dtype.
+      using acc_t = at::opmath_type<scalar_t>;
+      at::Tensor grad_input_acc;
+      if (plan.kernel_input_grad && !plan.deterministic) {
+        grad_input_acc =
+            std::is_same_v<acc_t, scalar_t>
+                ? grads[0]
+                : at::empty(
+                      input.sizes(),
+                      input.options().dtype(c10::CppTypeToScalarType<acc_t>::value).memory_format(t.memory_format()))
+                      .zero_();
+      }
+      launch_deform_sepconv_backward<scalar_t, param_t>(t, cfg, plan, grad_buffers(grads), grad_input_acc, fixed_point);
+      if (grad_input_acc.defined() && !grad_input_acc.is_same(grads[0])) grads[0].copy_(grad_input_acc);
     });
     if (plan.deterministic) grads[0].copy_(finish_fixed_point_input_grad(fixed_point));
   }

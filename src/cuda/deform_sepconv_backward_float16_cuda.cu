@@ -5,6 +5,7 @@ namespace edsc_ext {
 
 template void launch_deform_sepconv_backward<c10::Half, c10::Half>(const DeformSepconvTensors&,
                                                                    const DeformSepconvConfig&, const CudaBackwardPlan&,
-                                                                   DeformSepconvGrads&, const FixedPointInputGrad&);
+                                                                   const DeformSepconvGradBuffers&,
+                                                                   const at::TensorBase&, const FixedPointInputGrad&);
 
 }  // namespace edsc_ext

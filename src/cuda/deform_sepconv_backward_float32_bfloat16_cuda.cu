@@ -6,6 +6,7 @@ namespace edsc_ext {
 
 template void launch_deform_sepconv_backward<float, c10::BFloat16>(const DeformSepconvTensors&,
                                                                    const DeformSepconvConfig&, const CudaBackwardPlan&,
-                                                                   DeformSepconvGrads&, const FixedPointInputGrad&);
+                                                                   const DeformSepconvGradBuffers&,
+                                                                   const at::TensorBase&, const FixedPointInputGrad&);
 
 }  // namespace edsc_ext

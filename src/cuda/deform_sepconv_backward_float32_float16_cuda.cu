@@ -5,7 +5,7 @@
 namespace edsc_ext {
 
 template void launch_deform_sepconv_backward<float, c10::Half>(const DeformSepconvTensors&, const DeformSepconvConfig&,
-                                                               const CudaBackwardPlan&, DeformSepconvGrads&,
-                                                               const FixedPointInputGrad&);
+                                                               const CudaBackwardPlan&, const DeformSepconvGradBuffers&,
+                                                               const at::TensorBase&, const FixedPointInputGrad&);
 
 }  // namespace edsc_ext

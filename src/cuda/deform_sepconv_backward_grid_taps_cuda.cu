@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(kGridTileThreads, 2)  // at most 128 registers
 }  // namespace
 
 void launch_grid_taps_param_grads(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
-                                  const CudaBackwardPlan& plan, const DeformSepconvGrads& grads) {
+                                  const CudaBackwardPlan& plan, const DeformSepconvGradBuffers& grads) {
   TORCH_INTERNAL_ASSERT(t.input.element_size() <= 4 && t.input.size(1) <= kSmallChannels,
                         "grid-tap backward: not planned for this call");
   const auto stream = c10::cuda::getCurrentCUDAStream(t.input.device().index());

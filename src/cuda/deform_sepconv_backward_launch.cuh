@@ -11,22 +11,13 @@ namespace edsc_ext {
 
 template <typename scalar_t, typename param_t>
 void launch_deform_sepconv_backward(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
-                                    const CudaBackwardPlan& plan, DeformSepconvGrads& grads,
-                                    const FixedPointInputGrad& fixed_point) {
-  const at::Tensor& input = t.input;
+                                    const CudaBackwardPlan& plan, const DeformSepconvGradBuffers& grads,
+                                    const at::TensorBase& grad_input_acc, const FixedPointInputGrad& fixed_point) {
+  const at::TensorBase& input = t.input;
   const int64_t pixels = input.size(0) * t.height_out * t.width_out;
   const auto stream = c10::cuda::getCurrentCUDAStream(input.device().index());
   using acc_t = at::opmath_type<scalar_t>;
   const bool deterministic = plan.deterministic;
-  at::Tensor grad_input_acc;
-  if (plan.kernel_input_grad && !deterministic) {
-    grad_input_acc =
-        std::is_same_v<acc_t, scalar_t>
-            ? grads[0]
-            : at::empty(input.sizes(),
-                        input.options().dtype(c10::CppTypeToScalarType<acc_t>::value).memory_format(t.memory_format()))
-                  .zero_();
-  }
   acc_t* grad_input = grad_input_acc.defined() ? grad_input_acc.mutable_data_ptr<acc_t>() : nullptr;
   const DeformSepconvParamGrads<param_t> param_grads =
       plan.kernel_param_grads ? make_param_grads<param_t>(grads) : DeformSepconvParamGrads<param_t>{};
@@ -121,7 +112,6 @@ void launch_deform_sepconv_backward(const DeformSepconvTensors& t, const DeformS
       });
     });
   });
-  if (grad_input_acc.defined() && !grad_input_acc.is_same(grads[0])) grads[0].copy_(grad_input_acc);
 }
 
 }  // namespace edsc_ext

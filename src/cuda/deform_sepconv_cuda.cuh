@@ -3,13 +3,11 @@
 #pragma once
 
 // Only the headers the kernels' units need: nvcc compiles each unit's host code more than once, and
-// <ATen/ATen.h> (every operator) made about a third of a unit's compile time. Units that register
-// ops (TORCH_LIBRARY_IMPL) or call other operators include those headers themselves.
-#include <ATen/Dispatch.h>
+// <ATen/ATen.h> (every operator) made about a third of a unit's compile time, at::Tensor's header
+// most of the rest; the kernels' units see tensors as at::TensorBase (deform_sepconv_tensors.h).
+// The host entry points, which allocate and call other operators, include what they use.
 #include <ATen/OpMathType.h>
-#include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAContextLight.h>
-#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -18,8 +16,8 @@
 
 #include "deform_sepconv_plan.h"
 #include "edsc_ext/deform_sepconv_call.h"
+#include "edsc_ext/deform_sepconv_tensors.h"
 #include "edsc_ext/kernel_policy.h"
-#include "edsc_ext/ops.h"
 #include "launch.cuh"
 
 namespace edsc_ext {

@@ -3,9 +3,12 @@
 // device is. plan_cuda_forward (deform_sepconv_plan.h) chooses the kernel; each family has its own
 // unit (deform_sepconv_forward_{grid_taps,staged,lane_pairs,pixels}_cuda.cu), the per-pixel work of
 // the bilinear ones from include/edsc_ext/deform_sepconv_pixel.h.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include "deform_sepconv_forward_cuda.cuh"
+#include "edsc_ext/ops.h"
 
 namespace edsc_ext {
 

@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(kGridTileThreads)
 }  // namespace
 
 void launch_grid_taps_forward(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
-                              const CudaForwardPlan& plan, at::Tensor& output) {
+                              const CudaForwardPlan& plan, const at::TensorBase& output) {
   TORCH_INTERNAL_ASSERT(t.input.element_size() <= 4, "grid-tap forward: not planned for this call");
   const auto stream = c10::cuda::getCurrentCUDAStream(t.input.device().index());
   AT_DISPATCH_FLOATING_TYPES_AND2(

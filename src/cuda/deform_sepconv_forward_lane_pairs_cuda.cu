@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, sizeof(scalar_t) == 4 ? 3 : 
 }  // namespace
 
 void launch_lane_pairs_forward(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
-                               const CudaForwardPlan& plan, at::Tensor& output) {
+                               const CudaForwardPlan& plan, const at::TensorBase& output) {
   TORCH_INTERNAL_ASSERT(t.use_32bit_indexing && t.input.element_size() <= 4,
                         "lane-pair forward: not planned for this call");
   const auto stream = c10::cuda::getCurrentCUDAStream(t.input.device().index());

@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, (min_blocks_per_multiprocess
 }  // namespace
 
 void launch_pixels_forward(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg, const CudaForwardPlan& plan,
-                           at::Tensor& output) {
+                           const at::TensorBase& output) {
   const auto stream = c10::cuda::getCurrentCUDAStream(t.input.device().index());
   // Mixed precision (per-pixel tensors in a half type, a float32 frame) is read here as it is.
   EDSC_DISPATCH_FRAME_AND_PARAM_TYPES(t.input.scalar_type(), t.param_dtype, "deform_sepconv_forward_pixels_cuda", [&] {

@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(kStagedPixels)
 }  // namespace
 
 void launch_staged_forward(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg, const CudaForwardPlan& plan,
-                           at::Tensor& output) {
+                           const at::TensorBase& output) {
   TORCH_INTERNAL_ASSERT(t.use_32bit_indexing && t.input.element_size() == kStagedElementSize,
                         "staged forward: not planned for this call");
   const auto stream = c10::cuda::getCurrentCUDAStream(t.input.device().index());

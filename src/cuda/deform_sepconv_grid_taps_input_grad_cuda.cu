@@ -10,7 +10,9 @@
 // so that a thread's KW taps are contiguous (16-byte loads), and dL/dout_c(o) V_i(o) for each tile
 // row's i. No atomics, one write per element, so it is deterministic too. The bilinear backward
 // scattered this with global float atomics, most of sepconv's forward+backward time (BENCHMARKS.md).
+#include <ATen/core/Tensor.h>
 #include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
 
 #include <vector>
 
@@ -123,7 +125,7 @@ at::Tensor fold_clamped(const at::Tensor& g, int64_t dim, int64_t before, int64_
 
 template <typename scalar_t>
 void launch_gather(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg, const CudaBackwardPlan& plan,
-                   at::Tensor& grad_input) {
+                   const at::TensorBase& grad_input) {
   if constexpr (sizeof(scalar_t) <= 4) {
     using acc_t = at::opmath_type<scalar_t>;
     const int64_t channels = t.input.size(1), height = t.input.size(2), width = t.input.size(3);
@@ -167,14 +169,14 @@ void launch_gather(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg
     if (cfg.padding_mode == kPaddingBorder) {
       virt = fold_clamped(fold_clamped(virt, 2, -domain.y0, height), 3, -domain.x0, width);
     }
-    grad_input.copy_(virt);
+    at::Tensor(grad_input).copy_(virt);
   }
 }
 
 }  // namespace
 
 void launch_gather_input_grad(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
-                              const CudaBackwardPlan& plan, at::Tensor& grad_input) {
+                              const CudaBackwardPlan& plan, const at::TensorBase& grad_input) {
   TORCH_INTERNAL_ASSERT(t.input.element_size() <= 4 && t.input.size(1) <= kSmallChannels && !t.mask.defined(),
                         "gathered input gradient: not planned for this call");
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, t.input.scalar_type(),
