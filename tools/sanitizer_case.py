@@ -102,10 +102,10 @@ def run_every_path() -> None:
                         offsets = rest[3].detach()
                         both = channel_slice(torch.cat([offsets[:, 0::2], offsets[:, 1::2]], 1), view_dtype, fmt)
                         dy_dx = (both[:, : kh * kw], both[:, kh * kw :])
-                        edsc_ext.deform_sepconv(frame.detach(), vert, horz, dy_dx, mask.expand(rest[4].shape), padding=pad,
-                                                dilation=dil, padding_mode=mode)
-                        edsc_ext.deform_sepconv(frame.detach(), vert, horz, channel_slice(offsets, view_dtype, fmt), None,
+                        edsc_ext.deform_sepconv(frame.detach(), vert, horz, dy_dx, mask.expand(rest[4].shape),
                                                 padding=pad, dilation=dil, padding_mode=mode)
+                        edsc_ext.deform_sepconv(frame.detach(), vert, horz, channel_slice(offsets, view_dtype, fmt),
+                                                None, padding=pad, dilation=dil, padding_mode=mode)
     torch.cuda.synchronize(device)
 
 
