@@ -319,19 +319,21 @@ def test_channels_last_warp_staged(gen, request, channels, dtype, mode):
                     assert g is None and g0 is None or torch.equal(g, g0), f"grad of {name} differs between two runs"
 
 
-# The CUDA channels_last one-thread-per-(pixel, channel block) forward with whole blocks of 4
-# channels reads each bilinear corner's block with one vector load (kernel_policy(vector_loads=True),
-# the default): several blocks a pixel (8, 12 channels), one block (4 channels, which only the plain
-# forward or mixed precision sends here rather than to the lane pairs), the 5x5 specialisation and a
-# run-time kernel size with dilation, every padding mode (EDSC mode's doubled border samples
-# included), float32 and the half types, and float32 frames with bfloat16 per-pixel tensors; the
-# scalar loads (vector_loads=False) must agree, and both the float64 reference.
+# The CUDA channels_last one-thread-per-(pixel, channel block) forward with whole blocks of channels
+# reads each bilinear corner's block with vector loads (kernel_policy(vector_loads=True), the
+# default): blocks of 8 a thread where the channel count is a multiple of 8 (8 channels: one block,
+# 16: two), else of 4 (12 channels: three blocks; 4 channels, which only the plain forward or mixed
+# precision sends here rather than to the lane pairs), the 5x5 specialisation and a run-time kernel
+# size with dilation, every padding mode (EDSC mode's doubled border samples included), float32 and
+# the half types, and float32 frames with bfloat16 per-pixel tensors; the scalar loads
+# (vector_loads=False) must agree, and both the float64 reference.
 @pytest.mark.cuda
 @requires_cuda
 @pytest.mark.parametrize("per_pixel", ["same", "bf16"])
 @pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=["f32", "f16", "bf16"])
-@pytest.mark.parametrize("config", [(2, 8, 9, 37, 5, 5, 2, 1), (1, 12, 10, 21, 3, 4, (1, 2), (2, 1)),
-                                    (2, 4, 7, 45, 5, 5, 2, 1)], ids=["c8-5x5", "c12-3x4-dil", "c4-5x5"])
+@pytest.mark.parametrize("config", [(2, 8, 9, 37, 5, 5, 2, 1), (1, 16, 10, 21, 3, 4, (1, 2), (2, 1)),
+                                    (1, 12, 10, 21, 3, 4, (1, 2), (2, 1)), (2, 4, 7, 45, 5, 5, 2, 1)],
+                         ids=["c8-5x5", "c16-3x4-dil", "c12-3x4-dil", "c4-5x5"])
 def test_channels_last_vector_loads(gen, config, dtype, per_pixel):
     if per_pixel == "bf16" and dtype != F32:
         pytest.skip("mixed precision takes a float32 frame")
@@ -347,7 +349,8 @@ def test_channels_last_vector_loads(gen, config, dtype, per_pixel):
             # 4 channels of one dtype would take the lane-pair forward: the plain forward instead.
             plain = config[1] == 4 and per_pixel == "same"
             with edsc_ext.kernel_policy(vector_loads=vector, plain_forward=plain):
-                assert plans_of(case, padding_mode).forward == ("pixels_vectorized" if vector else "pixels"), (
+                vectorized = "pixels_vectorized8" if config[1] % 8 == 0 else "pixels_vectorized"
+                assert plans_of(case, padding_mode).forward == (vectorized if vector else "pixels"), (
                     padding_mode, vector)
                 out, grads = forward_and_grads(OP, case, padding_mode, as_cl(grad_output))
             assert out.is_contiguous(memory_format=torch.channels_last), out.stride()
@@ -375,7 +378,7 @@ def test_channels_last_vector_loads_frame_alignment(gen, shift):
     shifted = case.replace(input=frame)
     # (plans_of would plan fresh copies, which the allocator aligns.)
     plans = edsc_ext._plan(*shifted.tensors, **shifted.kwargs, padding_mode="border")
-    assert plans.forward == ("pixels_vectorized" if shift == 4 else "pixels"), plans
+    assert plans.forward == ("pixels_vectorized8" if shift == 4 else "pixels"), plans
     out = OP(*shifted.tensors, **shifted.kwargs, padding_mode="border")
     assert_close(out, reference.deform_sepconv(*case.to(F64, "cpu").tensors, **case.kwargs, padding_mode="border"),
                  F32)

@@ -143,14 +143,23 @@ struct alignas(sizeof(scalar_t) * kCount) ValueBlock {
   scalar_t v[kCount];
 };
 
-// The kCount channels of one corner (0 outside the image) with one load; `at` must be aligned to
-// the block's size.
+// The values of a vector load: at most 16 bytes (the widest load), at most the block.
+template <typename scalar_t, int kCount>
+constexpr int kVectorPiece = kCount * sizeof(scalar_t) <= 16 ? kCount : static_cast<int>(16 / sizeof(scalar_t));
+
+// The kCount channels of one corner (0 outside the image) in loads of kVectorPiece values; `at`
+// must be aligned to a piece's size.
 template <int kCount, typename acc_t, typename scalar_t>
 EDSC_HOST_DEVICE void load_corner_block(bool inside, const scalar_t* at, acc_t (&out)[kCount]) {
+  constexpr int kPiece = kVectorPiece<scalar_t, kCount>;
+  static_assert(kCount % kPiece == 0, "a block is whole pieces");
   if (inside) {
-    const ValueBlock<scalar_t, kCount> block = *reinterpret_cast<const ValueBlock<scalar_t, kCount>*>(at);
     EDSC_UNROLL
-    for (int k = 0; k < kCount; ++k) out[k] = static_cast<acc_t>(block.v[k]);
+    for (int k0 = 0; k0 < kCount; k0 += kPiece) {
+      const ValueBlock<scalar_t, kPiece> piece = *reinterpret_cast<const ValueBlock<scalar_t, kPiece>*>(at + k0);
+      EDSC_UNROLL
+      for (int k = 0; k < kPiece; ++k) out[k0 + k] = static_cast<acc_t>(piece.v[k]);
+    }
   } else {
     EDSC_UNROLL
     for (int k = 0; k < kCount; ++k) out[k] = acc_t(0);

@@ -18,9 +18,13 @@ namespace {
 // blocks (3 blocks); the cap costs a few spilled bytes and was faster on the H200 in both
 // (BENCHMARKS.md); in bfloat16 RGB it also beats the staged kernel, so RGB takes this kernel there.
 constexpr int kBlocksPerMultiprocessor = 4;
-template <typename scalar_t, typename index_t>
+// Blocks of 8 channels (vector loads) hold twice the accumulators and corner values: their budget is
+// the compiler's.
+template <int kChannelBlock, typename scalar_t, typename index_t>
 constexpr int min_blocks_per_multiprocessor() {
-  return std::is_same_v<index_t, int32_t> && sizeof(scalar_t) <= 4 ? kBlocksPerMultiprocessor : 0;
+  return std::is_same_v<index_t, int32_t> && sizeof(scalar_t) <= 4 && kChannelBlock <= kPixelChannelBlock
+             ? kBlocksPerMultiprocessor
+             : 0;
 }
 
 // kPrefetch (NCHW, 5x5, one block of channels, 32-bit indices): each warp first prefetches all its
@@ -30,7 +34,7 @@ constexpr int min_blocks_per_multiprocessor() {
 // A minimum of 0 blocks leaves the register budget to the compiler.
 template <int kChannelBlock, int kKernelH, int kKernelW, bool kChannelsLast, bool kPrefetch, bool kExactBlock,
           bool kVectorLoads, typename scalar_t, typename index_t, typename param_t>
-__global__ void __launch_bounds__(kThreadsPerBlock, (min_blocks_per_multiprocessor<scalar_t, index_t>()))
+__global__ void __launch_bounds__(kThreadsPerBlock, (min_blocks_per_multiprocessor<kChannelBlock, scalar_t, index_t>()))
     deform_sepconv_forward_cuda_kernel(const DeformSepconvParams<scalar_t, index_t, param_t> params,
                                        scalar_t* __restrict__ output, int64_t work_items) {
   static_assert(
@@ -82,7 +86,7 @@ void launch_pixels_forward(const DeformSepconvTensors& t, const DeformSepconvCon
       EDSC_DISPATCH_KERNEL_SIZE(cfg.kernel_h, cfg.kernel_w, [&] {
         const auto p = make_params<scalar_t, index_t, param_t>(t, cfg);
         scalar_t* out = output.mutable_data_ptr<scalar_t>();
-        const int64_t work_items = t.input.size(0) * ((t.input.size(1) + kPixelChannelBlock - 1) / kPixelChannelBlock) *
+        const int64_t work_items = t.input.size(0) * ((t.input.size(1) + plan.channel_block - 1) / plan.channel_block) *
                                    t.height_out * t.width_out;
         EDSC_DISPATCH_LAYOUT(t.channels_last, [&] {
           const auto launch = [&](auto kernel) {
@@ -112,6 +116,10 @@ void launch_pixels_forward(const DeformSepconvTensors& t, const DeformSepconvCon
           }
           // Vector loads of at most 16 bytes: float32 and the half types (the planner's condition).
           if constexpr (kChannelsLast && std::is_same_v<index_t, int32_t> && sizeof(scalar_t) <= 4) {
+            if (plan.vector_loads && plan.channel_block == kPixelVectorBlock) {
+              return launch(deform_sepconv_forward_cuda_kernel<kPixelVectorBlock, kKernelH, kKernelW, kChannelsLast,
+                                                               false, false, true, scalar_t, index_t, param_t>);
+            }
             if (plan.vector_loads) {
               return launch(deform_sepconv_forward_cuda_kernel<kPixelChannelBlock, kKernelH, kKernelW, kChannelsLast,
                                                                false, false, true, scalar_t, index_t, param_t>);

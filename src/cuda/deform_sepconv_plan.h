@@ -31,8 +31,12 @@ constexpr int kSpecializedKernel = 5;
 // the staged and lane-pair forwards, the prefetch, the grid-tap gradients, and the channels_last
 // backward in place (above it the backward runs on NCHW copies: deform_sepconv_backward_cuda.cu).
 constexpr int64_t kSmallChannels = 4;
-// Channels a thread of the one-thread-per-(pixel, channel block) forward takes.
+// Channels a thread of the one-thread-per-(pixel, channel block) forward takes; with vector loads
+// (channels_last) kPixelVectorBlock where the channel count allows, so that each tap's position and
+// weights, computed once a thread, serve twice the channels (the many-channel forward was bound by
+// those instructions, BENCHMARKS.md).
 constexpr int kPixelChannelBlock = 4;
+constexpr int kPixelVectorBlock = 8;
 // Dynamic shared memory a block gets without opting in.
 constexpr int64_t kDefaultSharedBytes = 48 * 1024;
 // Grid dimensions y and z (the grid-tap kernels' tile rows and images).
@@ -119,13 +123,14 @@ enum class CudaForwardKernel {
 
 struct CudaForwardPlan {
   CudaForwardKernel kernel = CudaForwardKernel::kEmpty;
-  int pass_channels = 0;       // kGridTaps: channels staged together (4, 3, 2 or 1)
-  GridWindow window{};         // kGridTaps
-  int chunk_bytes = 0;         // kStaged: bytes a cp.async copy moves (16 or 4)
-  bool staged_values = false;  // kLanePairs: each warp's per-pixel values through shared memory
-  bool exact_rgb = false;      // kLanePairs, kPixels: exactly 3 channels, a compile-time constant
-  bool prefetch = false;       // kPixels: each warp prefetches its per-pixel values into L2
-  bool vector_loads = false;   // kPixels, channels_last: a corner's kPixelChannelBlock channels in one load
+  int pass_channels = 0;                   // kGridTaps: channels staged together (4, 3, 2 or 1)
+  GridWindow window{};                     // kGridTaps
+  int chunk_bytes = 0;                     // kStaged: bytes a cp.async copy moves (16 or 4)
+  bool staged_values = false;              // kLanePairs: each warp's per-pixel values through shared memory
+  bool exact_rgb = false;                  // kLanePairs, kPixels: exactly 3 channels, a compile-time constant
+  bool prefetch = false;                   // kPixels: each warp prefetches its per-pixel values into L2
+  bool vector_loads = false;               // kPixels, channels_last: a corner's channel block with vector loads
+  int channel_block = kPixelChannelBlock;  // kPixels: channels a thread (or kPixelVectorBlock)
 };
 
 enum class CudaBackwardKernel {

@@ -112,6 +112,11 @@ CudaForwardPlan plan_cuda_forward(const DeformSepconvCall& c, const CudaDeviceFa
   plan.vector_loads = policy.vector_loads && c.channels_last && c.channels % kPixelChannelBlock == 0 &&
                       c.element_size <= 4 && c.use_32bit_indexing &&
                       c.input_alignment >= kPixelChannelBlock * c.element_size;
+  // Blocks of 8 load in pieces of at most 16 bytes, each aligned to its size.
+  if (plan.vector_loads && c.channels % kPixelVectorBlock == 0 &&
+      c.input_alignment >= std::min<int64_t>(16, kPixelVectorBlock * c.element_size)) {
+    plan.channel_block = kPixelVectorBlock;
+  }
   return plan;
 }
 
@@ -203,7 +208,7 @@ std::string plan_name(const CudaForwardPlan& plan) {
       return std::string("lane_pairs") + (plan.exact_rgb ? "_rgb" : "") + (plan.staged_values ? "_staged" : "");
     case CudaForwardKernel::kPixels:
       return std::string("pixels") + (plan.exact_rgb ? "_rgb" : "") + (plan.vector_loads ? "_vectorized" : "") +
-             (plan.prefetch ? "_prefetch" : "");
+             (plan.channel_block == kPixelVectorBlock ? "8" : "") + (plan.prefetch ? "_prefetch" : "");
   }
   return "unknown";
 }
