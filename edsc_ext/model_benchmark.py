@@ -311,8 +311,10 @@ def _free(device: torch.device) -> None:
 def _device_line(device: torch.device) -> str:
     if device.type == "cuda":
         tf32 = "on" if torch.backends.cudnn.allow_tf32 else "off"
+        tuning = "on" if torch.backends.cudnn.benchmark else "off"
         return (f"{torch.cuda.get_device_name(device)} (torch {torch.__version__}, CUDA {torch.version.cuda}, "
-                f"cuDNN {torch.backends.cudnn.version()}, cuDNN TF32 for float32 convolutions: {tf32})")
+                f"cuDNN {torch.backends.cudnn.version()}, cuDNN TF32 for float32 convolutions: {tf32}, "
+                f"cuDNN autotuning (torch.backends.cudnn.benchmark): {tuning})")
     return (f"CPU {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads "
             f"(torch {torch.__version__})")
 
@@ -375,6 +377,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default inductor)")
     parser.add_argument("--fp16-loss-scale", type=float, default=1024.0,
                         help="float16 training: the loss's factor before the backward (default %(default)g)")
+    parser.add_argument("--cudnn-benchmark", action="store_true",
+                        help="time with torch.backends.cudnn.benchmark on: cuDNN times its algorithms for each "
+                             "new convolution shape and keeps the fastest (what a fixed-size frame loop can use)")
     parser.add_argument("--sampling", default="compat", choices=SAMPLINGS)
     parser.add_argument("--weights", action="append", default=[], metavar="CHECKPOINT",
                         help="an EDSC_s or EDSC_m checkpoint to time instead of random weights (repeatable)")
@@ -417,6 +422,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: CUDA is not available")
 
+    tuning = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = tuning or args.cudnn_benchmark
+    try:
+        return _run(args, models, variants, cases, device, argv)
+    finally:
+        torch.backends.cudnn.benchmark = tuning
+
+
+def _run(args, models, variants, cases, device, argv) -> int:
     checkpoints: Dict[str, EDSC] = {}
     for path in args.weights:
         loaded = load_checkpoint(path, sampling=args.sampling)
@@ -427,7 +441,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "weights": ", ".join(args.weights) if args.weights else f"random (seed {args.seed})",
             "sampling": args.sampling, "rounds": args.rounds, "warmup": args.warmup,
-            "fp16_loss_scale": args.fp16_loss_scale,
+            "fp16_loss_scale": args.fp16_loss_scale, "cudnn_benchmark": torch.backends.cudnn.benchmark,
             "torch": torch.__version__}
     rows: List[Row] = []
     total = len(models) * len(cases) * len(variants)

@@ -265,6 +265,24 @@ def test_cli_pair_writes_an_image_of_the_input_size(tmp_path, weights, capsys):
 
 
 @needs_apps
+@pytest.mark.parametrize("argv, expected", [
+    (["a.png", "b.png", "-o", "m.png"], False),
+    (["a.png", "b.png", "-o", "m.png", "--cudnn-benchmark"], True),
+    (["--video", "in.mp4", "-o", "out.mp4"], False),
+    (["--video", "in.mp4", "-o", "out.mp4", "--cudnn-benchmark"], True),
+], ids=["pair", "pair-on", "video", "video-on"])
+def test_cli_sets_cudnn_benchmark_for_the_run_only(monkeypatch, argv, expected):
+    from edsc_ext.apps import interpolate as cli
+
+    seen = []
+    monkeypatch.setattr(cli, "_run_pair", lambda args: seen.append(torch.backends.cudnn.benchmark))
+    monkeypatch.setattr(cli, "_run_video", lambda args: seen.append(torch.backends.cudnn.benchmark))
+    before = torch.backends.cudnn.benchmark
+    assert interpolate.main(argv + ["--weights", "w.pt"]) == 0
+    assert seen == [expected]
+    assert torch.backends.cudnn.benchmark == before
+
+
 def test_cli_pair_errors_are_one_line_with_exit_code_2(tmp_path, weights, capsys):
     first, second = write_pair(tmp_path / "in")
     small = write_pair(tmp_path / "small", 20, 24)[0]
@@ -1230,6 +1248,7 @@ def test_video_benchmark_reports_model_tool_and_io_rates(tmp_path, capsys):
     assert report["output_frames"] == 6 and report["network"] == "eager fp32" and report["precision"] == "fp32"
     assert report["host_layout"] == "yuv420p" and report["encoding"].startswith("libx264 yuv420p")
     assert report["device"].startswith("CPU") and report["batch"] == 1 and not report["blend"]
+    assert report["cudnn_benchmark"] is False and "cuDNN autotuning off" in out
     assert [row["run"] for row in report["rows"]] == ["model", "memory", "io"]
     for row in report["rows"]:
         assert row["seconds"] > 0 and len(row["all_seconds"]) == 1
@@ -1240,8 +1259,9 @@ def test_video_benchmark_reports_model_tool_and_io_rates(tmp_path, capsys):
     assert "| model only" in out and "| tool with I/O" in out and "vs model" in out
     # The network replaced by a blend: the tool's own overhead.
     rc = video_benchmark.main(["--size", "64x32", "--frames", "3", "--device", "cpu", "--repeat", "1", "--blend",
-                               "--json", str(path)])
-    assert rc == 0 and json.loads(path.read_text())["network"] == "blend fp32"
+                               "--cudnn-benchmark", "--json", str(path)])
+    blended = json.loads(path.read_text())
+    assert rc == 0 and blended["network"] == "blend fp32" and blended["cudnn_benchmark"] is True
     capsys.readouterr()
     rc = video_benchmark.main(["--size", "63x32"])
     assert_one_line_error(rc, capsys.readouterr().err, "--size", "even")

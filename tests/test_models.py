@@ -473,11 +473,14 @@ def test_capture_replays_the_eager_network(gen, autocast_dtype):
 def test_model_benchmark_cpu_quick_table(tmp_path, capsys):
     path = tmp_path / "models.json"
     variants = ["unfused-fp32", "fused-fp32-gr", "fused-bf16-cl", "graph-fp32"]
+    tuning = torch.backends.cudnn.benchmark
     rc = model_benchmark.main(["--device", "cpu", "--models", "EDSC_m", "--variants", ",".join(variants),
                                "--sizes", "1x32x32", "--train-sizes", "2x32x32", "--warmup", "1", "--rounds", "1",
-                               "--json", str(path)])
+                               "--cudnn-benchmark", "--json", str(path)])
     assert rc == 0
+    assert torch.backends.cudnn.benchmark == tuning  # on for the run only
     data = json.loads(path.read_text())
+    assert data["meta"]["cudnn_benchmark"] is True
     rows = data["rows"]
     cases = [case["name"] for case in data["cases"]]
     assert cases == ["inference 1x3x32x32", "training 2x3x32x32"]

@@ -534,6 +534,10 @@ def build_parser() -> OneLineParser:
     speed.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
                        help="replay the network as a CUDA graph (default in video mode: on CUDA with whole frames "
                             "and without --compile; pair mode: off)")
+    speed.add_argument("--cudnn-benchmark", action="store_true",
+                       help="let cuDNN time its convolution algorithms on the first frame of each size and keep the "
+                            "fastest (torch.backends.cudnn.benchmark): faster with --compile, and the timing can "
+                            "take much GPU memory once")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--sampling", choices=SAMPLINGS, default="compat",
                         help="'compat': the original layer (for released weights, default); 'clean': centred taps")
@@ -613,6 +617,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             parser.error("--factor, --fps and --input-fps are for --video")
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
+    # For this run only (the function may be called in a process that has its own setting).
+    tuning = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = tuning or args.cudnn_benchmark
     try:
         if args.video is None:
             _run_pair(args)
@@ -633,6 +640,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"{PROG}: error: FFmpeg: {e}", file=sys.stderr)
             return 2
         raise
+    finally:
+        torch.backends.cudnn.benchmark = tuning
     return 0
 
 

@@ -140,6 +140,8 @@ def build_parser() -> OneLineParser:
     parser.add_argument("--compile", action="store_true", help="torch.compile the network")
     parser.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
                         help="CUDA-graph replay (default: on CUDA, as edsc-interpolate)")
+    parser.add_argument("--cudnn-benchmark", action="store_true",
+                        help="cuDNN timing its algorithms for the frame size (edsc-interpolate --cudnn-benchmark)")
     parser.add_argument("--preset", default=None, help="x264 preset of the output (default: the encoder's, medium)")
     parser.add_argument("--blend", action="store_true",
                         help="replace the network by the mean of the two frames (the tool's own overhead)")
@@ -235,6 +237,7 @@ def run(args) -> dict:
         "output_frames": io.frames, "weights": weights, "batch": engine.batch, "precision": engine.precision,
         "network": ", ".join(sorted(engine.paths)), "blend": bool(args.blend), "encoding": io.encoding,
         "host_layout": layout.format, "setup_s": setup, "repeat": args.repeat, "rows": rows,
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
         "command": " ".join(["python -m edsc_ext.apps.video_benchmark", *sys.argv[1:]]) if sys.argv else "",
     }
 
@@ -245,7 +248,8 @@ def format_report(report: dict) -> str:
         f"{report['output_frames']} written), {report['weights']}",
         f"device: {report['device']}, PyAV {report['pyav']}; batch {report['batch']}, {report['precision']}, "
         f"network: {report['network']}{' (blend: no network)' if report['blend'] else ''}; host frames "
-        f"{report['host_layout']}; output {report['encoding']}; set-up {report['setup_s']:.2f} s",
+        f"{report['host_layout']}; output {report['encoding']}; set-up {report['setup_s']:.2f} s; cuDNN "
+        f"autotuning {'on' if report.get('cudnn_benchmark') else 'off'}",
         "",
         f"| run | new frames/s | output frames/s | s (median of {report['repeat']}) | vs model |",
         "| --- | ---: | ---: | ---: | ---: |",
@@ -263,11 +267,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
+    tuning = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = tuning or args.cudnn_benchmark
     try:
         report = run(args)
     except UserError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
+    finally:
+        torch.backends.cudnn.benchmark = tuning
     print(format_report(report))
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
