@@ -194,10 +194,11 @@ def default_jobs():
 
 # Compile seconds of the units, one core each, on a 2-core x86-64 machine (the CI kind): all C++ units
 # together; the host side of all CUDA units; their device code per architecture (SASS and PTX of one
-# architecture share one front end). Only for the estimate a build prints.
-COMPILE_SECONDS_CPU = 180
-COMPILE_SECONDS_CUDA_HOST = 240
-COMPILE_SECONDS_CUDA_PER_ARCH = 270
+# architecture share one front end; the host part is roughly the units' headers). Only for the
+# estimate a build prints.
+COMPILE_SECONDS_CPU = 320
+COMPILE_SECONDS_CUDA_HOST = 200
+COMPILE_SECONDS_CUDA_PER_ARCH = 440
 
 
 def estimated_build_seconds(n_cuda_archs, jobs):
