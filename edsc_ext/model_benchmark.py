@@ -45,6 +45,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
+from .apps.common import cudnn_autotuning
 from .models import EDSC, MODEL_NAMES, SAMPLINGS, load_checkpoint
 
 __all__ = ["main", "Variant", "parse_variant", "DEFAULT_VARIANTS"]
@@ -422,12 +423,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: CUDA is not available")
 
-    tuning = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = tuning or args.cudnn_benchmark
-    try:
+    with cudnn_autotuning(args.cudnn_benchmark):
         return _run(args, models, variants, cases, device, argv)
-    finally:
-        torch.backends.cudnn.benchmark = tuning
 
 
 def _run(args, models, variants, cases, device, argv) -> int:

@@ -80,6 +80,20 @@ def time_in_unit_interval(text: str) -> float:
     return value
 
 
+@contextlib.contextmanager
+def cudnn_autotuning(on: bool) -> Iterator[None]:
+    """``torch.backends.cudnn.benchmark`` on inside the block when ``on`` (else as the process set
+    it), and restored after: the CLIs' and benchmarks' ``--cudnn-benchmark``, for their run only."""
+    import torch
+
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = before or on
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = before
+
+
 def describe_os_error(error: OSError, path=None) -> str:
     """A one-line description of an OSError, naming the file."""
     name = path if path is not None else (error.filename or "")

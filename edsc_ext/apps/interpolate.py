@@ -39,6 +39,7 @@ from .common import (
     OneLineParser,
     UserError,
     atomic_path,
+    cudnn_autotuning,
     describe_os_error,
     ensure_output_folder,
     note,
@@ -617,14 +618,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             parser.error("--factor, --fps and --input-fps are for --video")
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
-    # For this run only (the function may be called in a process that has its own setting).
-    tuning = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = tuning or args.cudnn_benchmark
     try:
-        if args.video is None:
-            _run_pair(args)
-        else:
-            _run_video(args)
+        with cudnn_autotuning(args.cudnn_benchmark):
+            if args.video is None:
+                _run_pair(args)
+            else:
+                _run_video(args)
     except (UserError, ValueError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
@@ -640,8 +639,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"{PROG}: error: FFmpeg: {e}", file=sys.stderr)
             return 2
         raise
-    finally:
-        torch.backends.cudnn.benchmark = tuning
     return 0
 
 

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from ..models import EDSC_s
-from .common import OneLineParser, UserError, require
+from .common import OneLineParser, UserError, cudnn_autotuning, require
 from .engine import Interpolator, default_device, load_model
 from .frames import to_model
 from .interpolate import Source, interpolate_video, open_source, stream_frames
@@ -267,15 +267,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
-    tuning = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = tuning or args.cudnn_benchmark
     try:
-        report = run(args)
+        with cudnn_autotuning(args.cudnn_benchmark):
+            report = run(args)
     except UserError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
-    finally:
-        torch.backends.cudnn.benchmark = tuning
     print(format_report(report))
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
