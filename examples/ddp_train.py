@@ -29,6 +29,7 @@ a mean, its gradients must equal DDP's::
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -205,6 +206,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             with open(args.result, "w") as f:
                 json.dump(summary, f)
     if distributed:
+        # DDP's reducer holds the process group: release it first, so that destroy_process_group
+        # drops the group's last reference and its worker threads end here, while the interpreter
+        # is whole, rather than at exit (a gloo rank once aborted there, in CI, after its last step).
+        del net
+        gc.collect()
         dist.barrier()
         dist.destroy_process_group()
     # Every rank has the same (all-reduced) losses, so every rank takes the same exit code.
