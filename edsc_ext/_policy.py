@@ -48,8 +48,13 @@ class KernelPolicy:
             shared memory a warp at a time; False reads them in place.
         vector_loads: CUDA, channels_last forward of a multiple of 4 channels in the
             one-thread-per-(pixel, channel block) kernel (many channels, mixed precision): each
-            bilinear corner's block of 4 channels is read with one vector load; False reads them one
-            by one.
+            bilinear corner's block of 4 or 8 channels is read with vector loads; False reads them
+            one by one.
+        channel_lanes: CUDA, channels_last backward of a multiple of 8 channels (float32 and the
+            half types; not a deterministic input gradient): adjacent threads share a pixel's
+            channels in blocks of 8 read with vector loads, and add the input gradient with vector
+            atomics, instead of running on NCHW copies. Off by default until it has been measured
+            on a GPU.
         cpu_scratch_mb: CPU backward: megabytes of scratch planes that may be used to split one
             image over threads; beyond it (or at 0) the input gradient takes a slower pass per
             (image, channel block) instead.
@@ -65,6 +70,7 @@ class KernelPolicy:
     input_grad_tile: bool = True
     warp_staging: bool = True
     vector_loads: bool = True
+    channel_lanes: bool = False
     cpu_scratch_mb: int = 256
     cpu_isa: str = "auto"
 
@@ -93,6 +99,7 @@ def _set(policy: KernelPolicy) -> None:
     global _current
     torch.ops.edsc_ext.set_kernel_policy(policy.grid_taps, policy.plain_forward, policy.prefetch,
                                          policy.input_grad_tile, policy.warp_staging, policy.vector_loads,
+                                         policy.channel_lanes,
                                          policy.cpu_isa == "baseline", policy.cpu_scratch_mb)
     _current = policy
 

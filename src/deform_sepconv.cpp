@@ -85,8 +85,8 @@ std::vector<std::string> deform_sepconv_plan(const at::Tensor& input, const std:
                                              const std::optional<at::Tensor>& offset_dx) {
   const DeformSepconvConfig cfg{kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode};
   // As the backends' forwards prepare their calls: both read views of per-pixel tensors in place.
-  const DeformSepconvTensors t = prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg, nullptr,
-                                                        offset_dx, /*per_pixel_in_place=*/true);
+  const DeformSepconvTensors t =
+      prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg, nullptr, offset_dx);
   const DeformSepconvCall call = describe_call(t, cfg, output_mask, at::globalContext().deterministicAlgorithms());
   // The backward makes every per-pixel tensor dense (prepare_deform_sepconv with grad_output).
   DeformSepconvCall backward_call = call;
@@ -109,16 +109,16 @@ std::vector<std::string> deform_sepconv_plan(const at::Tensor& input, const std:
 }
 
 void set_kernel_policy_op(bool grid_taps, bool plain_forward, bool prefetch, bool input_grad_tile, bool warp_staging,
-                          bool vector_loads, bool cpu_baseline, int64_t cpu_scratch_mb) {
+                          bool vector_loads, bool channel_lanes, bool cpu_baseline, int64_t cpu_scratch_mb) {
   TORCH_CHECK_VALUE(cpu_scratch_mb >= 0, "cpu_scratch_mb must be >= 0, got ", cpu_scratch_mb);
-  set_kernel_policy(
-      {grid_taps, plain_forward, prefetch, input_grad_tile, warp_staging, vector_loads, cpu_baseline, cpu_scratch_mb});
+  set_kernel_policy({grid_taps, plain_forward, prefetch, input_grad_tile, warp_staging, vector_loads, channel_lanes,
+                     cpu_baseline, cpu_scratch_mb});
 }
 
-std::tuple<bool, bool, bool, bool, bool, bool, bool, int64_t> get_kernel_policy_op() {
+std::tuple<bool, bool, bool, bool, bool, bool, bool, bool, int64_t> get_kernel_policy_op() {
   const KernelPolicy p = kernel_policy();
-  return {p.grid_taps,    p.plain_forward, p.prefetch,     p.input_grad_tile,
-          p.warp_staging, p.vector_loads,  p.cpu_baseline, p.cpu_scratch_mb};
+  return {p.grid_taps,    p.plain_forward, p.prefetch,     p.input_grad_tile, p.warp_staging,
+          p.vector_loads, p.channel_lanes, p.cpu_baseline, p.cpu_scratch_mb};
 }
 
 }  // namespace
@@ -143,8 +143,7 @@ DeformSepconvTensors prepare_deform_sepconv(const at::Tensor& input, const std::
                                             const std::optional<at::Tensor>& horizontal,
                                             const std::optional<at::Tensor>& offset,
                                             const std::optional<at::Tensor>& mask, const DeformSepconvConfig& cfg,
-                                            const at::Tensor* grad_output, const std::optional<at::Tensor>& offset_dx,
-                                            bool per_pixel_in_place) {
+                                            const at::Tensor* grad_output, const std::optional<at::Tensor>& offset_dx) {
   TORCH_CHECK_VALUE(input.dim() == 4, "input must be 4-D (N, C, H, W), got shape ", input.sizes());
   TORCH_CHECK_TYPE(at::isFloatingType(input.scalar_type()), "input must have a floating dtype, got ",
                    input.scalar_type());
@@ -190,7 +189,7 @@ DeformSepconvTensors prepare_deform_sepconv(const at::Tensor& input, const std::
       param_source, " has dtype ", t.param_dtype, " but input has dtype ", input.scalar_type(),
       "; per-pixel tensors must have the input's dtype, or float16 / bfloat16 with a float32 input");
   // The backward's gradients are dense and share the values' indexing: only a forward reads views.
-  const bool in_place = per_pixel_in_place && grad_output == nullptr;
+  const bool in_place = grad_output == nullptr;
   const auto checked = [&](const std::optional<at::Tensor>& v, const char* name, int64_t channels) {
     return checked_optional(v, name, input, channels, t.height_out, t.width_out, format, t.param_dtype, param_source,
                             in_place);
@@ -248,6 +247,7 @@ DeformSepconvCall describe_call(const DeformSepconvTensors& t, const DeformSepco
     if (per_pixel->defined()) c.per_pixel_alignment = std::min(c.per_pixel_alignment, start_alignment(*per_pixel));
   }
   c.input_alignment = start_alignment(t.input);
+  if (t.grad_output.defined()) c.grad_output_alignment = start_alignment(t.grad_output);
   c.offset_pairs_aligned = !c.has_offset || c.split_offsets || start_alignment(t.offset) % (2 * c.element_size) == 0;
   // A gradient is computed where it is asked for and has elements (allocate_deform_sepconv_grads).
   const at::TensorBase* sources[5] = {&t.input, &t.vertical, &t.horizontal, &t.offset, &t.mask};
@@ -300,9 +300,9 @@ TORCH_LIBRARY(edsc_ext, m) {
       &deform_sepconv_plan);
   m.def(
       "set_kernel_policy(bool grid_taps, bool plain_forward, bool prefetch, bool input_grad_tile, bool warp_staging, "
-      "bool vector_loads, bool cpu_baseline, int cpu_scratch_mb) -> ()",
+      "bool vector_loads, bool channel_lanes, bool cpu_baseline, int cpu_scratch_mb) -> ()",
       &set_kernel_policy_op);
-  m.def("get_kernel_policy() -> (bool, bool, bool, bool, bool, bool, bool, int)", &get_kernel_policy_op);
+  m.def("get_kernel_policy() -> (bool, bool, bool, bool, bool, bool, bool, bool, int)", &get_kernel_policy_op);
 }
 
 }  // namespace edsc_ext

@@ -360,6 +360,102 @@ def test_channels_last_vector_loads(gen, config, dtype, per_pixel):
             assert_grads_close(grads, expected_grads, BF16 if per_pixel == "bf16" else dtype)
 
 
+# The CUDA channels_last backward of a multiple of 8 channels under kernel_policy(channel_lanes=True)
+# (off by default until measured on a GPU) takes the channel lanes: 2^k adjacent threads share a
+# pixel's channels in blocks of 8 read with vector loads, sum each tap's sums through shuffles and
+# take turns storing the pixel's gradients; the input gradient goes through vector atomics.
+# 8 channels: one lane a pixel; 16: two; 24: three blocks on four lanes (one idle); 64: eight;
+# 320 (40 blocks): 32 lanes, some with two blocks. The 5x5 specialisation and a dilated run-time
+# 3x4 kernel (outputs whose last warp is partial), every padding mode, float32, the half types and
+# float32 frames with bfloat16 per-pixel tensors, split offsets, absent tensors and each gradient
+# alone; NCHW copies (channel_lanes=False) must agree, and both the float64 reference.
+@pytest.mark.cuda
+@requires_cuda
+@pytest.mark.parametrize("per_pixel", ["same", "bf16"])
+@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("config", [(2, 8, 9, 37, 5, 5, 2, 1), (1, 16, 10, 21, 3, 4, (1, 2), (2, 1)),
+                                    (1, 24, 7, 13, 5, 5, 2, 1), (1, 64, 6, 11, 5, 5, 2, 1),
+                                    (1, 320, 4, 5, 3, 4, (1, 2), (2, 1))],
+                         ids=["c8-5x5", "c16-3x4-dil", "c24-5x5", "c64-5x5", "c320-3x4-dil"])
+def test_channels_last_channel_lanes(gen, config, dtype, per_pixel):
+    if per_pixel == "bf16" and dtype != F32:
+        pytest.skip("mixed precision takes a float32 frame")
+    as_cl = lambda t: t.contiguous(memory_format=torch.channels_last)  # noqa: E731
+    lanes = min(32, 1 << (config[1] // 8 - 1).bit_length())
+    for present, which, padding_mode in [((True,) * 4, ARG_NAMES, mode) for mode in PADDING_MODES + ("edsc",)] + [
+            ((True, False, True, True), ARG_NAMES, "zeros"), ((False, True, True, False), ARG_NAMES, "border"),
+            ((True,) * 4, ("input",), "zeros"), ((True,) * 4, ARG_NAMES[1:], "border")]:
+        base = make_inputs(*config, present=present, dtype=F64, generator=gen, offset_scale=3)
+        case = (mixed(base, BF16, "cuda", "channels_last") if per_pixel == "bf16"
+                else base.map(lambda t: as_cl(t.to("cuda", dtype))))
+        grad_output = torch.randn(case.input.shape[:2] + normalize_args(*case.tensors, **case.kwargs).output_size,
+                                  generator=gen, dtype=F64)
+        expected, expected_grads = reference_and_grads(case, padding_mode, grad_output, which=which)
+        for lanes_on in (True, False):
+            with edsc_ext.kernel_policy(channel_lanes=lanes_on):
+                backward = plans_of(case, padding_mode, which=which).backward
+                assert (backward == f"channel_lanes{lanes}" if lanes_on else backward.startswith("nchw_copies+")), (
+                    present, which, padding_mode, lanes_on, backward)
+                out, grads = forward_and_grads(OP, case, padding_mode, as_cl(grad_output), which=which)
+            for name, g in zip(ARG_NAMES, grads):
+                assert g is None or g.is_contiguous(memory_format=torch.channels_last), (name, g.stride())
+            what = f"{padding_mode} {present} {which} channel_lanes={lanes_on}"
+            assert_close(out, expected, dtype, what=what)
+            assert_grads_close(grads, expected_grads, BF16 if per_pixel == "bf16" else dtype)
+    # Split offsets ((dy, dx) as two tensors, as the EDSC heads make them) take the lanes too.
+    base = make_inputs(*config, dtype=F64, generator=gen, offset_scale=3)
+    case = base.map(lambda t: as_cl(t.to("cuda", dtype)))
+    dy, dx = (as_cl(t).detach().requires_grad_() for t in (case.offset[:, 0::2], case.offset[:, 1::2]))
+    leaves = case.leaves()
+    with edsc_ext.kernel_policy(channel_lanes=True):
+        assert edsc_ext._plan(leaves.input, leaves.vertical, leaves.horizontal, (dy, dx), leaves.mask, **case.kwargs,
+                              padding_mode="border").backward == f"channel_lanes{lanes}"
+        out = OP(leaves.input, leaves.vertical, leaves.horizontal, (dy, dx), leaves.mask, **case.kwargs,
+                 padding_mode="border")
+        grad_output = torch.randn(out.shape, generator=gen, dtype=F64)
+        out.backward(as_cl(grad_output).to("cuda", dtype))
+    expected, expected_grads = reference_and_grads(case, "border", grad_output)
+    offset_grad = torch.stack((dy.grad, dx.grad), 2).flatten(1, 2)
+    assert_close(out.detach(), expected, dtype)
+    assert_grads_close(leaves.grads()[:3] + (offset_grad, leaves.mask.grad), expected_grads, dtype)
+
+
+# Calls the channel lanes do not take run the backward on NCHW copies: a channel count that is not a
+# multiple of 8, float64, a deterministic input gradient (float atomics), a grad_output that starts
+# off a 16-byte boundary. (The float64 and deterministic results are checked by
+# test_channels_last_paths; here the plans, and that a misaligned grad_output still gives the
+# reference.)
+@pytest.mark.cuda
+@requires_cuda
+def test_channels_last_channel_lanes_fall_back(gen, policy):
+    policy(channel_lanes=True)
+    as_cl = lambda t: t.contiguous(memory_format=torch.channels_last)  # noqa: E731
+    for channels, dtype in ((12, F32), (8, F64)):
+        case = make_inputs(1, channels, 6, 9, 5, 5, 2, 1, dtype=dtype, device="cuda", generator=gen).map(as_cl)
+        assert plans_of(case).backward.startswith("nchw_copies+"), (channels, dtype)
+    case = make_inputs(1, 16, 6, 9, 5, 5, 2, 1, dtype=F32, device="cuda", generator=gen, offset_scale=3).map(as_cl)
+    assert plans_of(case).backward == "channel_lanes2"
+    assert plans_of(case, which=ARG_NAMES[1:]).backward == "channel_lanes2"
+    enabled = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert plans_of(case).backward.startswith("nchw_copies+"), "deterministic input gradient"
+        # Without the input gradient nothing is added atomically: the lanes stay.
+        assert plans_of(case, which=ARG_NAMES[1:]).backward == "channel_lanes2"
+    finally:
+        torch.use_deterministic_algorithms(enabled)
+    leaves = case.leaves()
+    out = OP(*leaves.tensors, **case.kwargs, padding_mode="zeros")
+    grad_output = torch.randn(out.shape, generator=gen, dtype=F64)
+    storage = torch.zeros(out.numel() + 1, dtype=F32, device="cuda")
+    shifted = storage[1:].view(out.shape[0], out.shape[2], out.shape[3], out.shape[1]).permute(0, 3, 1, 2)
+    shifted.copy_(grad_output)
+    assert shifted.is_contiguous(memory_format=torch.channels_last) and shifted.data_ptr() % 16 != 0
+    out.backward(shifted)
+    expected, expected_grads = reference_and_grads(case, "zeros", grad_output)
+    assert_grads_close(leaves.grads(), expected_grads, F32)
+
+
 # A channels_last frame that starts off a 16-byte boundary (a view into a larger buffer, used in
 # place) cannot take the vector loads: the planner sends it to the scalar ones; one that starts 16
 # bytes in takes them. The same results.

@@ -24,8 +24,9 @@ struct DeformSepconvCall {
   bool has_vertical = false, has_horizontal = false, has_offset = false, has_mask = false;
   // The largest of 16, 8, 4, 2, 1 that every present per-pixel tensor's start address is a multiple of.
   int64_t per_pixel_alignment = 16;
-  // The same of the input (the frame).
+  // The same of the input (the frame), and of grad_output (a backward's; 16 where there is none).
   int64_t input_alignment = 16;
+  int64_t grad_output_alignment = 16;
   // The offset tensor (when present) starts on a (dy, dx) pair boundary.
   bool offset_pairs_aligned = true;
   // The offsets come as two tensors, dy and dx (DeformSepconvParams::offset_dx): only the kernels

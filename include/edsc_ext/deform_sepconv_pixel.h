@@ -266,6 +266,10 @@ struct GlobalPixelValues {
     mask = p.mask ? p.mask + mask_base : nullptr;
   }
 
+  // A policy with kSplitsChannels shares one pixel's channels out between several threads
+  // (first_channel, channel_step), which sum their tap sums (sum_over_threads) before the
+  // parameter gradients are formed; the backward then reads whole channel blocks with vector loads.
+  static constexpr bool kSplitsChannels = false;
   EDSC_HOST_DEVICE static constexpr bool active() { return true; }
   EDSC_HOST_DEVICE void begin_row(index_t) {}
   EDSC_HOST_DEVICE void end_row(index_t) {}
@@ -408,6 +412,7 @@ EDSC_HOST_DEVICE void deform_sepconv_backward_pixel_with(const DeformSepconvPara
   const index_t c_end = param_grads ? p.channels : scatter_end;
 
   using value_t = typename PixelValues::param_type;  // the per-pixel tensors' and their gradients' dtype
+  constexpr bool kSplitsChannels = PixelValues::kSplitsChannels;
   const HorizontalWeights<kKernelW, value_t, acc_t, index_t> horizontal(values.horizontal_values(),
                                                                         values.horizontal_stride());
   constexpr int kWidthSlots = kKernelW > 0 ? kKernelW : kMaxKernelWidth;
@@ -455,7 +460,37 @@ EDSC_HOST_DEVICE void deform_sepconv_backward_pixel_with(const DeformSepconvPara
       // A non-finite position poisons every channel's output, so its parameter gradients are NaN
       // too (below), and it scatters nothing: it samples (0, 0) and adds zeros. That keeps the tap
       // free of a branch around the channel loop, as in the forward (accumulate_tap).
-      for (index_t c0 = c_begin; c0 < c_end; c0 += kChannelBlock) {
+      if constexpr (kSplitsChannels) {
+        // This thread's whole blocks of channels, each corner's block with vector loads (the
+        // caller guarantees channels_last, whole blocks and their alignment).
+        static_assert(kChannelsLast, "split channels read a pixel's adjacent channels");
+        for (index_t c0 = values.first_channel(c_begin); c0 < c_end; c0 += values.channel_step()) {
+          acc_t g[kChannelBlock];
+          load_corner_block(true, go + c0, g);
+          if (param_grads) {
+            acc_t v00[kChannelBlock], v01[kChannelBlock], v10[kChannelBlock], v11[kChannelBlock];
+            load_corner_block(s.y.lo_in && s.x.lo_in, in + s.offset_of(0, 0) + c0, v00);
+            load_corner_block(s.y.lo_in && s.x.hi_in, in + s.offset_of(0, 1) + c0, v01);
+            load_corner_block(s.y.hi_in && s.x.lo_in, in + s.offset_of(1, 0) + c0, v10);
+            load_corner_block(s.y.hi_in && s.x.hi_in, in + s.offset_of(1, 1) + c0, v11);
+            EDSC_UNROLL
+            for (int cc = 0; cc < kChannelBlock; ++cc) {
+              const Corners<acc_t> corners{v00[cc], v01[cc], v10[cc], v11[cc]};
+              grad_w += g[cc] * interpolate(s, corners);
+              grad_ly += g[cc] * interpolate_dy(s, corners);
+              grad_lx += g[cc] * interpolate_dx(s, corners);
+            }
+          }
+          if (c0 >= scatter_begin && c0 < scatter_end) {
+            acc_t value[kChannelBlock];
+            EDSC_UNROLL
+            for (int cc = 0; cc < kChannelBlock; ++cc) value[cc] = s.finite ? g[cc] * w_scaled : acc_t(0);
+            scatter_corner_block(s, value, c0, add_input_grad);
+          }
+        }
+        if (param_grads) values.sum_over_threads(grad_w, grad_ly, grad_lx);
+      }
+      for (index_t c0 = c_begin; !kSplitsChannels && c0 < c_end; c0 += kChannelBlock) {
         acc_t g[kChannelBlock];
         Corners<acc_t> corners[kChannelBlock];
         EDSC_UNROLL

@@ -27,6 +27,10 @@ struct KernelPolicy {
   // CUDA, channels_last per-pixel forward of a multiple of 4 channels: each bilinear corner's block
   // of 4 channels in one vector load; false loads them one by one.
   bool vector_loads = true;
+  // CUDA, channels_last backward of a multiple of 8 channels: the channel lanes (adjacent threads
+  // share a pixel's channels in blocks read with vector loads) instead of NCHW copies. Off until
+  // it has been measured on a GPU.
+  bool channel_lanes = false;
   // CPU: the baseline (x86-64 SSE2) loops even where torch reports AVX2 or better.
   bool cpu_baseline = false;
   // CPU backward: megabytes of scratch planes for splitting one image over threads; beyond it (or
@@ -36,8 +40,8 @@ struct KernelPolicy {
   bool operator==(const KernelPolicy& other) const {
     return grid_taps == other.grid_taps && plain_forward == other.plain_forward && prefetch == other.prefetch &&
            input_grad_tile == other.input_grad_tile && warp_staging == other.warp_staging &&
-           vector_loads == other.vector_loads && cpu_baseline == other.cpu_baseline &&
-           cpu_scratch_mb == other.cpu_scratch_mb;
+           vector_loads == other.vector_loads && channel_lanes == other.channel_lanes &&
+           cpu_baseline == other.cpu_baseline && cpu_scratch_mb == other.cpu_scratch_mb;
   }
 };
 

@@ -17,18 +17,18 @@ namespace edsc_ext {
 // Checks what memory safety depends on (the Python layer gives the friendlier messages first)
 // and makes every tensor dense in the call's memory format: channels_last when the input is
 // (wants_channels_last), NCHW-contiguous otherwise; a tensor already so is not copied.
-// per_pixel_in_place: a per-pixel tensor whose strides the kernels can follow (per_pixel_strides:
-// a channel slice of a wider tensor, an expanded one) is kept as it is instead, for a backend whose
-// planner sends such calls to kernels that take PerPixelStrides (the CPU and CUDA forwards).
-// grad_output is checked when given. With offset_dx (split offsets), offset and offset_dx are the
-// dy and dx of every tap, (N, KH*KW, H_out, W_out) each; else offset is (N, 2*KH*KW, H_out, W_out).
+// A forward (no grad_output) keeps a per-pixel tensor whose strides the kernels can follow
+// (per_pixel_strides: a channel slice of a wider tensor, an expanded one) as it is: both backends'
+// forward planners send such calls to kernels that take PerPixelStrides. A backward (grad_output
+// given, and checked) makes them dense, since its gradients share the values' indexing.
+// With offset_dx (split offsets), offset and offset_dx are the dy and dx of every tap, (N, KH*KW, H_out, W_out) each;
+// else offset is (N, 2*KH*KW, H_out, W_out).
 DeformSepconvTensors prepare_deform_sepconv(const at::Tensor& input, const std::optional<at::Tensor>& vertical,
                                             const std::optional<at::Tensor>& horizontal,
                                             const std::optional<at::Tensor>& offset,
                                             const std::optional<at::Tensor>& mask, const DeformSepconvConfig& cfg,
                                             const at::Tensor* grad_output = nullptr,
-                                            const std::optional<at::Tensor>& offset_dx = std::nullopt,
-                                            bool per_pixel_in_place = false);
+                                            const std::optional<at::Tensor>& offset_dx = std::nullopt);
 
 // The gradients of input, vertical, horizontal, offset, mask and offset_dx (split offsets).
 using DeformSepconvGrads = std::array<at::Tensor, 6>;

@@ -208,4 +208,23 @@ EDSC_HOST_DEVICE void scatter_corners(const BilinearSample<acc_t, index_t>& s, a
   scatter_each_corner(s, value, c, add);
 }
 
+// The same for a block of kCount adjacent channels c0 .. c0 + kCount - 1, value[k] = dL/dS of
+// channel c0 + k: each corner's weight once for the block. A backend may overload it too (the CUDA
+// global float atomics add a corner's block with vector atomics where the device has them).
+template <int kCount, typename acc_t, typename index_t, typename Add>
+EDSC_HOST_DEVICE void scatter_corner_block(const BilinearSample<acc_t, index_t>& s, const acc_t (&value)[kCount],
+                                           index_t c0, Add& add) {
+  const acc_t ly = s.y.frac, lx = s.x.frac;
+  const index_t y0 = s.y.lo, x0 = s.x.lo;
+  const auto corner = [&](bool inside, index_t y, index_t x, acc_t weight) {
+    if (!inside) return;
+    EDSC_UNROLL
+    for (int k = 0; k < kCount; ++k) add(c0 + k, y, x, value[k] * weight);
+  };
+  corner(s.y.lo_in && s.x.lo_in, y0, x0, (acc_t(1) - ly) * (acc_t(1) - lx));
+  corner(s.y.lo_in && s.x.hi_in, y0, x0 + 1, (acc_t(1) - ly) * lx);
+  corner(s.y.hi_in && s.x.lo_in, y0 + 1, x0, ly * (acc_t(1) - lx));
+  corner(s.y.hi_in && s.x.hi_in, y0 + 1, x0 + 1, ly * lx);
+}
+
 }  // namespace edsc_ext

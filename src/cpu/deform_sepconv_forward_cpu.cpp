@@ -110,8 +110,8 @@ at::Tensor deform_sepconv_forward_cpu(const at::Tensor& input, const std::option
   const DeformSepconvConfig cfg{kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode};
   // Per-pixel tensors that are views (channel slices of wider tensors, expanded ones) are read in
   // place: the per-pixel loops take their strides (GlobalPixelValues<..., kStrided>).
-  const DeformSepconvTensors t = prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg, nullptr,
-                                                        offset_dx, /*per_pixel_in_place=*/true);
+  const DeformSepconvTensors t =
+      prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg, nullptr, offset_dx);
   at::Tensor output = at::empty({input.size(0), input.size(1), t.height_out, t.width_out},
                                 input.options().memory_format(t.memory_format()));
   const CpuForwardPlan plan = plan_cpu_forward(describe_call(t, cfg, {}, false), this_cpu(), kernel_policy());

@@ -12,6 +12,10 @@
 //   through shared memory (warp_staged_values.cuh); in NCHW with 5x5 kernels each warp first
 //   prefetches its per-pixel values into L2 (prefetched_pixel_values.cuh).
 // - pixels: one thread per output pixel, the input gradient (if any) through global atomics.
+// - channel lanes (channels_last, many channels): adjacent threads share a pixel's channels in
+//   blocks read with vector loads, sum their tap sums through shuffles, and add the input gradient
+//   with global (vector) atomics: every load and atomic of a warp covers adjacent channels, where
+//   the one-thread-per-pixel kernel would touch a cache line per channel.
 #pragma once
 
 #include "input_grad_accumulators.cuh"
@@ -78,6 +82,77 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
                                            with_input_grad ? p.channels : index_t(0), n, pixel / p.width_out,
                                            pixel % p.width_out);
   }
+}
+
+// The per-pixel values of one channels_last output pixel whose channels 2^lanes_log2 adjacent
+// threads of a warp share (kSplitsChannels, deform_sepconv_backward_pixel_with): lane l takes the
+// blocks of kBlock channels l, l + lanes, ...; the lanes sum each tap's sums with xor shuffles (so
+// every lane holds the same sums, bit for bit) and take turns storing the pixel's gradients. A
+// lane of a pixel past the end (`stores` false) computes the last pixel's values for the shuffles
+// and stores nothing.
+template <int kBlock, typename scalar_t, typename index_t, typename param_t>
+struct ChannelLanePixelValues : GlobalPixelValues<true, scalar_t, index_t, param_t> {
+  using Base = GlobalPixelValues<true, scalar_t, index_t, param_t>;
+  static constexpr bool kSplitsChannels = true;
+  int lane, lanes;
+  bool stores;
+
+  __device__ ChannelLanePixelValues(const DeformSepconvParams<scalar_t, index_t, param_t>& p, index_t n, index_t pixel,
+                                    index_t KH, index_t KW, const DeformSepconvParamGrads<param_t>& grads, int lane_,
+                                    int lanes_, bool stores_)
+      : Base(p, n, pixel, KH, KW, grads), lane(lane_), lanes(lanes_), stores(stores_) {}
+
+  __device__ index_t first_channel(index_t c_begin) const { return c_begin + index_t(lane) * kBlock; }
+  __device__ index_t channel_step() const { return index_t(lanes) * kBlock; }
+  template <typename acc_t>
+  __device__ void sum_over_threads(acc_t& a, acc_t& b, acc_t& c) const {
+    for (int offset = lanes / 2; offset > 0; offset /= 2) {
+      a += __shfl_xor_sync(0xffffffffu, a, offset);
+      b += __shfl_xor_sync(0xffffffffu, b, offset);
+      c += __shfl_xor_sync(0xffffffffu, c, offset);
+    }
+  }
+  __device__ bool stores_tap(index_t k) const { return stores && (static_cast<int>(k) & (lanes - 1)) == lane; }
+  __device__ void store_vertical_grad(index_t i, param_t v) const {
+    if (stores_tap(i)) Base::store_vertical_grad(i, v);
+  }
+  __device__ void store_horizontal_grad(index_t j, param_t v) const {
+    if (stores_tap(j)) Base::store_horizontal_grad(j, v);
+  }
+  __device__ void store_mask_grad(index_t j, index_t t, param_t v) const {
+    if (stores_tap(t)) Base::store_mask_grad(j, t, v);
+  }
+  __device__ void store_offset_grad(index_t j, index_t t, param_t dy, param_t dx) const {
+    if (stores_tap(t)) Base::store_offset_grad(j, t, dy, dx);
+  }
+};
+
+// Backward of the channel lanes: thread k works on output pixel k >> lanes_log2 (all of them, no
+// grid-stride loop: the planner bounds the grid), its channel blocks as ChannelLanePixelValues
+// says; the input gradient (with_input_grad) into acc_t global memory.
+template <int kBlock, int kKernelH, int kKernelW, int kMaxWidth, typename scalar_t, typename index_t, typename param_t>
+__global__ void __launch_bounds__(kThreadsPerBlock) deform_sepconv_backward_channel_lanes_cuda_kernel(
+    const DeformSepconvParams<scalar_t, index_t, param_t> p, const scalar_t* __restrict__ grad_output,
+    const DeformSepconvParamGrads<param_t> param_grads,
+    const GlobalAtomicAdd<at::opmath_type<scalar_t>, index_t> input_grad, bool with_input_grad, int lanes_log2,
+    int64_t pixels) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  // A warp wholly past the last pixel has nothing to do (its lanes leave together).
+  if (((k & ~int64_t(kWarpSize - 1)) >> lanes_log2) >= pixels) return;
+  const int lanes = 1 << lanes_log2;
+  const bool active = (k >> lanes_log2) < pixels;
+  const index_t item = static_cast<index_t>(active ? k >> lanes_log2 : pixels - 1);
+  const index_t hw = p.height_out * p.width_out;
+  const index_t pixel = item % hw;
+  const index_t n = item / hw;
+  ChannelLanePixelValues<kBlock, scalar_t, index_t, param_t> values(p, n, pixel, kernel_extent<kKernelH>(p.kernel_h),
+                                                                    kernel_extent<kKernelW>(p.kernel_w), param_grads,
+                                                                    static_cast<int>(k & (lanes - 1)), lanes, active);
+  GlobalAtomicAdd<acc_t, index_t> add = input_grad.at_batch(n);
+  deform_sepconv_backward_pixel_with<kBlock, kKernelH, kKernelW, kMaxWidth, true, scalar_t, acc_t>(
+      p, values, grad_output, add, index_t(0), active && with_input_grad ? p.channels : index_t(0), n,
+      pixel / p.width_out, pixel % p.width_out);
 }
 
 // Sum over the block (kTileThreads threads); every thread gets it. NaN and inf propagate.

@@ -23,6 +23,29 @@ void launch_deform_sepconv_backward(const DeformSepconvTensors& t, const DeformS
       plan.kernel_param_grads ? make_param_grads<param_t>(grads) : DeformSepconvParamGrads<param_t>{};
   constexpr bool kFixedPointTile = std::is_same_v<acc_t, float>;
 
+  if (plan.kernel == CudaBackwardKernel::kChannelLanes) {
+    // float32 and the half types, 32-bit indices, whole blocks of kPixelVectorBlock (the planner's).
+    if constexpr (std::is_same_v<acc_t, float>) {
+      using index_t = int32_t;
+      TORCH_INTERNAL_ASSERT(t.use_32bit_indexing && t.channels_last && input.size(1) % kPixelVectorBlock == 0,
+                            "backward: the channel lanes were planned for a call they do not take");
+      EDSC_DISPATCH_KERNEL_SIZE(cfg.kernel_h, cfg.kernel_w, [&] {
+        constexpr int kMaxWidth = kKernelW > 0 ? kKernelW : static_cast<int>(kMaxKernelWidth);
+        const auto p = make_params<scalar_t, index_t, param_t>(t, cfg);
+        const GlobalAtomicAdd<acc_t, index_t> add{grad_input, input_grad_layout<true>(p)};
+        const int64_t threads = pixels << plan.lanes_log2;
+        deform_sepconv_backward_channel_lanes_cuda_kernel<kPixelVectorBlock, kKernelH, kKernelW, kMaxWidth, scalar_t,
+                                                          index_t, param_t>
+            <<<static_cast<unsigned int>((threads + kThreadsPerBlock - 1) / kThreadsPerBlock), kThreadsPerBlock, 0,
+               stream>>>(p, t.grad_output.const_data_ptr<scalar_t>(), param_grads, add, plan.kernel_input_grad,
+                         plan.lanes_log2, pixels);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
+      return;
+    }
+    TORCH_INTERNAL_ASSERT(false, "backward: the channel lanes were planned for float64");
+  }
+
   EDSC_DISPATCH_INDEX_TYPE(t.use_32bit_indexing, [&] {
     EDSC_DISPATCH_KERNEL_SIZE(cfg.kernel_h, cfg.kernel_w, [&] {
       EDSC_DISPATCH_CHANNEL_BLOCK(plan.channel_block, [&] {

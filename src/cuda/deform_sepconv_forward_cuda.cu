@@ -29,8 +29,8 @@ at::Tensor deform_sepconv_forward_cuda(const at::Tensor& input, const std::optio
   const DeformSepconvConfig cfg{kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode};
   // Views of per-pixel tensors stay as they are: the planner sends them to the kernel that follows
   // their strides (launch_pixels_forward).
-  const DeformSepconvTensors t = prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg, nullptr,
-                                                        offset_dx, /*per_pixel_in_place=*/true);
+  const DeformSepconvTensors t =
+      prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg, nullptr, offset_dx);
   at::Tensor output = at::empty({input.size(0), input.size(1), t.height_out, t.width_out},
                                 input.options().memory_format(t.memory_format()));
   const CudaForwardPlan plan =

@@ -29,7 +29,8 @@ struct CudaDeviceFacts {
 constexpr int kSpecializedKernel = 5;
 // The channel counts (greyscale to RGBA) of the kernels that keep all channels of a pixel at once:
 // the staged and lane-pair forwards, the prefetch, the grid-tap gradients, and the channels_last
-// backward in place (above it the backward runs on NCHW copies: deform_sepconv_backward_cuda.cu).
+// backward's tile in place (above it the backward takes the channel lanes, or runs on NCHW copies:
+// deform_sepconv_backward_cuda.cu).
 constexpr int64_t kSmallChannels = 4;
 // Channels a thread of the one-thread-per-(pixel, channel block) forward takes; with vector loads
 // (channels_last) kPixelVectorBlock where the channel count allows, so that each tap's position and
@@ -39,8 +40,9 @@ constexpr int kPixelChannelBlock = 4;
 constexpr int kPixelVectorBlock = 8;
 // Dynamic shared memory a block gets without opting in.
 constexpr int64_t kDefaultSharedBytes = 48 * 1024;
-// Grid dimensions y and z (the grid-tap kernels' tile rows and images).
+// Grid dimensions y and z (the grid-tap kernels' tile rows and images), and x.
 constexpr int64_t kMaxGridDimYZ = 65535;
+constexpr int64_t kMaxGridDimX = (int64_t(1) << 31) - 1;
 
 // Grid-tap kernels (grid_tap_window.cuh): tiles of output pixels, a warp a row (conflict-free loads).
 constexpr int kGridTileWidth = kWarpSize;
@@ -137,11 +139,18 @@ enum class CudaBackwardKernel {
   kNone,    // the grid-tap kernels left nothing (or nothing was asked for)
   kTiled,   // one fused pass over tiles, the input gradient through the shared-memory footprint
   kPixels,  // one thread per output pixel, the input gradient (if any) through global atomics
+  // channels_last, many channels: 2^lanes_log2 adjacent threads a pixel, each with blocks of
+  // kPixelVectorBlock channels (vector loads), the input gradient through global (vector) atomics
+  kChannelLanes,
 };
 
+// The most threads the channel lanes give one pixel (a warp: they sum through shuffles).
+constexpr int kMaxChannelLanes = kWarpSize;
+
 struct CudaBackwardPlan {
-  bool empty = false;              // no output pixels or no channels: the gradients as allocated
-  bool nchw_copies = false;        // channels_last with > kSmallChannels channels: run on NCHW copies
+  bool empty = false;  // no output pixels or no channels: the gradients as allocated
+  // channels_last with > kSmallChannels channels that the channel lanes do not take: run on NCHW copies
+  bool nchw_copies = false;
   bool gather_input_grad = false;  // the input gradient gathered (grid taps, no mask)
   VirtualDomain gather_domain{};
   GatherLayout gather_layout{};
@@ -159,18 +168,13 @@ struct CudaBackwardPlan {
   bool warp_staged = false;       // kTiled, channels_last 5x5: per-pixel values staged a warp at a time
   bool exact_rgb = false;         // kTiled: exactly 3 channels in one pass, a compile-time constant
   bool prefetch = false;          // kTiled, NCHW 5x5: the L2 prefetch
+  int lanes_log2 = 0;             // kChannelLanes: log2 of the threads a pixel
 };
 
 CudaForwardPlan plan_cuda_forward(const DeformSepconvCall& call, const CudaDeviceFacts& device,
                                   const KernelPolicy& policy);
 CudaBackwardPlan plan_cuda_backward(const DeformSepconvCall& call, const CudaDeviceFacts& device,
                                     const KernelPolicy& policy);
-
-// Whether the backward of a call in this layout with this many channels runs on NCHW copies
-// (decided before the call is prepared, so that no channels_last copy is made first).
-inline bool backward_runs_on_nchw_copies(bool channels_last, int64_t channels) {
-  return channels_last && channels > kSmallChannels;
-}
 
 // Names for edsc_ext._plan and the tests, e.g. "lane_pairs_rgb_staged", "tiled_warp_staged_rgb".
 std::string plan_name(const CudaForwardPlan& plan);

@@ -122,7 +122,28 @@ CudaForwardPlan plan_cuda_forward(const DeformSepconvCall& c, const CudaDeviceFa
 
 CudaBackwardPlan plan_cuda_backward(const DeformSepconvCall& c, const CudaDeviceFacts& device,
                                     const KernelPolicy& policy) {
-  if (backward_runs_on_nchw_copies(c.channels_last, c.channels)) {
+  if (c.channels_last && c.channels > kSmallChannels) {
+    // The channel lanes (policy.channel_lanes): a pixel's channels in whole blocks of
+    // kPixelVectorBlock (vector loads of the frame and of grad_output, each piece aligned to its
+    // size), float32 or a half type, 32-bit indices, a thread per (pixel, lane) within one grid;
+    // float atomics, so not for a deterministic input gradient.
+    const int64_t piece = std::min<int64_t>(16, kPixelVectorBlock * c.element_size);
+    const int64_t blocks = c.channels / kPixelVectorBlock;
+    int lanes_log2 = 0;
+    while ((int64_t(1) << lanes_log2) < blocks && (1 << lanes_log2) < kMaxChannelLanes) ++lanes_log2;
+    const bool lanes = policy.channel_lanes && c.channels % kPixelVectorBlock == 0 && c.element_size <= 4 &&
+                       c.use_32bit_indexing && c.input_alignment >= piece && c.grad_output_alignment >= piece &&
+                       !(c.input_grad() && c.deterministic) &&
+                       (c.output_pixels() << lanes_log2) <= kMaxGridDimX * kThreadsPerBlock;
+    if (lanes && c.output_pixels() > 0) {
+      CudaBackwardPlan plan;
+      plan.kernel = CudaBackwardKernel::kChannelLanes;
+      plan.kernel_input_grad = c.input_grad();
+      plan.kernel_param_grads = c.any_per_pixel_grad();
+      plan.lanes_log2 = lanes_log2;
+      if (!plan.kernel_input_grad && !plan.kernel_param_grads) plan.kernel = CudaBackwardKernel::kNone;
+      return plan;
+    }
     DeformSepconvCall nchw = c;
     nchw.channels_last = false;
     CudaBackwardPlan plan = plan_cuda_backward(nchw, device, policy);
@@ -228,6 +249,9 @@ std::string plan_name(const CudaBackwardPlan& plan) {
       break;
     case CudaBackwardKernel::kPixels:
       part("pixels");
+      break;
+    case CudaBackwardKernel::kChannelLanes:
+      part("channel_lanes" + std::to_string(1 << plan.lanes_log2));
       break;
   }
   if (plan.kernel != CudaBackwardKernel::kNone && plan.deterministic) part("fixed_point");

@@ -40,6 +40,34 @@ struct GlobalAtomicAdd {
   }
 };
 
+// scatter_corner_block (sampling.h) for global float atomics, where the device has vector atomics
+// (sm_90 and later): each corner's block of adjacent channels (channels_last) with float4 atomics,
+// a quarter of the atomic instructions. The caller (the channel lanes) guarantees the block is a
+// multiple of 4 channels and 16-byte aligned.
+template <int kCount, typename index_t>
+__device__ void scatter_corner_block(const BilinearSample<float, index_t>& s, const float (&value)[kCount], index_t c0,
+                                     GlobalAtomicAdd<float, index_t>& add) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && __CUDACC_VER_MAJOR__ >= 12
+  static_assert(kCount % 4 == 0, "float4 atomics take whole groups of 4 channels");
+  const float ly = s.y.frac, lx = s.x.frac;
+  const auto corner = [&](bool inside, index_t y, index_t x, float weight) {
+    if (!inside) return;
+    float4* at = reinterpret_cast<float4*>(add.grad + add.layout.offset(c0, y, x));
+    EDSC_UNROLL
+    for (int k = 0; k < kCount; k += 4) {
+      atomicAdd(at + k / 4,
+                make_float4(value[k] * weight, value[k + 1] * weight, value[k + 2] * weight, value[k + 3] * weight));
+    }
+  };
+  corner(s.y.lo_in && s.x.lo_in, s.y.lo, s.x.lo, (1.0f - ly) * (1.0f - lx));
+  corner(s.y.lo_in && s.x.hi_in, s.y.lo, s.x.lo + 1, (1.0f - ly) * lx);
+  corner(s.y.hi_in && s.x.lo_in, s.y.lo + 1, s.x.lo, ly * (1.0f - lx));
+  corner(s.y.hi_in && s.x.hi_in, s.y.lo + 1, s.x.lo + 1, ly * lx);
+#else
+  scatter_corner_block<kCount, float, index_t, GlobalAtomicAdd<float, index_t> >(s, value, c0, add);
+#endif
+}
+
 // Deterministic input gradient (torch.use_deterministic_algorithms): every contribution is rounded
 // to a 64-bit fixed-point integer before an integer atomic add, and integer addition does not
 // depend on order, so the sum is bitwise reproducible. `scale` (on the device, so nothing

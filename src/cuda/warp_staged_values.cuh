@@ -64,6 +64,7 @@ __device__ __forceinline__ void stage_element(T* shared, const T* global) {
 template <typename scalar_t, typename index_t, int kKernel>
 struct WarpStagedPixelValues {
   using param_type = scalar_t;
+  static constexpr bool kSplitsChannels = false;  // a lane's pixel has all its channels
   static constexpr int kTaps = kKernel * kKernel;
   using Pair = OffsetPair<scalar_t>;
   using Buffers = WarpStagedBuffers<scalar_t, kKernel>;
