@@ -5,7 +5,8 @@
 #   bash tools/gpu_check.sh [--bench "BENCHMARK ARGS"]
 # Knobs (environment): PYTEST_WORKERS (xdist), PYTEST_ARGS (replaces the test selection, e.g.
 # "tests/test_op_paths.py -x"; paths under tests/ are taken from the checkout), SANITIZER_TOOLS
-# (default "memcheck racecheck"; "" skips), PROFILE=1 (ncu of tools/profile_case.py, whose
+# (default "memcheck racecheck"; "" skips), RACECHECK_ARGS (tools/sanitizer_case.py's arguments under
+# racecheck only, e.g. "--dtypes float32 bfloat16": the whole case takes minutes there), PROFILE=1 (ncu of tools/profile_case.py, whose
 # arguments PROFILE_ARGS gives, e.g. "float32 --case feat --channels-last"), BENCH_MODES (extra
 # benchmark runs with the same arguments, e.g. "--deterministic --channels-last"), SKIP_BUILD=1
 # (a warm machine that already has this checkout installed). Each step prints its wall time.
@@ -70,8 +71,11 @@ grep -E "FAILED|ERROR|passed|failed|SKIPPED" "$OUT/pytest.log" | tail -25
 
 for tool in ${SANITIZER_TOOLS-memcheck racecheck}; do
   step "compute-sanitizer --tool $tool"
-  compute-sanitizer --tool $tool --error-exitcode 9 python3 "$REPO/tools/sanitizer_case.py" > "$OUT/$tool.tmp" 2>&1 \
-    || status=1
+  case_args=""
+  [ "$tool" = racecheck ] && case_args="${RACECHECK_ARGS:-}"
+  # shellcheck disable=SC2086
+  compute-sanitizer --tool $tool --error-exitcode 9 python3 "$REPO/tools/sanitizer_case.py" $case_args \
+    > "$OUT/$tool.tmp" 2>&1 || status=1
   tail -3 "$OUT/$tool.tmp"
   { echo "=== $tool"; cat "$OUT/$tool.tmp"; } >> "$OUT/sanitizer.log"; rm -f "$OUT/$tool.tmp"
 done

@@ -3,16 +3,28 @@
 Offsets reach far outside the image, some are NaN or 1e30, and every dtype and padding mode runs, with
 one offset tensor and with split offsets, and float32 frames with half-type per-pixel tensors, so an
 out-of-bounds read or write anywhere in the kernels shows up.
+
+    python3 tools/sanitizer_case.py [--dtypes float32 bfloat16 ...]
+
+--dtypes narrows the frames' dtypes (default all four; float32 frames also run the mixed-precision
+calls), e.g. for racecheck, whose shared-memory tracking makes the whole case take minutes.
 """
+import argparse
+
 import torch
 
 import edsc_ext
 
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtypes", nargs="+", choices=sorted(DTYPES), default=list(DTYPES))
+    dtypes = [DTYPES[name] for name in parser.parse_args().dtypes]
     for deterministic in (False, True):  # the fixed-point input gradient is a kernel of its own
         torch.use_deterministic_algorithms(deterministic)
-        run_every_path()
+        run_every_path(dtypes)
     torch.use_deterministic_algorithms(False)
     device = torch.device("cuda", torch.cuda.device_count() - 1)
     a = torch.randn(1000, device=device)
@@ -20,10 +32,10 @@ def main() -> None:
     print("sanitizer case done")
 
 
-def run_every_path() -> None:
+def run_every_path(dtypes) -> None:
     device = torch.device("cuda", torch.cuda.device_count() - 1)
     gen = torch.Generator().manual_seed(0)
-    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+    for dtype in dtypes:
         for mode in ("zeros", "border", "edsc"):
             for kh, kw, pad, dil in ((5, 5, 2, 1), (3, 4, (1, 2), (2, 1)), (1, 20, (0, 10), 1)):
                 n, c, h, w = 2, 5, 11, 13
@@ -53,6 +65,15 @@ def run_every_path() -> None:
                 wide = torch.cat([cl[0].detach()] * 2, 1)[:, :8].contiguous(memory_format=torch.channels_last)
                 edsc_ext.deform_sepconv(wide.requires_grad_(), *cl[1:], padding=pad, dilation=dil,
                                         padding_mode=mode).sum().backward()
+                # The channel lanes backward (kernel_policy(channel_lanes=True)): 8 channels one lane a
+                # pixel; 24 channels three blocks on four lanes, one idle, the last warp partly past
+                # the last pixel.
+                wider = torch.cat([cl[0].detach()] * 5, 1)[:, :24].contiguous(memory_format=torch.channels_last)
+                with edsc_ext.kernel_policy(channel_lanes=True):
+                    for frame in (wide.detach(), wider):
+                        out = edsc_ext.deform_sepconv(frame.requires_grad_(), *cl[1:], padding=pad, dilation=dil,
+                                                      padding_mode=mode)
+                        out.backward(torch.randn_like(out))
                 # NCHW with 3 channels: one channel block, where the float32 forward prefetches each
                 # warp's per-pixel values (11 x 13 outputs: warps straddle the two images).
                 rgb = ts[0].detach()[:, :3].contiguous().requires_grad_()
