@@ -87,6 +87,35 @@ def test_main_rejects_a_bad_policy(capsys, item, message):
     assert message in capsys.readouterr().err
 
 
+def test_policy_ab_tool_on_the_cpu(tmp_path, monkeypatch, capsys):
+    """tools/policy_ab.py (the kernel A/B of device sessions) times both policies in one process, names
+    each one's plans and checks that their results agree; here on the CPU, the baseline loops against
+    the default ones."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "tools" / "policy_ab.py"
+    spec = importlib.util.spec_from_file_location("policy_ab", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    out = tmp_path / "ab.json"
+    before = edsc_ext.current_kernel_policy()
+    monkeypatch.setattr(sys, "argv", ["policy_ab.py", "--device", "cpu", "--cases", "train", "--dtypes", "float32",
+                                      "--rounds", "2", "--reps", "1", "--a", "cpu_isa=baseline", "--json", str(out)])
+    assert tool.main() == 0
+    assert edsc_ext.current_kernel_policy() == before
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["case"], r["pass"]) for r in rows] == [("train", "fwd"), ("train", "fwd+bwd")]
+    isa = edsc_ext._plan(torch.zeros(1, 1, 1, 1), kernel_size=1).forward.split("/")[1]  # this CPU's default
+    for row in rows:
+        assert row["plan_a"].endswith("/baseline") and row["plan_b"].endswith("/" + isa), row
+        assert len(row["rounds_a_ms"]) == len(row["rounds_b_ms"]) == 2
+        assert row["a_ms"] > 0 and row["b_ms"] > 0 and row["a_x_floor"] > 1
+        assert row["max_rel_diff"] < 1e-5  # FMA rounds once: the last bits differ
+    assert "train float32 fwd+bwd: A " in capsys.readouterr().out
+
+
 def test_floor_bytes_by_hand():
     # EDSC-style: N=1, C=2, 4x5 output, K=3, padding 1 -> input 4x5 as well.
     case = Case("t", n=1, c=2, h=4, w=5, k=3, padding=1)
