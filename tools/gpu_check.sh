@@ -8,7 +8,8 @@
 # (default "memcheck racecheck"; "" skips), RACECHECK_ARGS (tools/sanitizer_case.py's arguments under
 # racecheck only, e.g. "--dtypes float32 bfloat16": the whole case takes minutes there), PROFILE=1 (ncu of tools/profile_case.py, whose
 # arguments PROFILE_ARGS gives, e.g. "float32 --case feat --channels-last"), BENCH_MODES (extra
-# benchmark runs with the same arguments, e.g. "--deterministic --channels-last"), SKIP_BUILD=1
+# benchmark runs with the same arguments, e.g. "--deterministic --channels-last"), AB_ARGS (a kernel A/B,
+# tools/policy_ab.py's arguments, e.g. "--cases feat feat64 --channels-last --a channel_lanes=true"), SKIP_BUILD=1
 # (a warm machine that already has this checkout installed). Each step prints its wall time.
 # PYTEST_MARKS replaces the marker expression of the parallel run ("not multi_gpu"), e.g.
 # PYTEST_MARKS="cuda and not multi_gpu" for the tests that need a GPU (CI runs the rest): on the
@@ -89,6 +90,12 @@ if [ -n "${PROFILE:-}" ]; then
     python3 "$REPO/tools/profile_case.py" ${PROFILE_ARGS:-} > "$OUT/ncu.txt" 2>&1 || status=1
   grep -E "deform_sepconv|Duration|Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Executed Instructions  |Issue Slots Busy|stalled|No Eligible" \
     "$OUT/ncu.txt" | sed 's/  */ /g' | cut -c1-150 | head -70
+fi
+
+if [ -n "${AB_ARGS:-}" ]; then
+  step "policy A/B (tools/policy_ab.py $AB_ARGS)"
+  # shellcheck disable=SC2086
+  python3 "$REPO/tools/policy_ab.py" $AB_ARGS --json "$OUT/ab.json" 2>&1 | tee "$OUT/ab.txt" || status=1
 fi
 
 if [ -n "$BENCH_ARGS" ]; then
