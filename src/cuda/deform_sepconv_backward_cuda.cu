@@ -53,17 +53,21 @@ DeformSepconvBackwardResult deform_sepconv_backward_cuda(
     int64_t dilation_h, int64_t dilation_w, int64_t padding_mode, std::array<bool, 5> output_mask,
     const std::optional<at::Tensor>& offset_dx) {
   const c10::cuda::CUDAGuard device_guard(input.device());
+  const KernelPolicy policy = kernel_policy();
+  const bool many_channels_last = input.dim() == 4 && wants_channels_last(input) && input.size(1) > kSmallChannels;
+  std::optional<DeformSepconvTensors> prepared;
+  CudaBackwardPlan plan;
   const DeformSepconvConfig cfg{kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode};
-  const DeformSepconvTensors t =
-      prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg, &grad_output, offset_dx);
-  const CudaBackwardPlan plan =
-      plan_cuda_backward(describe_call(t, cfg, output_mask, at::globalContext().deterministicAlgorithms()),
-                         cuda_device_facts(input.device().index()), kernel_policy());
-  if (plan.nchw_copies) {
-    // A channels_last call with many channels that the channel lanes do not take (a channel count
-    // that is not a multiple of their block, float64, a deterministic input gradient): one thread
-    // per output pixel loops over the channels, so in channels_last each of its frame loads (a
-    // corner, a channel) would land on another lane's cache line (twice the NCHW time with 32
+  if (!many_channels_last || backward_may_take_channel_lanes(input.size(1), policy)) {
+    prepared = prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg, &grad_output, offset_dx);
+    plan = plan_cuda_backward(describe_call(*prepared, cfg, output_mask, at::globalContext().deterministicAlgorithms()),
+                              cuda_device_facts(input.device().index()), policy);
+  }
+  if (!prepared || plan.nchw_copies) {
+    // A channels_last call with many channels that the channel lanes do not take (off, a channel
+    // count that is not a multiple of their block, float64, a deterministic input gradient): one
+    // thread per output pixel loops over the channels, so in channels_last each of its frame loads
+    // (a corner, a channel) would land on another lane's cache line (twice the NCHW time with 32
     // channels on the H200, BENCHMARKS.md); copying every tensor to NCHW and the gradients back
     // costs a few percent of it.
     const auto nchw = [](const std::optional<at::Tensor>& v) -> std::optional<at::Tensor> {
@@ -78,6 +82,7 @@ DeformSepconvBackwardResult deform_sepconv_backward_cuda(
     return {back(std::get<0>(grads)), back(std::get<1>(grads)), back(std::get<2>(grads)),
             back(std::get<3>(grads)), back(std::get<4>(grads)), back(std::get<5>(grads))};
   }
+  const DeformSepconvTensors& t = *prepared;
   auto grads = allocate_deform_sepconv_grads(t, output_mask);
   if (plan.empty) return backward_result(grads);
   if (plan.gather_input_grad) launch_gather_input_grad(t, cfg, plan, grads[0]);

@@ -176,6 +176,13 @@ CudaForwardPlan plan_cuda_forward(const DeformSepconvCall& call, const CudaDevic
 CudaBackwardPlan plan_cuda_backward(const DeformSepconvCall& call, const CudaDeviceFacts& device,
                                     const KernelPolicy& policy);
 
+// Whether a channels_last backward with this many channels can take the channel lanes at all under
+// this policy (the planner's first test): where it cannot, the host copies to NCHW before
+// preparing the call, so that no channels_last copy of a per-pixel tensor is made first.
+inline bool backward_may_take_channel_lanes(int64_t channels, const KernelPolicy& policy) {
+  return policy.channel_lanes && channels % kPixelVectorBlock == 0;
+}
+
 // Names for edsc_ext._plan and the tests, e.g. "lane_pairs_rgb_staged", "tiled_warp_staged_rgb".
 std::string plan_name(const CudaForwardPlan& plan);
 std::string plan_name(const CudaBackwardPlan& plan);

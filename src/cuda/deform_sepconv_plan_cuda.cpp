@@ -131,7 +131,7 @@ CudaBackwardPlan plan_cuda_backward(const DeformSepconvCall& c, const CudaDevice
     const int64_t blocks = c.channels / kPixelVectorBlock;
     int lanes_log2 = 0;
     while ((int64_t(1) << lanes_log2) < blocks && (1 << lanes_log2) < kMaxChannelLanes) ++lanes_log2;
-    const bool lanes = policy.channel_lanes && c.channels % kPixelVectorBlock == 0 && c.element_size <= 4 &&
+    const bool lanes = backward_may_take_channel_lanes(c.channels, policy) && c.element_size <= 4 &&
                        c.use_32bit_indexing && c.input_alignment >= piece && c.grad_output_alignment >= piece &&
                        !(c.input_grad() && c.deterministic) &&
                        (c.output_pixels() << lanes_log2) <= kMaxGridDimX * kThreadsPerBlock;
