@@ -198,7 +198,7 @@ def default_jobs():
 # estimate a build prints.
 COMPILE_SECONDS_CPU = 320
 COMPILE_SECONDS_CUDA_HOST = 200
-COMPILE_SECONDS_CUDA_PER_ARCH = 440
+COMPILE_SECONDS_CUDA_PER_ARCH = 500
 
 
 def estimated_build_seconds(n_cuda_archs, jobs):
