@@ -53,8 +53,7 @@ class KernelPolicy:
         channel_lanes: CUDA, channels_last backward of a multiple of 8 channels (float32 and the
             half types; not a deterministic input gradient): adjacent threads share a pixel's
             channels in blocks of 8 read with vector loads, and add the input gradient with vector
-            atomics, instead of running on NCHW copies. Off by default until it has been measured
-            on a GPU.
+            atomics, instead of running on NCHW copies; False runs it on NCHW copies.
         cpu_scratch_mb: CPU backward: megabytes of scratch planes that may be used to split one
             image over threads; beyond it (or at 0) the input gradient takes a slower pass per
             (image, channel block) instead.
@@ -70,7 +69,7 @@ class KernelPolicy:
     input_grad_tile: bool = True
     warp_staging: bool = True
     vector_loads: bool = True
-    channel_lanes: bool = False
+    channel_lanes: bool = True
     cpu_scratch_mb: int = 256
     cpu_isa: str = "auto"
 

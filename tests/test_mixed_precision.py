@@ -274,8 +274,8 @@ def test_plans_of_mixed_precision_calls(gen):
              ("pixels_prefetch", "tiled_prefetch")),
             (3, "channels_last", (True,) * 4, ("lane_pairs_rgb_staged", "tiled_warp_staged_rgb"),
              ("pixels_rgb", "tiled")),
-            (8, "channels_last", (True,) * 4, ("pixels_vectorized8", "nchw_copies+tiled_prefetch"),
-             ("pixels_vectorized8", "nchw_copies+tiled_prefetch")),
+            (8, "channels_last", (True,) * 4, ("pixels_vectorized8", "channel_lanes1"),
+             ("pixels_vectorized8", "channel_lanes1")),
             (3, "contiguous", (True, True, False, False), ("grid_taps", "grid_taps_params+gather_input_grad"),
              ("pixels_rgb_prefetch", "tiled_rgb_prefetch")),
         ):

@@ -319,6 +319,12 @@ def test_channels_last_warp_staged(gen, request, channels, dtype, mode):
                     assert g is None and g0 is None or torch.equal(g, g0), f"grad of {name} differs between two runs"
 
 
+# Frame dtype and per-pixel dtype ("same", or bfloat16 with a float32 frame: mixed precision takes a
+# float32 frame) of the channels_last vector-load and channel-lane tests.
+PER_PIXEL_DTYPES = [(F32, "same"), (F16, "same"), (BF16, "same"), (F32, "bf16")]
+PER_PIXEL_IDS = ["f32-same", "f16-same", "bf16-same", "f32-bf16"]
+
+
 # The CUDA channels_last one-thread-per-(pixel, channel block) forward with whole blocks of channels
 # reads each bilinear corner's block with vector loads (kernel_policy(vector_loads=True), the
 # default): blocks of 8 a thread where the channel count is a multiple of 8 (8 channels: one block,
@@ -329,14 +335,11 @@ def test_channels_last_warp_staged(gen, request, channels, dtype, mode):
 # (vector_loads=False) must agree, and both the float64 reference.
 @pytest.mark.cuda
 @requires_cuda
-@pytest.mark.parametrize("per_pixel", ["same", "bf16"])
-@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("dtype, per_pixel", PER_PIXEL_DTYPES, ids=PER_PIXEL_IDS)
 @pytest.mark.parametrize("config", [(2, 8, 9, 37, 5, 5, 2, 1), (1, 16, 10, 21, 3, 4, (1, 2), (2, 1)),
                                     (1, 12, 10, 21, 3, 4, (1, 2), (2, 1)), (2, 4, 7, 45, 5, 5, 2, 1)],
                          ids=["c8-5x5", "c16-3x4-dil", "c12-3x4-dil", "c4-5x5"])
 def test_channels_last_vector_loads(gen, config, dtype, per_pixel):
-    if per_pixel == "bf16" and dtype != F32:
-        pytest.skip("mixed precision takes a float32 frame")
     as_cl = lambda t: t.contiguous(memory_format=torch.channels_last)  # noqa: E731
     base = make_inputs(*config, dtype=F64, generator=gen, offset_scale=3)
     case = (mixed(base, BF16, "cuda", "channels_last") if per_pixel == "bf16"
@@ -360,8 +363,8 @@ def test_channels_last_vector_loads(gen, config, dtype, per_pixel):
             assert_grads_close(grads, expected_grads, BF16 if per_pixel == "bf16" else dtype)
 
 
-# The CUDA channels_last backward of a multiple of 8 channels under kernel_policy(channel_lanes=True)
-# (off by default until measured on a GPU) takes the channel lanes: 2^k adjacent threads share a
+# The CUDA channels_last backward of a multiple of 8 channels (kernel_policy(channel_lanes=True), the
+# default) takes the channel lanes: 2^k adjacent threads share a
 # pixel's channels in blocks of 8 read with vector loads, sum each tap's sums through shuffles and
 # take turns storing the pixel's gradients; the input gradient goes through vector atomics.
 # 8 channels: one lane a pixel; 16: two; 24: three blocks on four lanes (one idle); 64: eight;
@@ -371,15 +374,12 @@ def test_channels_last_vector_loads(gen, config, dtype, per_pixel):
 # alone; NCHW copies (channel_lanes=False) must agree, and both the float64 reference.
 @pytest.mark.cuda
 @requires_cuda
-@pytest.mark.parametrize("per_pixel", ["same", "bf16"])
-@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("dtype, per_pixel", PER_PIXEL_DTYPES, ids=PER_PIXEL_IDS)
 @pytest.mark.parametrize("config", [(2, 8, 9, 37, 5, 5, 2, 1), (1, 16, 10, 21, 3, 4, (1, 2), (2, 1)),
                                     (1, 24, 7, 13, 5, 5, 2, 1), (1, 64, 6, 11, 5, 5, 2, 1),
                                     (1, 320, 4, 5, 3, 4, (1, 2), (2, 1))],
                          ids=["c8-5x5", "c16-3x4-dil", "c24-5x5", "c64-5x5", "c320-3x4-dil"])
 def test_channels_last_channel_lanes(gen, config, dtype, per_pixel):
-    if per_pixel == "bf16" and dtype != F32:
-        pytest.skip("mixed precision takes a float32 frame")
     as_cl = lambda t: t.contiguous(memory_format=torch.channels_last)  # noqa: E731
     lanes = min(32, 1 << (config[1] // 8 - 1).bit_length())
     for present, which, padding_mode in [((True,) * 4, ARG_NAMES, mode) for mode in PADDING_MODES + ("edsc",)] + [

@@ -124,10 +124,10 @@ EXPECTED_PLANS = {
     'train f64': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
     'train f32 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'lane_pairs_rgb_staged', 'tiled_warp_staged_rgb'),
     'train bf16 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'lane_pairs_rgb_staged', 'tiled_warp_staged_rgb'),
-    'feat f32 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_vectorized8', 'nchw_copies+tiled_prefetch'),
-    'feat bf16 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_vectorized8', 'nchw_copies+tiled_prefetch'),
+    'feat f32 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_vectorized8', 'channel_lanes4'),
+    'feat bf16 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_vectorized8', 'channel_lanes4'),
     'feat f64 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'pixels', 'nchw_copies+tiled_prefetch'),
-    'feat f32+bf16 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_vectorized8', 'nchw_copies+tiled_prefetch'),
+    'feat f32+bf16 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_vectorized8', 'channel_lanes4'),
     'train f32+f16 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb', 'tiled'),
     'train f32 deterministic': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch+fixed_point'),
     'train f64 deterministic': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb_prefetch', 'pixels+fixed_point'),
@@ -148,7 +148,7 @@ EXPECTED_PLANS = {
     'train f32 views': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb', 'tiled_rgb_prefetch'),
     'train f32 channels_last views': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb', 'tiled_warp_staged_rgb'),
     'train f16 C=4 views': ('pixels/avx2', 'pixels_fused/avx2', 'pixels', 'tiled_prefetch'),
-    'feat f32 channels_last views': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_vectorized8', 'nchw_copies+tiled_prefetch'),
+    'feat f32 channels_last views': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_vectorized8', 'channel_lanes4'),
     'sepconv f32 channels_last views': ('pixels/avx2', 'grid_taps_rows/avx2', 'pixels', 'grid_taps_params+gather_input_grad'),
     'train f32 frame grad only': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
     'train f32 no grads': ('pixels/avx2', 'none', 'pixels_rgb_prefetch', 'none'),
@@ -185,9 +185,9 @@ POLICY_CASES = [
     ("warp_staging", False, meta_call(TRAIN, channels_last=True), H200,
      ("lane_pairs_rgb_staged", "tiled_warp_staged_rgb"), ("lane_pairs_rgb_staged", "tiled")),
     ("vector_loads", False, meta_call(FEAT, channels_last=True), H200,
-     ("pixels_vectorized8", "nchw_copies+tiled_prefetch"), ("pixels", "nchw_copies+tiled_prefetch")),
-    ("channel_lanes", True, meta_call(FEAT, channels_last=True), H200,
-     ("pixels_vectorized8", "nchw_copies+tiled_prefetch"), ("pixels_vectorized8", "channel_lanes4")),
+     ("pixels_vectorized8", "channel_lanes4"), ("pixels", "channel_lanes4")),
+    ("channel_lanes", False, meta_call(FEAT, channels_last=True), H200,
+     ("pixels_vectorized8", "channel_lanes4"), ("pixels_vectorized8", "nchw_copies+tiled_prefetch")),
     ("cpu_scratch_mb", 0, meta_call(CASES["infer"]), CPU,
      ("pixels/avx2", "pixels_fused/avx2"), ("pixels/avx2", "pixels_two_pass/avx2")),
     ("cpu_isa", "baseline", meta_call(TRAIN), CPU,
@@ -210,24 +210,25 @@ def test_policy_changes_plan(keyword, value, call, device, default, changed):
     (64, F32, "channel_lanes8"), (256, F32, "channel_lanes32"), (320, F32, "channel_lanes32"),
     (12, F32, "nchw_copies+tiled_prefetch"), (32, F64, "nchw_copies+tiled_prefetch")])
 def test_channel_lanes_plans(channels, dtype, expected):
-    """Under kernel_policy(channel_lanes=True) the H200 plan of a channels_last backward of a
+    """By default (kernel_policy(channel_lanes=True)) the H200 plan of a channels_last backward of a
     multiple of 8 channels (float32 or a half type) gives a pixel one thread per block of 8 channels,
     rounded up to a power of two, at most a warp; other counts and float64 run on NCHW copies. A
     deterministic input gradient (float atomics would not be) runs on NCHW copies too; without the
     input gradient the lanes stay."""
     call = meta_call(FEAT, dtype, channels_last=True, channels=channels)
-    with edsc_ext.kernel_policy(channel_lanes=True):
-        assert plans(call, H200).backward == expected
-        assert plans(call, H200, deterministic=True).backward.startswith("nchw_copies+")
-        (frame, *rest), kwargs = call
-        frame.requires_grad_(False)
-        assert plans(((frame, *rest), kwargs), H200, deterministic=True).backward.startswith(
-            "channel_lanes" if "lanes" in expected else "nchw_copies+")
-        # Mixed precision (a float32 frame, bfloat16 per-pixel tensors) reads them as they are.
-        if dtype == F32:
-            assert plans(meta_call(FEAT, F32, channels_last=True, channels=channels, param_dtype=BF16),
-                         H200).backward == expected
-    assert plans(call, H200).backward.startswith("nchw_copies+")
+    assert edsc_ext.current_kernel_policy().channel_lanes
+    assert plans(call, H200).backward == expected
+    assert plans(call, H200, deterministic=True).backward.startswith("nchw_copies+")
+    (frame, *rest), kwargs = call
+    frame.requires_grad_(False)
+    assert plans(((frame, *rest), kwargs), H200, deterministic=True).backward.startswith(
+        "channel_lanes" if "lanes" in expected else "nchw_copies+")
+    # Mixed precision (a float32 frame, bfloat16 per-pixel tensors) reads them as they are.
+    if dtype == F32:
+        assert plans(meta_call(FEAT, F32, channels_last=True, channels=channels, param_dtype=BF16),
+                     H200).backward == expected
+    with edsc_ext.kernel_policy(channel_lanes=False):
+        assert plans(call, H200).backward.startswith("nchw_copies+")
 
 
 def test_every_policy_keyword_has_a_plan_test():
@@ -238,12 +239,12 @@ def test_policy_reaches_the_op():
     """The compiled op reads the policy the Python context set (one value for the process), and the
     block restores it, nested or left by an exception."""
     default = torch.ops.edsc_ext.get_kernel_policy()
-    assert default == (True, False, True, True, True, True, False, False, 256)
+    assert default == (True, False, True, True, True, True, True, False, 256)
     with edsc_ext.kernel_policy(grid_taps=False, cpu_scratch_mb=7):
-        assert torch.ops.edsc_ext.get_kernel_policy() == (False, False, True, True, True, True, False, False, 7)
-        with edsc_ext.kernel_policy(cpu_isa="baseline", grid_taps=True, vector_loads=False, channel_lanes=True):
-            assert torch.ops.edsc_ext.get_kernel_policy() == (True, False, True, True, True, False, True, True, 7)
-        assert torch.ops.edsc_ext.get_kernel_policy() == (False, False, True, True, True, True, False, False, 7)
+        assert torch.ops.edsc_ext.get_kernel_policy() == (False, False, True, True, True, True, True, False, 7)
+        with edsc_ext.kernel_policy(cpu_isa="baseline", grid_taps=True, vector_loads=False, channel_lanes=False):
+            assert torch.ops.edsc_ext.get_kernel_policy() == (True, False, True, True, True, False, False, True, 7)
+        assert torch.ops.edsc_ext.get_kernel_policy() == (False, False, True, True, True, True, True, False, 7)
         with pytest.raises(RuntimeError, match="inside"):
             with edsc_ext.kernel_policy(plain_forward=True):
                 raise RuntimeError("inside")

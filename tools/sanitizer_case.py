@@ -65,12 +65,12 @@ def run_every_path(dtypes) -> None:
                 wide = torch.cat([cl[0].detach()] * 2, 1)[:, :8].contiguous(memory_format=torch.channels_last)
                 edsc_ext.deform_sepconv(wide.requires_grad_(), *cl[1:], padding=pad, dilation=dil,
                                         padding_mode=mode).sum().backward()
-                # The channel lanes backward (kernel_policy(channel_lanes=True)): 8 channels one lane a
-                # pixel; 24 channels three blocks on four lanes, one idle, the last warp partly past
-                # the last pixel.
+                # The channel lanes backward (the default policy): 8 channels one lane a pixel (the call
+                # above); 24 channels three blocks on four lanes, one idle, the last warp partly past the
+                # last pixel; and the NCHW copies they replace (channel_lanes=False).
                 wider = torch.cat([cl[0].detach()] * 5, 1)[:, :24].contiguous(memory_format=torch.channels_last)
-                with edsc_ext.kernel_policy(channel_lanes=True):
-                    for frame in (wide.detach(), wider):
+                for frame, lanes in ((wider, True), (wide.detach(), False)):
+                    with edsc_ext.kernel_policy(channel_lanes=lanes):
                         out = edsc_ext.deform_sepconv(frame.requires_grad_(), *cl[1:], padding=pad, dilation=dil,
                                                       padding_mode=mode)
                         out.backward(torch.randn_like(out))

@@ -28,9 +28,8 @@ struct KernelPolicy {
   // of 4 channels in one vector load; false loads them one by one.
   bool vector_loads = true;
   // CUDA, channels_last backward of a multiple of 8 channels: the channel lanes (adjacent threads
-  // share a pixel's channels in blocks read with vector loads) instead of NCHW copies. Off until
-  // it has been measured on a GPU.
-  bool channel_lanes = false;
+  // share a pixel's channels in blocks read with vector loads) instead of NCHW copies.
+  bool channel_lanes = true;
   // CPU: the baseline (x86-64 SSE2) loops even where torch reports AVX2 or better.
   bool cpu_baseline = false;
   // CPU backward: megabytes of scratch planes for splitting one image over threads; beyond it (or
