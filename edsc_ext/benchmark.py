@@ -25,13 +25,14 @@ case        N x C x H x W    K            arguments
 train       16x3x256x256     5            v, h, offset, mask, padding=2, border
 infer       1x3x1088x1920    5            v, h, offset, mask, padding=2, border
 batch       8x3x1088x1920    5            v, h, offset, mask, padding=2, border
-feat        4x32x256x256     5            v, h, offset, mask, padding=2, border
-feat64      4x64x256x256     5            v, h, offset, mask, padding=2, border
+feat        4x32x256x256     5            v, h, offset, mask, padding=2, border, channels_last
+feat64      4x64x256x256     5            v, h, offset, mask, padding=2, border, channels_last
 sepconv     1x3x1088x1920    51           v, h (padding=25, border)
 adacof      8x3x256x256      5, dil. 2    offset, mask (kernel_size=5, dilation=2, padding=4, zeros)
 ==========  ===============  ===========  ====================================================
 
-(H x W is the output size; with these paddings the input has the same size.)
+(H x W is the output size; with these paddings the input has the same size. The many-channel
+cases run every 4-D tensor in channels_last, their natural layout, and ``--channels-last`` puts every case there.)
 
 Forward rows run under ``torch.no_grad()`` (inference). Forward+backward rows run the forward with
 every present tensor requiring grad and then ``torch.autograd.grad`` with a fixed random
@@ -126,6 +127,9 @@ class Case:
     dilation: int = 1
     separable: bool = True  # vertical and horizontal given
     deformable: bool = True  # offset and mask given
+    # Every 4-D tensor in channels_last (the natural layout of many-channel feature maps, whose
+    # kernels read a pixel's channels together); a channels_last run puts every case there.
+    channels_last: bool = False
 
     @property
     def h_in(self) -> int:
@@ -194,8 +198,8 @@ def _cases(sizes: Dict[str, tuple]) -> List[Case]:
         Case("train", *sizes["train"], **edsc),
         Case("infer", *sizes["infer"], **edsc),
         Case("batch", *sizes["batch"], **edsc),
-        Case("feat", *sizes["feat"], **edsc),
-        Case("feat64", *sizes["feat64"], **edsc),
+        Case("feat", *sizes["feat"], **edsc, channels_last=True),
+        Case("feat64", *sizes["feat64"], **edsc, channels_last=True),
         Case("sepconv", *sizes["sepconv"], k=51, padding=25, padding_mode="border", deformable=False),
         Case("adacof", *sizes["adacof"], k=5, padding=4, dilation=2, padding_mode="zeros", separable=False),
     ]
@@ -556,7 +560,8 @@ def run(device="cuda", dtypes: Sequence = DEFAULT_DTYPES, cases: Optional[Sequen
     exceeds it are skipped (default: 85% of the GPU's memory,
     8 GB on the CPU). ``copy_bandwidth``: the result of :func:`measure_copy_bandwidth` (measured here
     when None). ``channels_last``: every 4-D tensor (frame, per-pixel tensors, output gradient) in
-    torch.channels_last memory format instead of contiguous.
+    torch.channels_last memory format instead of contiguous, in every case (else in the cases whose
+    ``channels_last`` is set: the many-channel ones).
     """
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
@@ -603,7 +608,8 @@ def run(device="cuda", dtypes: Sequence = DEFAULT_DTYPES, cases: Optional[Sequen
                 gen = torch.Generator(device=device).manual_seed(seed + 500 + case_index)
                 grad_out = torch.randn(case.n, case.c, case.h, case.w, generator=gen,
                                        device=device).to(Precision.of(dtype).frame)
-                if channels_last:
+                case_channels_last = channels_last or case.channels_last
+                if case_channels_last:
                     tensors = [None if t is None else t.contiguous(memory_format=torch.channels_last)
                                for t in tensors]
                     grad_out = grad_out.contiguous(memory_format=torch.channels_last)
@@ -616,7 +622,7 @@ def run(device="cuda", dtypes: Sequence = DEFAULT_DTYPES, cases: Optional[Sequen
                     common = dict(case=case.name, shape=case.shape, h_in=case.h_in, w_in=case.w_in, k=case.k,
                                   dilation=case.dilation, padding=case.padding, padding_mode=case.padding_mode,
                                   dtype=_dtype_name(dtype), pass_=pass_, floor_bytes=fbytes, floor_ms=floor_ms,
-                                  memory_format="channels_last" if channels_last else "contiguous",
+                                  memory_format="channels_last" if case_channels_last else "contiguous",
                                   input_bytes=input_bytes + (grad_out.numel() * grad_out.element_size()
                                                              if backward else 0))
                     group = [dict(common, impl="floor", status="ok", ms=floor_ms, gbps=copy_bandwidth["gbps"],
@@ -698,6 +704,8 @@ def to_markdown(rows: Sequence[dict], header: Sequence[str] = ()) -> str:
     lines = [f"{h}  " if h else "" for h in header]
     if header:
         lines.append("")
+    # Where a run mixes memory formats, the channels_last cases say so next to their shape.
+    mixed_formats = len({r.get("memory_format") for r in rows}) > 1
     lines.append("| case | shape (N×C×H×W) | K | dtype | pass | impl | ms | GB/s | % of floor | × edsc_ext | "
                  "speed-up vs grid_sample | peak extra MiB | note |")
     lines.append("| --- | --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
@@ -710,7 +718,8 @@ def to_markdown(rows: Sequence[dict], header: Sequence[str] = ()) -> str:
         kernel = f"{r['k']}" + (f" (dil {r['dilation']})" if r.get("dilation", 1) != 1 else "")
         impl = "**floor**" if r["impl"] == "floor" else r["impl"]
         lines.append("| " + " | ".join([
-            r["case"], r["shape"], kernel, r["dtype"], r["pass"], impl, ms, _fmt_sig(r.get("gbps")),
+            r["case"], r["shape"] + (", channels_last" if mixed_formats and r.get("memory_format") == "channels_last"
+                                     else ""), kernel, r["dtype"], r["pass"], impl, ms, _fmt_sig(r.get("gbps")),
             _fmt_sig(r.get("pct_floor")),
             "—" if r.get("x_edsc_ext") is None or r["impl"] == "edsc_ext" else f"{r['x_edsc_ext']:.2f}×",
             "—" if speedup is None else f"{speedup:.2f}×", peak_text,

@@ -56,6 +56,22 @@ def test_main_cpu_channels_last(tmp_path, capsys):
     assert "**memory format: channels_last**" in capsys.readouterr().out
 
 
+def test_many_channel_cases_run_channels_last(tmp_path, capsys):
+    """The many-channel cases run in channels_last (their natural layout) and the others contiguous;
+    the table marks the channels_last rows when a run mixes the two."""
+    assert {c.name for c in benchmark.CASES if c.channels_last} == {"feat", "feat64"}
+    assert {c.name for c in benchmark.CPU_CASES if c.channels_last} == {"feat", "feat64"}
+    path = tmp_path / "bench.json"
+    rc = benchmark.main(["--device", "cpu", "--quick", "--cases", "train", "feat", "--dtypes", "float32",
+                         "--no-baseline", "--json", str(path), "--no-progress"])
+    assert rc == 0
+    rows = [r for r in json.loads(path.read_text())["rows"] if r["impl"] == "edsc_ext"]
+    assert {(r["case"], r["memory_format"]) for r in rows} == {("train", "contiguous"), ("feat", "channels_last")}
+    table = capsys.readouterr().out
+    feat_shape = next(c.shape for c in benchmark.CPU_CASES if c.name == "feat")
+    assert f"| feat | {feat_shape}, channels_last |" in table and "| train | 2x3x64x64 |" in table
+
+
 def test_main_under_a_kernel_policy(tmp_path, capsys, monkeypatch):
     """--policy runs the timing under edsc_ext.kernel_policy(...) and restores the policy after."""
     seen = []
