@@ -6,6 +6,7 @@ training run."""
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib.util
 import json
 import math
@@ -468,6 +469,173 @@ def test_capture_replays_the_eager_network(gen, autocast_dtype):
         assert rel_error(captured(new_first, new_second, [0.6, 0.2]), expected) < tol
     with pytest.raises(ValueError, match="captured shape"):
         captured(first[:1], second[:1], times)
+
+
+# --------------------------------------------------------------------------------------------
+# CUDA: the fused network in every precision and head layout, its gradients, torch.compile, and
+# half precision on real frames. float32 runs without TF32 (strict_float32), so that it compares to
+# float32 rounding; the half types compare through the float64 network: the fused path may not add
+# error to what the precision itself costs the original composition.
+
+CUDA_PRECISIONS = [None, torch.float16, torch.bfloat16]
+CUDA_PRECISION_IDS = ["fp32", "fp16", "bf16"]
+
+
+@pytest.fixture
+def strict_float32():
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def cuda_autocast(dtype):
+    return torch.autocast("cuda", dtype=dtype or torch.float16, enabled=dtype is not None)
+
+
+def float64_twin(model: EDSC) -> EDSC:
+    """The unfused float64 network with ``model``'s weights, on its device."""
+    twin = EDSC(multiple=model.multiple, fused=False, sampling=model.sampling).double()
+    twin.load_state_dict(model.state_dict())
+    return twin.to(next(model.parameters()).device)
+
+
+def cuda_case(gen, multiple: bool, n: int, h: int, w: int, channels_last: bool = False):
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    first, second = (f.cuda().contiguous(memory_format=fmt) for f in frames(gen, n, h, w, torch.float32))
+    time = torch.tensor([0.3, 0.7][:n], device="cuda") if multiple else None
+    return first, second, time
+
+
+def as_double(*args):
+    return [None if a is None else a.double() for a in args]
+
+
+@requires_cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "cl"])
+@pytest.mark.parametrize("autocast_dtype", CUDA_PRECISIONS, ids=CUDA_PRECISION_IDS)
+@pytest.mark.parametrize("multiple", [False, True], ids=["EDSC_s", "EDSC_m"])
+def test_cuda_fused_inference_equals_the_unfused_in_every_precision(gen, strict_float32, multiple, autocast_dtype,
+                                                                   channels_last):
+    model = random_edsc(gen, multiple, dtype=torch.float32, head_layout="auto").cuda().eval()
+    args = cuda_case(gen, multiple, 2 if multiple else 1, 64, 96, channels_last)
+    with torch.no_grad():
+        expected = float64_twin(model)(*as_double(*args))
+        if channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        with cuda_autocast(autocast_dtype):
+            unfused_error = rel_error(run(model, False, *args), expected)
+            errors = {}
+            for layout in HEAD_LAYOUTS:  # "auto" is "padded" here: CUDA inference
+                model.head_layout = layout
+                out = run(model, True, *args)
+                assert out.dtype == torch.float32 and out.shape == expected.shape, layout
+                errors[layout] = rel_error(out, expected)
+    if autocast_dtype is None:
+        assert unfused_error < 1e-5 and max(errors.values()) < 1e-5, (unfused_error, errors)
+    else:
+        assert unfused_error < {torch.float16: 2e-2, torch.bfloat16: 1e-1}[autocast_dtype], unfused_error
+        assert max(errors.values()) <= 2 * unfused_error + 1e-5, (unfused_error, errors)
+
+
+def _all_gradients(model: EDSC, fused: bool, args, target, autocast_dtype=None, scale: float = 1.0):
+    model.fused = fused
+    with cuda_autocast(autocast_dtype):
+        loss = F.mse_loss(model(*args), target.to(args[0].dtype)) * scale
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    return torch.cat([g.reshape(-1).double() for g in grads]) / scale
+
+
+@requires_cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("autocast_dtype", CUDA_PRECISIONS, ids=CUDA_PRECISION_IDS)
+@pytest.mark.parametrize("layout", ["auto", "grouped", "padded"])
+@pytest.mark.parametrize("multiple", [False, True], ids=["EDSC_s", "EDSC_m"])
+def test_cuda_fused_gradients_equal_the_unfused_in_every_precision(gen, strict_float32, multiple, layout,
+                                                                  autocast_dtype):
+    """Training on CUDA ("auto" is per_head there): the gradient of every parameter, all together,
+    against the float64 network's; float16 with the loss scaled as a GradScaler would."""
+    model = random_edsc(gen, multiple, dtype=torch.float32, head_layout=layout).cuda()
+    args = cuda_case(gen, multiple, 2, 64, 64)
+    target = torch.rand(2, 3, 64, 64, generator=gen).cuda()
+    twin = float64_twin(model)
+    expected = _all_gradients(twin, False, as_double(*args), target)
+    scale = 1024.0 if autocast_dtype is torch.float16 else 1.0
+    unfused = _all_gradients(model, False, args, target, autocast_dtype, scale)
+    fused = _all_gradients(model, True, args, target, autocast_dtype, scale)
+    unfused_error, fused_error = rel_error(unfused, expected), rel_error(fused, expected)
+    if autocast_dtype is None:
+        assert unfused_error < 1e-4 and fused_error < 1e-4, (unfused_error, fused_error)
+    else:
+        assert unfused_error < {torch.float16: 5e-2, torch.bfloat16: 2e-1}[autocast_dtype], unfused_error
+        assert fused_error <= 2 * unfused_error + 1e-4, (unfused_error, fused_error)
+
+
+@requires_cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("autocast_dtype", [None, torch.float16], ids=["fp32", "fp16-cl"])
+def test_cuda_compiled_inference_has_no_graph_break_and_matches_eager(gen, strict_float32, autocast_dtype):
+    """torch.compile (inductor, mode "default") of the whole network, fullgraph=True: a graph break
+    raises. Its error against the float64 network is at most the eager one's, twice, plus rounding."""
+    torch._dynamo.reset()
+    channels_last = autocast_dtype is not None
+    model = random_edsc(gen, False, dtype=torch.float32, head_layout="auto").cuda().eval()
+    args = cuda_case(gen, False, 1, 64, 96, channels_last)
+    with torch.no_grad():
+        expected = float64_twin(model)(*as_double(*args))
+        if channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        compiled = torch.compile(model, fullgraph=True)
+        with cuda_autocast(autocast_dtype):
+            eager_error = rel_error(model(*args), expected)
+            compiled_error = rel_error(compiled(*args), expected)
+            # A second pair of the same shape runs the compiled code again (no recompile needed).
+            again = cuda_case(gen, False, 1, 64, 96, channels_last)
+            assert rel_error(compiled(*again), model(*again)) <= 2 * eager_error + 1e-5
+    assert compiled_error <= 2 * eager_error + 1e-5, (eager_error, compiled_error)
+
+
+@requires_cuda
+@pytest.mark.cuda
+def test_cuda_compiled_training_step_matches_eager(gen, strict_float32):
+    """A compiled training step (forward, loss, backward through the fused heads and the op)
+    gives every parameter the eager gradient."""
+    torch._dynamo.reset()
+    model = random_edsc(gen, False, dtype=torch.float32, head_layout="auto").cuda()
+    args = cuda_case(gen, False, 2, 64, 64)
+    target = torch.rand(2, 3, 64, 64, generator=gen).cuda()
+    compiled = torch.compile(model, fullgraph=True)
+
+    def gradients(net):
+        loss = F.mse_loss(net(*args), target)
+        return torch.cat([g.reshape(-1).double() for g in torch.autograd.grad(loss, list(model.parameters()))])
+
+    expected = gradients(model)
+    assert rel_error(gradients(compiled), expected) < 1e-4
+
+
+@requires_cuda
+@pytest.mark.cuda
+@needs_middlebury
+@pytest.mark.parametrize("multiple", [False, True], ids=["EDSC_s", "EDSC_m"])
+def test_cuda_float16_inference_on_middlebury_is_within_2e_3_of_float32(gen, strict_float32, multiple):
+    """README's half-precision way (float16 autocast, model and frames channels_last) on real frames:
+    the twelve Middlebury pairs through EDSC.interpolate (pad to 32, crop, clamp), random weights
+    (the released ones are not here); relative error against float32 at most 2e-3 on every pair."""
+    model = random_edsc(gen, multiple, dtype=torch.float32, head_layout="auto").cuda().eval()
+    half = copy.deepcopy(model).to(memory_format=torch.channels_last)
+    errors = {}
+    for sequence in sorted(p.name for p in MIDDLEBURY.iterdir() if (p / "frame10.png").exists()):
+        first, second = (images.read_image(MIDDLEBURY / sequence / f).cuda() for f in ("frame10.png", "frame11.png"))
+        time = 0.5 if multiple else None
+        with torch.no_grad():
+            expected = model.interpolate(first, second, time)
+            with torch.autocast("cuda", dtype=torch.float16):
+                out = half.interpolate(*(f.unsqueeze(0).contiguous(memory_format=torch.channels_last)
+                                         for f in (first, second)), time)[0]
+        errors[sequence] = rel_error(out, expected)
+    assert len(errors) == 12 and max(errors.values()) <= 2e-3, errors
 
 
 def test_model_benchmark_cpu_quick_table(tmp_path, capsys):
