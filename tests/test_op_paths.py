@@ -364,9 +364,9 @@ def test_channels_last_vector_loads(gen, config, dtype, per_pixel):
 
 
 # The CUDA channels_last backward of a multiple of 8 channels (kernel_policy(channel_lanes=True), the
-# default) takes the channel lanes: 2^k adjacent threads share a
-# pixel's channels in blocks of 8 read with vector loads, sum each tap's sums through shuffles and
-# take turns storing the pixel's gradients; the input gradient goes through vector atomics.
+# default) takes the channel lanes: 2^k adjacent threads share a pixel's channels in blocks of 8
+# read with vector loads, sum each tap's sums through shuffles and take turns storing the pixel's
+# gradients; the input gradient goes through vector atomics.
 # 8 channels: one lane a pixel; 16: two; 24: three blocks on four lanes (one idle); 64: eight;
 # 320 (40 blocks): 32 lanes, some with two blocks. The 5x5 specialisation and a dilated run-time
 # 3x4 kernel (outputs whose last warp is partial), every padding mode, float32, the half types and
