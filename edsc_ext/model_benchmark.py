@@ -9,12 +9,14 @@ A variant is ``PATH-PRECISION[-cl][-gr|-bd|-ph|-pd]``:
 
 - PATH: ``unfused`` (``EDSC(fused=False)``, the original's module-by-module composition: the
   baseline), ``fused`` (the default network), ``compiled`` (``torch.compile`` of the fused network;
-  its compile time is the ``setup s`` column) or ``graph`` (:meth:`edsc_ext.models.EDSC.capture`:
-  CUDA-graph replay of the fused inference; CUDA only, inference only; the capture time is ``setup s``);
+  its compile time is the ``setup s`` column), ``compiledgraph`` (``torch.compile`` in mode
+  "reduce-overhead": the compiled network replayed as CUDA graphs; CUDA only) or ``graph``
+  (:meth:`edsc_ext.models.EDSC.capture`: CUDA-graph replay of the fused eager inference; CUDA only,
+  inference only; the capture time is ``setup s``);
 - PRECISION: ``fp32``, or ``fp16`` / ``bf16`` under autocast (the frames and the sampling stay float32);
 - ``cl``: model and frames in channels_last;
 - the fused heads' ``head_layout``: ``gr`` grouped, ``bd`` block_diagonal, ``ph`` per_head, ``pd`` padded;
-  none: "auto" (padded on CUDA, per_head on the CPU).
+  none: "auto" (padded on CUDA for inference and under torch.compile, per_head otherwise).
 
 A training step is the forward, an L1 loss against a fixed random target and the backward (gradients
 set to None before each step); no optimizer step, which is the same for every variant. Under float16
@@ -40,7 +42,7 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -50,12 +52,12 @@ from .models import EDSC, MODEL_NAMES, SAMPLINGS, load_checkpoint
 
 __all__ = ["main", "Variant", "parse_variant", "DEFAULT_VARIANTS"]
 
-PATHS = ("unfused", "fused", "compiled", "graph")
+PATHS = ("unfused", "fused", "compiled", "compiledgraph", "graph")
 PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 BASELINE = "unfused-fp32"
 DEFAULT_VARIANTS = (BASELINE, "fused-fp32", "fused-fp32-cl", "fused-fp16", "fused-fp16-cl", "fused-bf16",
                     "fused-bf16-cl", "fused-fp16-cl-bd", "fused-fp16-cl-ph", "compiled-fp32", "compiled-fp16-cl",
-                    "compiled-bf16-cl",
+                    "compiled-bf16-cl", "compiledgraph-fp16-cl", "compiledgraph-bf16-cl",
                     "graph-fp32", "graph-fp16-cl")
 DEFAULT_SIZES = "4x256x256,1x1088x1920,1x2176x3840"
 DEFAULT_TRAIN_SIZES = "16x256x256"
@@ -133,6 +135,9 @@ class Row:
     deviation: Optional[float] = None
     note: str = ""
     rounds_ms: List[float] = field(default_factory=list)
+    # --profile: the kernels (CPU: the aten operators) of one call, by self time; KernelTime dicts.
+    kernel_ms: Optional[float] = None
+    kernels: List[dict] = field(default_factory=list)
 
 
 def _synchronize(device: torch.device) -> None:
@@ -208,7 +213,7 @@ def _prepare(model: EDSC, variant: Variant) -> None:
 def _run_variant(model: EDSC, case: Case, inputs: _Inputs, variant: Variant, reference, args,
                  device: torch.device) -> Row:
     row = Row(model.name, case.name, variant.name)
-    if variant.path == "graph" and device.type != "cuda":
+    if variant.path in ("graph", "compiledgraph") and device.type != "cuda":
         row.status, row.note = "skipped", "CUDA graphs need a CUDA device"
         return row
     if variant.path == "graph" and case.kind == "training":
@@ -217,12 +222,27 @@ def _run_variant(model: EDSC, case: Case, inputs: _Inputs, variant: Variant, ref
     _prepare(model, variant)
     first, second, target = inputs.formatted(variant.channels_last)
     time_arg = inputs.time if model.multiple else None
-    net: Callable = model
-    if variant.path == "compiled":
+
+    def forward(first, second, time=None):
+        # Autocast entered inside the callable that is compiled: its dtype is then part of the traced
+        # graph. Entered outside, only a global state, torch's compile caches (AOTAutograd's, before
+        # pytorch/pytorch#181564) handed the graph compiled under float16 to a later bfloat16 compile.
+        with _autocast(device, variant.autocast_dtype):
+            return model(first, second, time)
+
+    net: Callable = forward
+    if variant.path in ("compiled", "compiledgraph"):
         torch._dynamo.reset()
-        mode = None if args.compile_mode == "default" else args.compile_mode
-        net = torch.compile(model, mode=mode, backend=args.compile_backend, dynamic=False)
-        row.note = f"torch.compile mode={args.compile_mode}, backend={args.compile_backend}"
+        mode = "reduce-overhead" if variant.path == "compiledgraph" else args.compile_mode
+        compiled = torch.compile(forward, mode=None if mode == "default" else mode, backend=args.compile_backend,
+                                 dynamic=False)
+        row.note = f"torch.compile mode={mode}, backend={args.compile_backend}"
+        net = compiled
+        if variant.path == "compiledgraph":
+            def net(first, second, time=None):
+                # A new iteration for the CUDA-graph trees: the last call's outputs may be overwritten.
+                torch.compiler.cudagraph_mark_step_begin()
+                return compiled(first, second, time)
     captured = None
     if case.kind == "inference":
         model.eval()
@@ -230,7 +250,7 @@ def _run_variant(model: EDSC, case: Case, inputs: _Inputs, variant: Variant, ref
         def step():
             if captured is not None:
                 return captured(first, second, time_arg, copy=False)
-            with torch.no_grad(), _autocast(device, variant.autocast_dtype):
+            with torch.no_grad():
                 return net(first, second, time_arg)
     else:
         model.train()
@@ -242,8 +262,7 @@ def _run_variant(model: EDSC, case: Case, inputs: _Inputs, variant: Variant, ref
         def step():
             for p in params:
                 p.grad = None
-            with _autocast(device, variant.autocast_dtype):
-                out = net(first, second, time_arg)
+            out = net(first, second, time_arg)
             (F.l1_loss(out.float(), target) * loss_scale).backward()
             return [p.grad for p in params]
     if device.type == "cuda":
@@ -254,7 +273,7 @@ def _run_variant(model: EDSC, case: Case, inputs: _Inputs, variant: Variant, ref
         row.note = "EDSC.capture"
     result = step()  # the compiled variants compile here
     _synchronize(device)
-    if variant.path in ("compiled", "graph"):
+    if variant.path in ("compiled", "compiledgraph", "graph"):
         row.setup_s = time.perf_counter() - setup_start
     if case.kind == "inference":
         row.deviation = _output_deviation(result, reference[0])
@@ -266,7 +285,62 @@ def _run_variant(model: EDSC, case: Case, inputs: _Inputs, variant: Variant, ref
     row.per_s = case.n * 1e3 / row.ms
     if device.type == "cuda":
         row.peak_mib = torch.cuda.max_memory_allocated(device) / 2 ** 20
+    if args.profile:
+        row.kernel_ms, row.kernels = _profile_kernels(step, device, args.profile_calls)
     return row
+
+
+# What a kernel (or, on the CPU, an operator) is, by the first pattern its lower-cased name holds.
+KERNEL_KINDS = (("edsc_ext op", ("deform_sepconv",)),
+                ("convolution, weight gradient", ("wgrad", "convolution_backward_weight")),
+                ("convolution, data gradient", ("dgrad", "convolution_backward_input")),
+                ("convolution", ("fprop", "implicit_gemm", "conv", "xmma", "cutlass", "gemm")),
+                ("Triton (inductor)", ("triton",)),
+                ("upsampling", ("upsample",)),
+                ("pooling", ("pool",)),
+                ("layout and copies", ("copy", "nchwtonhwc", "nhwctonchw", "transpose", "cat", "pad")),
+                ("reductions", ("reduce", "sum")))
+
+
+def kernel_kind(name: str) -> str:
+    lowered = name.lower()
+    for kind, patterns in KERNEL_KINDS:
+        if any(pattern in lowered for pattern in patterns):
+            return kind
+    return "elementwise and other"
+
+
+def _self_time_us(event, on_device: bool) -> float:
+    if not on_device:
+        return event.self_cpu_time_total
+    # self_device_time_total since torch 2.4's profiler rename; self_cuda_time_total before.
+    return getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0.0)
+
+
+def _profile_kernels(step: Callable[[], object], device: torch.device, calls: int) -> Tuple[float, List[dict]]:
+    """torch.profiler over ``calls`` steps: the kernel time of one call (ms) and its kernels (CUDA) or
+    aten operators (CPU, self time), each ``{"name", "kind", "ms", "launches"}`` per call, longest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    on_device = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_device else [])
+    _synchronize(device)
+    with profile(activities=activities) as prof:
+        for _ in range(calls):
+            step()
+        _synchronize(device)
+    kernels = []
+    for event in prof.key_averages():
+        if on_device != (event.device_type == torch.autograd.DeviceType.CUDA):
+            continue
+        if not on_device and not event.key.startswith("aten::"):
+            continue
+        us = _self_time_us(event, on_device)
+        if us > 0:
+            kernels.append({"name": event.key, "kind": kernel_kind(event.key), "ms": us / calls / 1e3,
+                            "launches": event.count / calls})
+    kernels.sort(key=lambda k: -k["ms"])
+    return sum(k["ms"] for k in kernels), kernels
 
 
 def _reference(model: EDSC, case: Case, inputs: _Inputs) -> List[torch.Tensor]:
@@ -343,9 +417,11 @@ def render(meta: dict, rows: Sequence[Row]) -> str:
              "||g - g_ref|| / ||g_ref|| of all parameter gradients together (float16: the loss scaled by "
              f"{meta['fp16_loss_scale']:g})",
              "- variants: unfused = the original composition; fused = the default network; compiled = "
-             "torch.compile of it (setup s: the first call, compile included); graph = EDSC.capture replay "
+             "torch.compile of it (setup s: the first call, compile included); compiledgraph = torch.compile "
+             "in mode reduce-overhead (CUDA graphs); graph = EDSC.capture replay "
              "(setup s: warm-up and capture); fp16/bf16 = autocast; cl = channels_last; heads gr = grouped, "
-             "bd = block-diagonal, ph = per head, none = auto (per head)", "",
+             "bd = block-diagonal, ph = per head, pd = padded, none = auto (padded on CUDA for inference and "
+             "under torch.compile, per head otherwise)", "",
              "| model | case | variant | ms | frames/s | peak MiB | setup s | max rel. dev. | note |",
              "|---|---|---|---:|---:|---:|---:|---:|---|"]
     for r in rows:
@@ -354,7 +430,32 @@ def render(meta: dict, rows: Sequence[Row]) -> str:
             continue
         lines.append(f"| {r.model} | {r.case} | {r.variant} | {_fmt(r.ms)} | {_fmt(r.per_s, 1)} | "
                      f"{_fmt(r.peak_mib, 0)} | {_fmt(r.setup_s, 1)} | {_fmt_deviation(r.deviation)} | {r.note} |")
+    profiled = [r for r in rows if r.kernels]
+    if profiled:
+        lines += render_profiles(meta, profiled)
     return "\n".join(lines) + "\n"
+
+
+def render_profiles(meta: dict, rows: Sequence[Row]) -> List[str]:
+    """Per profiled row: its kernel time by kind, then its longest kernels (--profile N of them)."""
+    what = "kernels" if meta["device_type"] == "cuda" else "aten operators (self CPU time)"
+    lines = ["", f"## Where the time goes (torch.profiler over {meta['profile_calls']} calls; {what}, per call)"]
+    for r in rows:
+        lines += ["", f"### {r.model} {r.case} {r.variant}: {r.kernel_ms:.2f} ms of {what} a call "
+                      f"({_fmt(r.ms)} ms measured)", "",
+                  "| kind | ms | share | launches |", "|---|---:|---:|---:|"]
+        kinds: Dict[str, List[dict]] = {}
+        for k in r.kernels:
+            kinds.setdefault(k["kind"], []).append(k)
+        for kind, members in sorted(kinds.items(), key=lambda item: -sum(k["ms"] for k in item[1])):
+            ms = sum(k["ms"] for k in members)
+            lines.append(f"| {kind} | {ms:.3f} | {100 * ms / r.kernel_ms:.1f}% | "
+                         f"{sum(k['launches'] for k in members):g} |")
+        lines += ["", "| kernel | kind | ms | launches |", "|---|---|---:|---:|"]
+        for k in r.kernels[:meta["profile_top"]]:
+            name = k["name"] if len(k["name"]) <= 110 else k["name"][:107] + "..."
+            lines.append(f"| `{name.replace('|', '/')}` | {k['kind']} | {k['ms']:.3f} | {k['launches']:g} |")
+    return lines
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -385,6 +486,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--weights", action="append", default=[], metavar="CHECKPOINT",
                         help="an EDSC_s or EDSC_m checkpoint to time instead of random weights (repeatable)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="after timing each row, run it under torch.profiler and list where its time goes: "
+                             "the kernel time by kind and the N longest kernels (CPU: aten operators)")
+    parser.add_argument("--profile-calls", type=int, default=3, help="calls profiled per row (default %(default)s)")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--markdown", default=None, metavar="PATH", help="also write the table to a file")
     parser.add_argument("--quiet", action="store_true",
@@ -419,6 +524,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
     if args.rounds < 1 or args.warmup < 1:
         parser.error(f"--rounds and --warmup must be at least 1, got {args.rounds} and {args.warmup}")
+    if args.profile < 0 or args.profile_calls < 1:
+        parser.error(f"--profile must be at least 0 and --profile-calls at least 1, got {args.profile} and "
+                     f"{args.profile_calls}")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: CUDA is not available")
@@ -439,6 +547,7 @@ def _run(args, models, variants, cases, device, argv) -> int:
             "weights": ", ".join(args.weights) if args.weights else f"random (seed {args.seed})",
             "sampling": args.sampling, "rounds": args.rounds, "warmup": args.warmup,
             "fp16_loss_scale": args.fp16_loss_scale, "cudnn_benchmark": torch.backends.cudnn.benchmark,
+            "profile_top": args.profile, "profile_calls": args.profile_calls,
             "torch": torch.__version__}
     rows: List[Row] = []
     total = len(models) * len(cases) * len(variants)
