@@ -49,7 +49,7 @@ SAMPLINGS = ("compat", "clean")
 # k*k, 3, EDSC_m's 65 inputs), and the 6 input channels of the trunk's first convolution, rounded up to
 # a multiple of CHANNEL_MULTIPLE by zero weights: cuDNN's tensor-core convolutions want channels in
 # multiples of 8 and otherwise pad copies of the tensors or take slower engines), or "auto": padded for
-# inference on CUDA, per_head otherwise (auto_head_layout; BENCHMARKS.md, issue #20).
+# inference and compiled training on CUDA, per_head otherwise (auto_head_layout; BENCHMARKS.md, issue #20).
 HEAD_LAYOUTS = ("auto", "grouped", "block_diagonal", "per_head", "padded")
 CHANNEL_MULTIPLE = 8
 MODEL_NAMES = ("EDSC_s", "EDSC_m")
@@ -139,8 +139,57 @@ class HetConv2d(nn.Module):
         return self.forward_folded(x)
 
 
+def _is_compiling() -> bool:
+    is_compiling = getattr(torch.compiler, "is_compiling", None)  # torch >= 2.3
+    return bool(is_compiling()) if is_compiling is not None else torch._dynamo.is_compiling()
+
+
+def _upsample_axis_by_slices(x: Tensor, dim: int) -> Tensor:
+    """``x`` upsampled 2x along ``dim`` (bilinear, corners aligned) with slices and products only.
+
+    With n samples the output 2n has, exactly: out[2i] = x[i] + i/(2n-1) (x[i-1] - x[i]) and
+    out[2i+1] = x[i] + (n-1-i)/(2n-1) (x[i+1] - x[i]) (the weight of a missing neighbour is 0)."""
+    n = x.shape[dim]
+    shape = [1] * x.dim()
+    shape[dim] = n
+    i = torch.arange(n, device=x.device, dtype=torch.float32 if x.dtype != torch.float64 else x.dtype)
+    to_previous = (i / (2 * n - 1)).reshape(shape)
+    to_next = ((n - 1 - i) / (2 * n - 1)).reshape(shape)
+    previous = torch.cat([x.narrow(dim, 0, 1), x.narrow(dim, 0, n - 1)], dim)
+    following = torch.cat([x.narrow(dim, 1, n - 1), x.narrow(dim, n - 1, 1)], dim)
+    even = x + to_previous * (previous - x)
+    odd = x + to_next * (following - x)
+    return torch.stack([even, odd], dim + 1).flatten(dim, dim + 1)
+
+
+def upsample2x(x: Tensor) -> Tensor:
+    """EDSC's upsampling: bilinear, 2x, corners aligned (``F.interpolate``'s values).
+
+    Compiled with gradients, it is written as shifted slices and weighted sums
+    (:func:`_upsample_axis_by_slices`): inductor fuses those forward and backward into pointwise
+    kernels, where its own backward of ``upsample_bilinear2d`` scatters with atomic adds and took a
+    quarter of a compiled training step on CUDA (BENCHMARKS.md, issue #20). Everywhere else the
+    native kernel runs. Under CUDA autocast, as the native operator, it computes and returns float32."""
+    if not (x.device.type == "cuda" and _is_compiling() and torch.is_grad_enabled()):
+        return F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=True)
+    memory_format, dtype = _memory_format(x), x.dtype
+    if dtype in (torch.float16, torch.bfloat16):  # computed in float32, as the native kernel does
+        if torch.is_autocast_enabled("cuda"):  # CUDA autocast runs upsample_bilinear2d in float32
+            dtype = torch.float32
+        x = x.float()
+    out = _upsample_axis_by_slices(_upsample_axis_by_slices(x, 2), 3)
+    return out.to(dtype).contiguous(memory_format=memory_format)
+
+
+class Upsample2x(nn.Module):
+    """:func:`upsample2x` as a module (no state: the checkpoints' keys are unchanged)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return upsample2x(x)
+
+
 def _upsample() -> nn.Module:
-    return nn.Upsample(scale_factor=2, mode="bilinear", align_corners=True)
+    return Upsample2x()
 
 
 def _stage(in_channels: int, out_channels: int, p: int) -> nn.Sequential:
@@ -160,11 +209,13 @@ def _head(in_channels: int, out_channels: int, sigmoid: bool = False) -> nn.Sequ
     return nn.Sequential(*layers)
 
 
-def auto_head_layout(device_type: str, grad_enabled: bool) -> str:
-    """What ``head_layout="auto"`` runs: "padded" for inference on CUDA, "per_head" otherwise. Measured
-    on the H200 (BENCHMARKS.md, issue #20): padding wins inference (most in half precision and
-    compiled), but not training, whose backward convolutions it made slower in float16."""
-    return "padded" if device_type == "cuda" and not grad_enabled else "per_head"
+def auto_head_layout(device_type: str, grad_enabled: bool, compiling: bool = False) -> str:
+    """What ``head_layout="auto"`` runs: "padded" on CUDA for inference and under torch.compile,
+    "per_head" otherwise. Measured on the H200 (BENCHMARKS.md, issue #20): padding wins inference
+    (most in half precision and compiled) and the compiled training step (a quarter faster in
+    bfloat16: no padding copies inside cuDNN, fewer launches), not the eager training step, whose
+    backward convolutions it made slower in float16."""
+    return "padded" if device_type == "cuda" and (compiling or not grad_enabled) else "per_head"
 
 
 def _round_up(channels: int) -> int:
@@ -384,7 +435,7 @@ class EDSC(nn.Module):
         for group, part in zip(widths, parts):
             modules = [getattr(self, name) for name, _ in group]
             z = F.relu(self._heads_conv(part, [head[4] for head in modules], layout), inplace=True)
-            z = F.interpolate(z, scale_factor=2, mode="bilinear", align_corners=True)
+            z = upsample2x(z)
             outputs.append(self._heads_conv(z, [head[7] for head in modules], layout))
         k = self.kernel_size
         vertical1, horizontal1, vertical2, horizontal2 = outputs[0].split(k, 1)
@@ -415,7 +466,7 @@ class EDSC(nn.Module):
         """The head layout that runs on ``x`` now ("auto" resolved by :func:`auto_head_layout`)."""
         if self.head_layout != "auto":
             return self.head_layout
-        return auto_head_layout(x.device.type, torch.is_grad_enabled())
+        return auto_head_layout(x.device.type, torch.is_grad_enabled(), _is_compiling())
 
     def _first_layer_weight(self, weight: Tensor, reads: int) -> Tensor:
         """A head's first-layer weight over the fused input (EDSC_m: feature, t, 1 - t)."""
