@@ -949,15 +949,16 @@ def test_ten_bit_video_stays_ten_bit(tmp_path, weights, capsys, blend_network):
 def test_compile_flag_compiles_the_network(tmp_path, weights, clip, capsys, monkeypatch):
     compiled = []
 
-    def fake_compile(model, **kwargs):
-        compiled.append(type(model).__name__)
-        return model
+    def fake_compile(fn, **kwargs):
+        compiled.append((fn.__name__, kwargs.get("mode")))
+        return fn
 
     monkeypatch.setattr(torch, "compile", fake_compile)
     first, second = write_pair(tmp_path / "in", 16, 16)
     rc, _, err = run_cli(["--weights", weights["EDSC_s"], "--compile", first, second, "-o", tmp_path / "m.png",
                           "--device", "cpu"], capsys)
-    assert rc == 0 and compiled == ["EDSC"], err
+    # The network under the engine's autocast (entered inside what is compiled); no CUDA graphs on the CPU.
+    assert rc == 0 and compiled == [("_autocast_forward", None)], err
 
 
 @needs_apps
@@ -1301,6 +1302,31 @@ def test_cuda_graph_and_half_paths_run_and_match_the_fp32_eager_network(gen, mul
             got = torch.stack(fast.interpolate_bgr(jobs))
             assert fast.paths == {f"{'graph' if cuda_graph else 'eager'} {half}": 2}
             assert got.dtype == torch.float32 and rel_error(got, expected) < tol, (half, cuda_graph)
+
+
+@requires_cuda
+@pytest.mark.cuda
+def test_cuda_compile_replays_the_compiled_network_as_cuda_graphs(gen):
+    """--compile on CUDA with whole frames: torch.compile in mode "reduce-overhead" (the network under
+    the engine's autocast, replayed as CUDA graphs), each frame its own copy (a later replay does not
+    overwrite it), equal to the eager network in the same precision."""
+    from edsc_ext.apps import engine as engine_module
+
+    torch._dynamo.reset()
+    torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
+    model = EDSC_s().cuda().eval()
+    h, w = 72, 100
+    frames_ = device_frames(gen, 4, h, w)
+    jobs = [(frames_[i], frames_[i + 1], Fraction(1, 2)) for i in range(3)]
+    eager = engine_module.Interpolator(model, half="fp16", cuda_graph=False)
+    expected = torch.stack(eager.interpolate_bgr(jobs))
+    fast = engine_module.Interpolator(model, half="fp16", compile=True)
+    got = torch.stack(fast.interpolate_bgr(jobs))
+    assert fast.compiled and fast.compiled_graphs and not fast.use_graph
+    assert fast.paths == {"compiled graph fp16": 3} and eager.paths == {"eager fp16": 3}
+    assert rel_error(got, expected) < 5e-3
+    tiled = engine_module.Interpolator(model, half="fp16", compile=True, tile=64)  # tiles: compiled, no graphs
+    assert tiled.compiled and not tiled.compiled_graphs
 
 
 @needs_apps

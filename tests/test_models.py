@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from edsc_ext import compat, model_benchmark
+from edsc_ext import models as models_module
 from edsc_ext.apps import images
 from edsc_ext.models import (
     EDSC,
@@ -204,6 +205,25 @@ def run(model: EDSC, fused: bool, *args):
     return model(*args)
 
 
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "cl"])
+@pytest.mark.parametrize("size", [(1, 5), (7, 6), (16, 24)], ids=str)
+def test_upsampling_by_slices_equals_interpolate_in_values_and_gradients(gen, size, channels_last):
+    """The compiled training path's upsampling (shifted slices and weighted sums, no scatter in its
+    backward) is F.interpolate's bilinear 2x with aligned corners, float64, sides down to 1."""
+    x = torch.randn(2, 3, *size, dtype=torch.float64, generator=gen)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    x.requires_grad_()
+    expected = F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=True)
+    out = models_module._upsample_axis_by_slices(models_module._upsample_axis_by_slices(x, 2), 3)
+    assert out.shape == expected.shape
+    assert_close(out, expected, what="upsampled")
+    grad = torch.randn(expected.shape, dtype=torch.float64, generator=gen)
+    assert_close(torch.autograd.grad(out, x, grad)[0], torch.autograd.grad(expected, x, grad)[0], what="gradient")
+    # Outside a CUDA compile, the module runs the native operator itself.
+    assert torch.equal(models_module.Upsample2x()(x), expected)
+
+
 def test_block_diagonal_places_each_groups_weight_on_the_diagonal(gen):
     weight = torch.randn(6, 2, 3, 3, generator=gen)  # 3 groups of 2 -> 2 channels each
     dense = block_diagonal(weight, 3)
@@ -292,10 +312,21 @@ def test_auto_head_layout_runs_the_heads_one_by_one_on_the_cpu(gen):
         assert torch.equal(a, b)
 
 
-def test_auto_head_layout_pads_for_cuda_inference_only():
+def test_auto_head_layout_pads_for_cuda_inference_and_compiled_training_only():
     assert auto_head_layout("cuda", grad_enabled=False) == "padded"
     assert auto_head_layout("cuda", grad_enabled=True) == "per_head"
+    assert auto_head_layout("cuda", grad_enabled=True, compiling=True) == "padded"
     assert auto_head_layout("cpu", grad_enabled=False) == "per_head"
+    assert auto_head_layout("cpu", grad_enabled=True, compiling=True) == "per_head"
+    # What EDSC._layout passes as ``compiling``: True while torch.compile traces, False in eager.
+    seen = []
+
+    def probe(x):
+        seen.append(models_module._is_compiling())
+        return x + 1
+
+    torch.compile(probe, backend="eager", fullgraph=True)(torch.zeros(2))
+    assert seen == [True] and models_module._is_compiling() is False
     model = EDSC_s()
     assert model._layout(torch.empty(0)) == "per_head"
     model.head_layout = "padded"
@@ -598,21 +629,77 @@ def test_cuda_compiled_inference_has_no_graph_break_and_matches_eager(gen, stric
 
 @requires_cuda
 @pytest.mark.cuda
-def test_cuda_compiled_training_step_matches_eager(gen, strict_float32):
-    """A compiled training step (forward, loss, backward through the fused heads and the op)
-    gives every parameter the eager gradient."""
+@pytest.mark.parametrize("autocast_dtype", [None, torch.bfloat16], ids=["fp32", "bf16-cl"])
+def test_cuda_compiled_training_step_matches_eager_and_scatters_nothing(gen, strict_float32, autocast_dtype):
+    """A compiled training step (forward, loss, backward through the padded heads, the upsamplings
+    and the op) gives every parameter the eager gradient, and no kernel inductor writes adds
+    atomically: the upsamplings' backward is the slices' (upsample2x), not a scatter."""
+    from torch._inductor.utils import run_and_get_code
+
     torch._dynamo.reset()
+    channels_last = autocast_dtype is not None
     model = random_edsc(gen, False, dtype=torch.float32, head_layout="auto").cuda()
-    args = cuda_case(gen, False, 2, 64, 64)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    args = cuda_case(gen, False, 2, 64, 64, channels_last)
     target = torch.rand(2, 3, 64, 64, generator=gen).cuda()
-    compiled = torch.compile(model, fullgraph=True)
+
+    def forward(*inputs):
+        with cuda_autocast(autocast_dtype):
+            return model(*inputs)
+
+    compiled = torch.compile(forward, fullgraph=True)
 
     def gradients(net):
-        loss = F.mse_loss(net(*args), target)
+        loss = F.mse_loss(net(*args).float(), target)
         return torch.cat([g.reshape(-1).double() for g in torch.autograd.grad(loss, list(model.parameters()))])
 
-    expected = gradients(model)
-    assert rel_error(gradients(compiled), expected) < 1e-4
+    expected = gradients(forward)
+    with torch._inductor.config.patch(force_disable_caches=True):  # a cache hit generates no code to read
+        actual, code = run_and_get_code(gradients, compiled)
+    assert code and not any("tl.atomic_add(" in source for source in code)
+    if autocast_dtype is None:
+        assert rel_error(actual, expected) < 1e-4
+    else:  # both against the float64 gradients: compiled may not add error to what bfloat16 costs eager
+        twin = float64_twin(model)
+        loss = F.mse_loss(twin(*as_double(*args)), target.double())
+        exact = torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, list(twin.parameters()))])
+        eager_error = rel_error(expected, exact)
+        assert eager_error < 2e-1 and rel_error(actual, exact) <= 2 * eager_error + 1e-4, eager_error
+
+
+@requires_cuda
+@pytest.mark.cuda
+def test_cuda_compiled_per_autocast_dtype_runs_its_own_graph(gen):
+    """README's way to compile under autocast (autocast entered inside the compiled function): a
+    float16 compile, then a bfloat16 one in the same process, each gives its own eager output
+    (torch's compile caches once handed the float16 graph to the bfloat16 compile)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model = random_edsc(gen, False, dtype=torch.float32, head_layout="auto").cuda().eval()
+    model = model.to(memory_format=torch.channels_last)
+    args = cuda_case(gen, False, 1, 64, 96, channels_last=True)
+    with torch.no_grad():
+        exact = float64_twin(model)(*as_double(*args))
+    for dtype, name, other in ((torch.float16, "f16f16", "bf16"), (torch.bfloat16, "bf16bf16", "f16f16")):
+        torch._dynamo.reset()
+
+        def forward(*inputs, dtype=dtype):
+            with torch.autocast("cuda", dtype=dtype):
+                return model(*inputs)
+
+        compiled = torch.compile(forward, fullgraph=True)
+        with torch.no_grad():
+            eager_error = rel_error(forward(*args), exact)
+            compiled(*args)
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                out = compiled(*args)
+                torch.cuda.synchronize()
+        # cuDNN names its kernels by their dtypes: the convolutions ran in the dtype asked for.
+        convolutions = [e.key for e in prof.key_averages() if "implicit_gemm" in e.key or "fprop" in e.key]
+        assert convolutions and any(name in k for k in convolutions), (dtype, convolutions)
+        assert not any(other in k for k in convolutions), (dtype, convolutions)
+        assert rel_error(out, exact) <= 2 * eager_error + 1e-5, (dtype, eager_error)
 
 
 @requires_cuda
@@ -640,11 +727,11 @@ def test_cuda_float16_inference_on_middlebury_is_within_2e_3_of_float32(gen, str
 
 def test_model_benchmark_cpu_quick_table(tmp_path, capsys):
     path = tmp_path / "models.json"
-    variants = ["unfused-fp32", "fused-fp32-gr", "fused-bf16-cl", "graph-fp32"]
+    variants = ["unfused-fp32", "fused-fp32-gr", "fused-bf16-cl", "graph-fp32", "compiledgraph-fp16-cl"]
     tuning = torch.backends.cudnn.benchmark
     rc = model_benchmark.main(["--device", "cpu", "--models", "EDSC_m", "--variants", ",".join(variants),
                                "--sizes", "1x32x32", "--train-sizes", "2x32x32", "--warmup", "1", "--rounds", "1",
-                               "--cudnn-benchmark", "--json", str(path)])
+                               "--cudnn-benchmark", "--profile", "4", "--profile-calls", "2", "--json", str(path)])
     assert rc == 0
     assert torch.backends.cudnn.benchmark == tuning  # on for the run only
     data = json.loads(path.read_text())
@@ -655,11 +742,17 @@ def test_model_benchmark_cpu_quick_table(tmp_path, capsys):
     assert [(r["model"], r["case"], r["variant"]) for r in rows] == [
         ("EDSC_m", case, variant) for case in cases for variant in variants]
     for r in rows:
-        if r["variant"] == "graph-fp32":
+        if r["variant"] in ("graph-fp32", "compiledgraph-fp16-cl"):
             assert r["status"] == "skipped" and "CUDA" in r["note"], r
             continue
         assert r["status"] == "ok", r
         assert len(r["rounds_ms"]) == 1 and r["ms"] > 0 and r["per_s"] > 0 and r["peak_mib"] is None, r
+        # --profile: the CPU's aten operators by self time, longest first, the convolutions among them.
+        kernels = r["kernels"]
+        assert kernels and all(k["name"].startswith("aten::") and k["ms"] > 0 for k in kernels), r
+        assert [k["ms"] for k in kernels] == sorted((k["ms"] for k in kernels), reverse=True)
+        assert any(k["kind"] == "convolution" for k in kernels) and math.isclose(
+            r["kernel_ms"], sum(k["ms"] for k in kernels)), kernels[:5]
         assert math.isfinite(r["deviation"]) and r["deviation"] >= 0, r
         if "fp32" in r["variant"]:  # the same function in float32: rounding apart
             assert r["deviation"] < 1e-4, r
@@ -672,6 +765,17 @@ def test_model_benchmark_cpu_quick_table(tmp_path, capsys):
     assert "| model | case | variant |" in out and "python -m edsc_ext.model_benchmark" in out
     for variant in variants:
         assert f"| {variant} |" in out
+    profiled = [r for r in rows if r["status"] == "ok"]
+    assert "## Where the time goes (torch.profiler over 2 calls; aten operators" in out
+    assert out.count("| kind | ms | share | launches |") == len(profiled)
+    assert out.count("| kernel | kind | ms | launches |") == len(profiled)
+    sections = out.split("\n### ")[1:]
+    assert len(sections) == len(profiled)
+    for r, section in zip(profiled, sections):
+        assert section.startswith(f"EDSC_m {r['case']} {r['variant']}: {r['kernel_ms']:.2f} ms of aten operators")
+        listed = [line for line in section.splitlines() if line.startswith("| `")]
+        assert listed == [f"| `{k['name']}` | {k['kind']} | {k['ms']:.3f} | {k['launches']:g} |"
+                          for k in r["kernels"][:4]]
     # One progress line per row on stderr, in order, as each is measured.
     progress = captured.err.splitlines()
     assert [line.split(": ")[0] for line in progress] == [

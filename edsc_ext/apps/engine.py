@@ -21,8 +21,11 @@
   bfloat16) with the model and frames in channels_last (the fastest variant of
   ``python -m edsc_ext.model_benchmark``; the sampling stays float32); ``cuda_graph`` replays the
   network as a CUDA graph (:meth:`EDSC.capture`), one per frame size, partial batches padded to the
-  captured batch; ``compile`` runs it through ``torch.compile``. Where one is unavailable (no
-  CUDA, no Triton, a failing compile or capture) the engine says so in one line and runs without it.
+  captured batch; ``compile`` runs it through ``torch.compile``, and where graphs would be used
+  (CUDA, whole frames) in mode "reduce-overhead": the compiled network replayed as CUDA graphs, the
+  fastest path (``python -m edsc_ext.model_benchmark``, variant compiledgraph). Where one is
+  unavailable (no CUDA, no Triton, a failing compile or capture) the engine says so in one line and
+  runs without it.
 """
 
 from __future__ import annotations
@@ -186,18 +189,19 @@ class Interpolator:
             model.to(memory_format=torch.channels_last)
         self._net = model
         self.compiled = False
+        self._graph_wanted = cuda_graph is not False
+        # Compiled, the graphs are inductor's (mode "reduce-overhead"), one per frame size as well.
+        self.compiled_graphs = bool(compile and cuda and tile is None and self._graph_wanted)
         if compile and cuda and not has_triton():
             self._note("--compile needs Triton for CUDA (pip install triton): running the network uncompiled")
+            self.compiled_graphs = False
         elif compile:
-            self._net = torch.compile(model)
+            self._net = torch.compile(self._autocast_forward, mode="reduce-overhead" if self.compiled_graphs else None)
             self.compiled = True
         if cuda_graph and not cuda:
             self._note(f"--cuda-graph needs a CUDA device (this run uses {self.device}): running without it")
-        elif cuda_graph and self.compiled:
-            self._note("--cuda-graph and --compile do not combine: running the compiled network without graphs")
         elif cuda_graph and tile is not None:
             self._note("--cuda-graph takes whole frames, not --tile: running the tiles without graphs")
-        self._graph_wanted = cuda_graph is not False
         self.use_graph = bool(cuda and not self.compiled and tile is None and self._graph_wanted)
         self._graphs: Dict[tuple, object] = {}
         self.paths: Dict[str, int] = {}  # what ran, and how often ("graph fp16", "eager fp32", ...)
@@ -219,6 +223,13 @@ class Interpolator:
         if self.autocast_dtype is None:
             return nullcontext()
         return torch.autocast("cuda", dtype=self.autocast_dtype)
+
+    def _autocast_forward(self, first: Tensor, second: Tensor, times: Optional[Tensor]) -> Tensor:
+        """The network under this engine's autocast, entered inside: what ``compile`` compiles, so that
+        the dtype is part of the traced graph (entered outside, torch's compile caches could hand a
+        graph compiled for float16 to a bfloat16 run, pytorch/pytorch#181564)."""
+        with self._autocast():
+            return self.model(first, second, times)
 
     def _graph_of(self, first: Tensor, second: Tensor, times: Optional[Tensor]):
         """The CUDA graph of the network on frames of this shape (captured on first use), or None
@@ -260,6 +271,8 @@ class Interpolator:
         with torch.no_grad(), self._autocast():
             if self.compiled:
                 try:
+                    if self.compiled_graphs:  # a new replay may overwrite the last one's output
+                        torch.compiler.cudagraph_mark_step_begin()
                     out = self._net(first, second, times)
                 except torch.OutOfMemoryError:
                     raise
@@ -267,9 +280,12 @@ class Interpolator:
                     reason = str(e).strip().split("\n")[0][:160]
                     self._note(f"torch.compile failed ({type(e).__name__}: {reason}): running the network "
                                "uncompiled")
-                    self._net, self.compiled = self.model, False
+                    self._net, self.compiled, self.compiled_graphs = self.model, False, False
                     self.use_graph = self.device.type == "cuda" and self.tile is None and self._graph_wanted
                     return self._forward(first, second, times)
+                if self.compiled_graphs:
+                    self._count("compiled graph")
+                    return out.clone()
                 self._count("compiled")
                 return out
             self._count("eager")

@@ -530,11 +530,11 @@ def build_parser() -> OneLineParser:
     precision.add_argument("--bf16", action="store_const", const="bf16", dest="half",
                            help="as --half, in bfloat16")
     speed.add_argument("--compile", action="store_true",
-                       help="torch.compile the network (a note and uncompiled where it cannot: no Triton on CUDA, no "
-                            "compiler)")
+                       help="torch.compile the network, replayed as CUDA graphs where --cuda-graph is on (a note and "
+                            "uncompiled where it cannot: no Triton on CUDA, no compiler)")
     speed.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
-                       help="replay the network as a CUDA graph (default in video mode: on CUDA with whole frames "
-                            "and without --compile; pair mode: off)")
+                       help="replay the network (with --compile: the compiled network) as CUDA graphs, one per frame "
+                            "size (default in video mode: on CUDA with whole frames; pair mode: off)")
     speed.add_argument("--cudnn-benchmark", action="store_true",
                        help="let cuDNN time its convolution algorithms on the first frame of each size and keep the "
                             "fastest (torch.backends.cudnn.benchmark): faster with --compile, and the timing can "
