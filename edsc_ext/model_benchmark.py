@@ -291,11 +291,13 @@ def _run_variant(model: EDSC, case: Case, inputs: _Inputs, variant: Variant, ref
 
 
 # What a kernel (or, on the CPU, an operator) is, by the first pattern its lower-cased name holds.
-KERNEL_KINDS = (("edsc_ext op", ("deform_sepconv",)),
+# Triton's come first: inductor names them after every operator they fused (a ReLU after a
+# convolution is "triton_poi_fused_convolution_relu_..."), not after what they compute.
+KERNEL_KINDS = (("Triton (inductor)", ("triton",)),
+                ("edsc_ext op", ("deform_sepconv",)),
                 ("convolution, weight gradient", ("wgrad", "convolution_backward_weight")),
                 ("convolution, data gradient", ("dgrad", "convolution_backward_input")),
                 ("convolution", ("fprop", "implicit_gemm", "conv", "xmma", "cutlass", "gemm")),
-                ("Triton (inductor)", ("triton",)),
                 ("upsampling", ("upsample",)),
                 ("pooling", ("pool",)),
                 ("layout and copies", ("copy", "nchwtonhwc", "nhwctonchw", "transpose", "cat", "pad")),

@@ -725,6 +725,20 @@ def test_cuda_float16_inference_on_middlebury_is_within_2e_3_of_float32(gen, str
     assert len(errors) == 12 and max(errors.values()) <= 2e-3, errors
 
 
+def test_model_benchmark_kernel_kinds():
+    kind = model_benchmark.kernel_kind
+    assert kind("sm90_xmma_fprop_implicit_gemm_f16f16_f16f32_f32_nhwckrsc_nhwc_tilesize128x32x32") == "convolution"
+    assert kind("sm80_xmma_wgrad_implicit_gemm_indexed_bf16bf16") == "convolution, weight gradient"
+    assert kind("cutlass_tensorop_f16_s16816dgrad_optimized_f16_256x64") == "convolution, data gradient"
+    assert kind("void edsc_ext::deform_sepconv_backward_cuda_kernel<3, 5, 5, 5, true, float>") == "edsc_ext op"
+    # inductor's kernels are inductor's, whatever operators their names list
+    assert kind("triton_poi_fused__to_copy_convolution_relu_41") == "Triton (inductor)"
+    assert kind("triton_poi_fused_clamp_deform_sepconv_forward_mul_sigmoid_7") == "Triton (inductor)"
+    assert kind("void nhwcAddPaddingKernel<__half, __half, float, true>") == "layout and copies"
+    assert kind("aten::upsample_bilinear2d_backward") == "upsampling"
+    assert kind("void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add<float>>") == "elementwise and other"
+
+
 def test_model_benchmark_cpu_quick_table(tmp_path, capsys):
     path = tmp_path / "models.json"
     variants = ["unfused-fp32", "fused-fp32-gr", "fused-bf16-cl", "graph-fp32", "compiledgraph-fp16-cl"]
