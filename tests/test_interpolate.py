@@ -1304,6 +1304,42 @@ def test_cuda_graph_and_half_paths_run_and_match_the_fp32_eager_network(gen, mul
             assert got.dtype == torch.float32 and rel_error(got, expected) < tol, (half, cuda_graph)
 
 
+def test_compiled_graphs_pad_a_partial_batch_and_copy_each_output(gen, monkeypatch):
+    """The engine's logic around compiled CUDA graphs, on the CPU with a stand-in for the compiled
+    function: every call gets the whole batch (a partial one padded with its last pair, so that one
+    compile and one graph serve the frame size), each output is sliced back and copied out of the
+    graph's memory, and a new replay step is marked before each call."""
+    from edsc_ext.apps import engine as engine_module
+
+    calls, steps = [], []
+
+    def fake_compile(fn, **kwargs):
+        assert kwargs.get("mode") is None  # on the CPU: no graphs asked for
+        def compiled(first, second, times):
+            calls.append(first.shape[0])
+            compiled.last = fn(first, second, times)
+            return compiled.last
+        return compiled
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: steps.append(1))
+    torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
+    model = EDSC_s().eval()
+    frames_ = [torch.rand(3, 40, 50, generator=gen) for _ in range(4)]
+    jobs = [(frames_[i], frames_[i + 1], Fraction(1, 2)) for i in range(3)]
+    expected = engine_module.Interpolator(model, batch=2).interpolate_bgr(jobs)
+    runner = engine_module.Interpolator(model, batch=2, compile=True)
+    runner.compiled_graphs = True  # what CUDA with whole frames sets
+    got = runner.interpolate_bgr(jobs)
+    assert calls == [2, 2] and len(steps) == 2 and runner.paths == {"compiled graph fp32": 2}
+    assert len(got) == 3 and all(torch.equal(a, b) for a, b in zip(got, expected))
+    # One pair through the network: padded to the batch, sliced back, copied out of the output's memory.
+    out = runner._forward(*(f[:, :32, :32].unsqueeze(0) for f in frames_[:2]), None)
+    graph_output = runner._net.last
+    assert calls[-1] == 2 and out.shape == (1, 3, 32, 32) and torch.equal(out, graph_output[:1])
+    assert out.untyped_storage().data_ptr() != graph_output.untyped_storage().data_ptr()
+
+
 @requires_cuda
 @pytest.mark.cuda
 def test_cuda_compile_replays_the_compiled_network_as_cuda_graphs(gen):

@@ -253,15 +253,16 @@ class Interpolator:
         times = times if self.model.multiple else None
         first = first.contiguous(memory_format=self.memory_format)
         second = second.contiguous(memory_format=self.memory_format)
+        n = first.shape[0]
+        if (self.use_graph or self.compiled_graphs) and n < self.batch:
+            # One graph per frame size (a compiled one: one compile too): pad a partial batch with its last pair.
+            extra = self.batch - n
+            first = torch.cat([first, first[-1:].expand(extra, -1, -1, -1)]).contiguous(
+                memory_format=self.memory_format)
+            second = torch.cat([second, second[-1:].expand(extra, -1, -1, -1)]).contiguous(
+                memory_format=self.memory_format)
+            times = None if times is None else torch.cat([times, times[-1:].expand(extra)])
         if self.use_graph:
-            n = first.shape[0]
-            if n < self.batch:  # one graph per frame size: pad a partial batch with its last pair
-                extra = self.batch - n
-                first = torch.cat([first, first[-1:].expand(extra, -1, -1, -1)]).contiguous(
-                    memory_format=self.memory_format)
-                second = torch.cat([second, second[-1:].expand(extra, -1, -1, -1)]).contiguous(
-                    memory_format=self.memory_format)
-                times = None if times is None else torch.cat([times, times[-1:].expand(extra)])
             graph = self._graph_of(first, second, times)
             if graph is not None:
                 self._count("graph")
@@ -282,10 +283,10 @@ class Interpolator:
                                "uncompiled")
                     self._net, self.compiled, self.compiled_graphs = self.model, False, False
                     self.use_graph = self.device.type == "cuda" and self.tile is None and self._graph_wanted
-                    return self._forward(first, second, times)
+                    return self._forward(first[:n], second[:n], None if times is None else times[:n])
                 if self.compiled_graphs:
                     self._count("compiled graph")
-                    return out.clone()
+                    return out[:n].clone()
                 self._count("compiled")
                 return out
             self._count("eager")
