@@ -357,8 +357,6 @@ def main(argv: Optional[Sequence[str]] = None) -> List[float]:
     net = model
     if world > 1:
         net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
-    if args.compile:
-        net = torch.compile(net)
 
     sampler = torch.utils.data.distributed.DistributedSampler(dataset, seed=args.seed) if world > 1 else None
     loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=sampler is None and not args.no_augment,
@@ -374,6 +372,14 @@ def main(argv: Optional[Sequence[str]] = None) -> List[float]:
 
     def autocast():
         return torch.autocast(device.type, dtype=amp_dtype) if args.amp else nullcontext()
+
+    def forward(first, second, t):
+        # Autocast inside what --compile compiles: the dtype is then part of the compiled graph.
+        with autocast():
+            return net(first, second, t)
+
+    if args.compile:
+        forward = torch.compile(forward)
 
     # --steps counts all steps, the resumed ones included; --epochs runs whole epochs from the checkpoint's.
     total_steps = args.steps if args.steps is not None else step + max(0, args.epochs - start_epoch) * len(loader)
@@ -432,8 +438,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[float]:
             epoch_losses: List[float] = []
             for first, target, second, t in loader:
                 first, target, second = (x.to(device, non_blocking=True) for x in (first, target, second))
-                with autocast():
-                    output = net(first, second, t.to(device) if multiple else None)
+                output = forward(first, second, t.to(device) if multiple else None)
                 loss = F.l1_loss(output.float(), target)
                 optimizer.zero_grad(set_to_none=True)
                 scaler.scale(loss).backward()

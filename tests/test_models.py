@@ -884,6 +884,32 @@ def test_train_steps_runs_exactly_that_many_steps_over_several_epochs(tmp_path, 
     assert str(out / "model_best.pth") in captured.out
 
 
+def test_train_compile_compiles_the_forward_with_autocast_inside(tmp_path, monkeypatch):
+    """--compile compiles a function that enters --amp's autocast itself (the dtype is then part of the
+    compiled graph), and every step runs through it under autocast."""
+    train = _load_train_script()
+    seen = []
+    network_forward = EDSC.forward
+
+    def recorded_forward(self, *args):
+        seen.append(("network", torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+        return network_forward(self, *args)
+
+    def fake_compile(fn, **kwargs):
+        def compiled(*args):
+            seen.append(("compiled", torch.is_autocast_enabled("cpu")))
+            return fn(*args)
+        return compiled
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    monkeypatch.setattr(EDSC, "forward", recorded_forward)
+    data, out = _write_triplet_folders(tmp_path / "data", 2), tmp_path / "run"
+    losses = train.main(["--data", str(data), "--out", str(out), "--batch-size", "2", "--steps", "2", "--compile",
+                         "--amp", *TRAIN_FAST])
+    # Called outside autocast, the compiled function enters it (bfloat16 on the CPU) around the network.
+    assert len(losses) == 2 and seen == [("compiled", False), ("network", True, torch.bfloat16)] * 2
+
+
 def test_train_keeps_only_the_last_and_the_best_checkpoint(tmp_path):
     train = _load_train_script()
     data, out = _write_triplet_folders(tmp_path / "data", 2), tmp_path / "run"
