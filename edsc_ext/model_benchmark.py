@@ -135,7 +135,7 @@ class Row:
     deviation: Optional[float] = None
     note: str = ""
     rounds_ms: List[float] = field(default_factory=list)
-    # --profile: the kernels (CPU: the aten operators) of one call, by self time; KernelTime dicts.
+    # --profile: the kernels (CPU: the aten operators) of one call by self time, as _profile_kernels gives them.
     kernel_ms: Optional[float] = None
     kernels: List[dict] = field(default_factory=list)
 
@@ -316,7 +316,9 @@ def _self_time_us(event, on_device: bool) -> float:
     if not on_device:
         return event.self_cpu_time_total
     # self_device_time_total since torch 2.4's profiler rename; self_cuda_time_total before.
-    return getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0.0)
+    if hasattr(event, "self_device_time_total"):
+        return event.self_device_time_total
+    return event.self_cuda_time_total
 
 
 def _profile_kernels(step: Callable[[], object], device: torch.device, calls: int) -> Tuple[float, List[dict]]:

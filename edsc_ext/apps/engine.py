@@ -187,7 +187,7 @@ class Interpolator:
         self.memory_format = torch.channels_last if self.autocast_dtype is not None else torch.contiguous_format
         if self.autocast_dtype is not None:
             model.to(memory_format=torch.channels_last)
-        self._net = model
+        self._net = self._autocast_forward  # the network under the precision's autocast; compiled below
         self.compiled = False
         self._graph_wanted = cuda_graph is not False
         # Compiled, the graphs are inductor's (mode "reduce-overhead"), one per frame size as well.
@@ -269,7 +269,7 @@ class Interpolator:
                 return graph(first, second, times)[:n]
             first, second = first[:n], second[:n]
             times = None if times is None else times[:n]
-        with torch.no_grad(), self._autocast():
+        with torch.no_grad():
             if self.compiled:
                 try:
                     if self.compiled_graphs:  # a new replay may overwrite the last one's output
@@ -281,7 +281,7 @@ class Interpolator:
                     reason = str(e).strip().split("\n")[0][:160]
                     self._note(f"torch.compile failed ({type(e).__name__}: {reason}): running the network "
                                "uncompiled")
-                    self._net, self.compiled, self.compiled_graphs = self.model, False, False
+                    self._net, self.compiled, self.compiled_graphs = self._autocast_forward, False, False
                     self.use_graph = self.device.type == "cuda" and self.tile is None and self._graph_wanted
                     return self._forward(first[:n], second[:n], None if times is None else times[:n])
                 if self.compiled_graphs:
