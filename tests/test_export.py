@@ -12,17 +12,19 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
 
 import edsc_ext
-from edsc_ext import compat
+from edsc_ext import compat, models
 from edsc_ext.models import EDSC
 
 from conftest import ALL_PRESENT, PADDING_MODES, present_id, requires_cuda
@@ -199,16 +201,72 @@ def exported():
     return get
 
 
+def links_libstdcxx_dynamically(cxx: str, folder: Path) -> Optional[bool]:
+    """Whether the C++ compiler ``cxx`` links a shared library against libstdc++.so, as torch's own
+    libraries are (None: it cannot build one, or readelf is missing to tell)."""
+    source, library = folder / "probe.cpp", folder / "probe.so"
+    source.write_text("#include <string>\nstd::string edsc_ext_probe(int v) { return std::to_string(v); }\n")
+    try:
+        built = subprocess.run([cxx, "-shared", "-fPIC", str(source), "-o", str(library)], capture_output=True)
+        if built.returncode != 0:
+            return None
+        dynamic = subprocess.run(["readelf", "-d", str(library)], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return "libstdc++.so" in dynamic.stdout
+
+
+def inductor_cxx() -> str:
+    """The C++ compiler AOTInductor builds packages with ($CXX, else g++)."""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+        return get_cpp_compiler()
+    except (ImportError, RuntimeError):
+        return torch._inductor.config.cpp.cxx[-1]
+
+
 @pytest.fixture(scope="module")
-def aoti_package(exported, tmp_path_factory):
+def aoti_compiler(tmp_path_factory) -> str:
+    """The C++ compiler for the AOTInductor packages: inductor's own choice unless it links libstdc++
+    statically into shared libraries (seen on a machine whose default g++ does): a package built so carries
+    a second copy of the library, and aoti_load_package crashed with a segmentation fault. Then the first
+    of /usr/bin/g++ and /usr/bin/c++ that links it dynamically; with none, the AOTInductor tests skip."""
+    folder = tmp_path_factory.mktemp("cxx-probe")
+    default = inductor_cxx()
+    if links_libstdcxx_dynamically(default, folder) is not False:
+        return default
+    for candidate in ("/usr/bin/g++", "/usr/bin/c++"):
+        if os.path.exists(candidate) and links_libstdcxx_dynamically(candidate, folder):
+            return candidate
+    pytest.skip(f"the C++ compiler {default} links libstdc++ statically into shared libraries, and an "
+                "AOTInductor package built so crashes when loaded; set CXX to a compiler that links it "
+                "dynamically (README, Deployment)")
+
+
+def test_aoti_compiler_probe_tells_static_libstdcxx(tmp_path):
+    """The probe behind aoti_compiler: g++ links libstdc++ dynamically; the same g++ told to link it
+    statically (as the compiler that crashed the packages did by default) is refused."""
+    if shutil.which("g++") is None or shutil.which("readelf") is None:
+        pytest.skip("needs g++ and readelf")
+    assert links_libstdcxx_dynamically("g++", tmp_path) is True
+    static = tmp_path / "static-g++"
+    static.write_text('#!/bin/sh\nexec g++ -static-libstdc++ "$@"\n')
+    static.chmod(0o755)
+    assert links_libstdcxx_dynamically(str(static), tmp_path) is False
+    assert links_libstdcxx_dynamically(str(tmp_path / "no-such-compiler"), tmp_path) is None
+
+
+@pytest.fixture(scope="module")
+def aoti_package(exported, aoti_compiler, tmp_path_factory):
     """aoti_package(name, device) -> path of the AOTInductor package of exported(name, device), compiled once
-    per test module (a minute per EDSC on two cores)."""
+    per test module (a minute per EDSC on two cores) with ``aoti_compiler``."""
     folder, cache = tmp_path_factory.mktemp("aoti"), {}
 
     def get(name, device):
         if (name, device) not in cache:
-            cache[name, device] = torch._inductor.aoti_compile_and_package(
-                exported(name, device).program, package_path=str(folder / f"{name}_{device}.pt2"))
+            with torch._inductor.config.patch({"cpp.cxx": (None, aoti_compiler)}):
+                cache[name, device] = torch._inductor.aoti_compile_and_package(
+                    exported(name, device).program, package_path=str(folder / f"{name}_{device}.pt2"))
         return cache[name, device]
 
     return get
@@ -240,6 +298,36 @@ def test_export_edsc(name, sampling, device, exported):
     # Not a multiple of 32: the program's shape guard fails (its exception type varies across torch versions).
     with pytest.raises(Exception):  # noqa: B017
         deployed.program.module()(*to(edsc_inputs(name == "EDSC_m", 1, 80, 64), device))
+
+
+@pytest.mark.skipif(not torch.backends.cuda.is_built(), reason="fake CUDA tensors need a torch built with CUDA")
+@pytest.mark.parametrize("name", ["EDSC_s", "EDSC_m"])
+def test_export_edsc_cuda_configuration_without_gpu(name, monkeypatch):
+    """The networks' CUDA configuration, exported with fake CUDA tensors: no GPU needed, so CI sees the
+    CUDA-only branches (padded heads, folded HetConv2d, the compiled upsampling's choice). The program must
+    keep batch, height and width dynamic as on the CPU: it is called, still on fake tensors, with other
+    sizes than the example's, where a specialised program's shape guard fails."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    padded_heads = []
+    real_padded_head = models._padded_head
+    monkeypatch.setattr(models, "_padded_head", lambda *a: padded_heads.append(1) or real_padded_head(*a))
+    multiple = name == "EDSC_m"
+
+    def frames(n, h, w):
+        return (torch.rand(n, 3, h, w), torch.rand(n, 3, h, w)) + ((torch.rand(n),) if multiple else ())
+
+    with FakeTensorMode(), torch.device("cuda"):
+        model = edsc_model(multiple)
+        example = frames(2, 64, 64)
+        assert example[0].device.type == "cuda"
+        program = torch.export.export(model, example, dynamic_shapes=edsc_dynamic_shapes(multiple))
+        # The CUDA path ran: padded heads (the CPU runs the per-head ones), 5 heads per frame and the bias head.
+        assert len(padded_heads) == 11
+        module = program.module()
+        for n, h, w in ((1, 64, 96), (3, 96, 64), (2, 128, 160)):
+            out = module(*frames(n, h, w))
+            assert out.shape == (n, 3, h, w) and out.device.type == "cuda"
 
 
 @pytest.mark.parametrize("device", DEVICES)
