@@ -10,7 +10,8 @@
 # arguments PROFILE_ARGS gives, e.g. "float32 --case feat --channels-last"), BENCH_MODES (extra
 # benchmark runs with the same arguments, e.g. "--deterministic --channels-last"), AB_ARGS (a kernel A/B,
 # tools/policy_ab.py's arguments, e.g. "--cases feat feat64 --channels-last --a channel_lanes=true"), SKIP_BUILD=1
-# (a warm machine that already has this checkout installed). Each step prints its wall time.
+# (a warm machine that already has this checkout installed), WHEEL=path (install that wheel, built elsewhere,
+# instead of building). Each step prints its wall time.
 # PYTEST_MARKS replaces the marker expression of the parallel run ("not multi_gpu"), e.g.
 # PYTEST_MARKS="cuda and not multi_gpu" for the tests that need a GPU (CI runs the rest): on the
 # H200 machine those (334 on 2026-11-30) take about 30 s with -n 12, and the whole suite about 72 s,
@@ -35,8 +36,25 @@ step "machine"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count())"
 
+# What the machine lacks travels with the tree, ignored by git: Python packages as wheels in .whl/ (PyAV for
+# the video tests; the device tool's README says how to fetch them), installed into /tmp/site; the shared test
+# data as .data/ (a copy of ../shared/data, which does not travel).
+if ls "$REPO"/.whl/*.whl > /dev/null 2>&1; then
+  step "carried wheels: $(cd "$REPO/.whl" && echo *.whl)"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    "$REPO"/.whl/*.whl || exit 1
+  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+[ -d "$REPO/.data" ] && export EDSC_EXT_TEST_DATA="$REPO/.data"
+
 cd "$REPO"
-if [ -z "${SKIP_BUILD:-}" ]; then
+if [ -n "${WHEEL:-}" ]; then
+  # A wheel built elsewhere (another torch, another machine): installed as it is, never rebuilt here.
+  step "install the carried wheel $WHEEL"
+  rm -rf build edsc_ext/_C*.so
+  python3 -m pip install --no-deps --no-index --force-reinstall "$WHEEL" > "$OUT/build.log" 2>&1 \
+    || { tail -30 "$OUT/build.log"; exit 1; }
+elif [ -z "${SKIP_BUILD:-}" ]; then
   step "build: pip install --no-build-isolation ."
   rm -rf build edsc_ext/_C*.so
   if ! EDSC_EXT_PTXAS_VERBOSE=1 python3 -m pip install -v --no-build-isolation --no-deps --no-index . > "$OUT/build.log" 2>&1; then
