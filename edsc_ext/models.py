@@ -153,17 +153,15 @@ def _upsample_axis_by_slices(x: Tensor, dim: int) -> Tensor:
     """``x`` upsampled 2x along ``dim`` (bilinear, corners aligned) with slices and products only.
 
     With n samples the output 2n has, exactly: out[2i] = x[i] + i/(2n-1) (x[i-1] - x[i]) and
-    out[2i+1] = x[i] + (n-1-i)/(2n-1) (x[i+1] - x[i]) (the weight of a missing neighbour is 0).
-    The neighbours are windows of n samples of x with its edge samples repeated: no view is n - 1 long,
-    a length that dynamic shapes would specialise where it can be 1 (issue #36)."""
+    out[2i+1] = x[i] + (n-1-i)/(2n-1) (x[i+1] - x[i]) (the weight of a missing neighbour is 0)."""
     n = x.shape[dim]
     shape = [1] * x.dim()
     shape[dim] = n
     i = torch.arange(n, device=x.device, dtype=torch.float32 if x.dtype != torch.float64 else x.dtype)
     to_previous = (i / (2 * n - 1)).reshape(shape)
     to_next = ((n - 1 - i) / (2 * n - 1)).reshape(shape)
-    edged = torch.cat([x.narrow(dim, 0, 1), x, x.narrow(dim, n - 1, 1)], dim)
-    previous, following = edged.narrow(dim, 0, n), edged.narrow(dim, 2, n)
+    previous = torch.cat([x.narrow(dim, 0, 1), x.narrow(dim, 0, n - 1)], dim)
+    following = torch.cat([x.narrow(dim, 1, n - 1), x.narrow(dim, n - 1, 1)], dim)
     even = x + to_previous * (previous - x)
     odd = x + to_next * (following - x)
     return torch.stack([even, odd], dim + 1).flatten(dim, dim + 1)
@@ -176,7 +174,8 @@ def upsample2x(x: Tensor) -> Tensor:
     (:func:`_upsample_axis_by_slices`): inductor fuses those forward and backward into pointwise
     kernels, where its own backward of ``upsample_bilinear2d`` scatters with atomic adds and took a
     quarter of a compiled training step on CUDA (BENCHMARKS.md, issue #20). Everywhere else the
-    native kernel runs, torch.export included (a program for inference). Under CUDA autocast, as the
+    native kernel runs, torch.export included: a program for inference, whose dynamic sizes the slices'
+    views of n - 1 samples would specialise where n - 1 can be 1 (issue #36). Under CUDA autocast, as the
     native operator, it computes and returns float32."""
     if not (x.device.type == "cuda" and _is_compiling() and not _is_exporting() and torch.is_grad_enabled()):
         return F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=True)

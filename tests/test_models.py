@@ -224,26 +224,6 @@ def test_upsampling_by_slices_equals_interpolate_in_values_and_gradients(gen, si
     assert torch.equal(models_module.Upsample2x()(x), expected)
 
 
-@pytest.mark.parametrize("strict", [False, True], ids=["nonstrict", "strict"])
-def test_upsampling_by_slices_exports_with_dynamic_sizes_down_to_two(gen, strict):
-    """The slices need no view of n - 1 samples, which torch.export specialises where n - 1 can be 1
-    (the CUDA export of issue #36): exported at n = 2 (strict export takes this path, as torch.compile
-    does), the program runs other sizes and equals F.interpolate."""
-
-    class Upsample(torch.nn.Module):
-        def forward(self, x):
-            return models_module._upsample_axis_by_slices(models_module._upsample_axis_by_slices(x, 2), 3)
-
-    side = torch.export.Dim("side", min=2, max=64)
-    program = torch.export.export(Upsample(), (torch.randn(2, 3, 2, 2, dtype=torch.float64, generator=gen),),
-                                  dynamic_shapes=({0: torch.export.Dim("n", min=1, max=8), 2: side, 3: side},),
-                                  strict=strict)
-    for n, size in ((1, 2), (3, 5), (2, 17)):
-        x = torch.randn(n, 3, size, size, dtype=torch.float64, generator=gen)
-        assert_close(program.module()(x), F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=True),
-                     what=f"exported upsampling of {size}x{size}")
-
-
 def test_block_diagonal_places_each_groups_weight_on_the_diagonal(gen):
     weight = torch.randn(6, 2, 3, 3, generator=gen)  # 3 groups of 2 -> 2 channels each
     dense = block_diagonal(weight, 3)
