@@ -304,6 +304,23 @@ def test_cli_pair_errors_are_one_line_with_exit_code_2(tmp_path, weights, capsys
 
 
 @needs_apps
+def test_pair_mode_refuses_an_input_as_the_output_under_any_spelling(tmp_path, weights, capsys, monkeypatch):
+    first, second = write_pair(tmp_path / "in")
+    (tmp_path / "in" / "link.png").symlink_to(first)
+    (tmp_path / "in" / "hard.png").hardlink_to(second)
+    originals = {p: p.read_bytes() for p in (first, second)}
+    monkeypatch.chdir(tmp_path / "in")
+    for frames, output in ((["f0.png", "f1.png"], "f0.png"), (["f0.png", "f1.png"], "./f1.png"),
+                           (["f0.png", "f1.png"], first), ([first, second], "f1.png"),
+                           (["f0.png", "f1.png"], "link.png"), (["f0.png", "f1.png"], "hard.png"),
+                           (["link.png", "f1.png"], "../in/f0.png")):
+        rc, _, err = run_cli(["--weights", weights["EDSC_s"], *frames, "-o", output, "--device", "cpu"], capsys)
+        assert_one_line_error(rc, err, f"-o {output}", "is the input", "choose another name")
+    assert {p: p.read_bytes() for p in (first, second)} == originals
+    assert leftover_files(tmp_path / "in") == ["f0.png", "f1.png", "hard.png", "link.png"]
+
+
+@needs_apps
 def test_time_out_of_range_is_rejected_alike_by_both_commands(weights, capsys):
     rc, _, err = run_cli(["--weights", weights["EDSC_m"], "--time", "1.5", "a.png", "b.png", "-o", "c.png"], capsys)
     assert_one_line_error(rc, err, "argument --time: must be in (0, 1)")

@@ -141,6 +141,16 @@ def atomic_path(final, folder: bool = False) -> Iterator[Path]:
         raise
 
 
+def refuse_input_as_output(output, inputs) -> None:
+    """Raises a UserError when ``output`` is one of ``inputs`` under any spelling (relative,
+    absolute, ``./``, a symbolic or a hard link): writing it would destroy that input. ``output``
+    is named as given (a str keeps its ``./``)."""
+    for source in inputs:
+        with contextlib.suppress(OSError):  # a missing output (or input) is no input
+            if os.path.samefile(output, source):
+                raise UserError(f"-o {output}: is the input {source}; choose another name")
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

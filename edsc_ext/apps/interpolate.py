@@ -44,6 +44,7 @@ from .common import (
     ensure_output_folder,
     note,
     progress,
+    refuse_input_as_output,
     time_in_unit_interval,
 )
 from .engine import (
@@ -245,8 +246,8 @@ def interpolate_video(model: EDSC, source, target, factor: Optional[int] = None,
     kind = _output_kind(target_raw)
     target = Path(target)
     src = source if isinstance(source, Source) else open_source(source, input_fps)
-    if kind == "video" and target.exists() and target.resolve() == src.path.resolve():
-        raise UserError(f"-o {target}: is the input; choose another name")
+    if kind == "video":
+        refuse_input_as_output(target_raw, [src.path])
     if kind == "folder" and target.exists():
         if not target.is_dir():
             raise UserError(f"-o {target}: exists and is not a folder")
@@ -560,6 +561,7 @@ def _run_pair(args) -> None:
     output = Path(args.output)
     images.check_writable_image_name(output)
     first_path, second_path = (Path(f) for f in args.frames)
+    refuse_input_as_output(args.output, [first_path, second_path])
     first, second = images.read_image(first_path), images.read_image(second_path)
     if first.shape != second.shape:
         raise UserError(f"the frames differ in size: {first_path} is {first.shape[2]}x{first.shape[1]}, {second_path} "
