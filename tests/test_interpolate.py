@@ -547,7 +547,7 @@ def test_schedule_positions_for_integer_and_fractional_rate_ratios():
     times = [Fraction(t, 1000) for t in (0, 40, 100, 120, 200)]
     outs = plan(times, Fraction(240, 1000), factor=2)
     assert [o.time * 1000 for o in outs] == [0, 20, 40, 70, 100, 110, 120, 160, 200, 220]
-    # A folder (no end): its last frame ends the output.
+    # No end (None): the last frame ends the output.
     assert len(plan([Fraction(i, 25) for i in range(3)], None, factor=4)) == 9
     assert timing.parse_rate("23.976") == Fraction(24000, 1001) and timing.parse_rate("60") == 60
     assert timing.parse_rate("24000/1001") == ntsc and timing.parse_rate("12.5") == Fraction(25, 2)
@@ -700,7 +700,8 @@ def test_folder_of_frames_to_frames_and_to_a_video(tmp_path, weights, capsys):
     originals = [rng.integers(0, 256, (20, 24, 3), dtype=np.uint8) for _ in range(3)]
     for k, pixels in enumerate(originals):
         Image.fromarray(pixels).save(frames / f"{k:03d}.png")
-    for name, factor, expected in (("EDSC_s", 2, 5), ("EDSC_s", 4, 9), ("EDSC_m", 3, 7)):
+    # 3 frames at 25 fps last 0.12 s, and so does the output: 3 * factor frames, the last one repeated.
+    for name, factor, expected in (("EDSC_s", 2, 6), ("EDSC_s", 4, 12), ("EDSC_m", 3, 9)):
         out = tmp_path / f"out_{name}_{factor}"
         rc, _, err = run_cli(video_argv(weights, name, frames, out, "--factor", factor), capsys)
         assert rc == 0, err
@@ -710,11 +711,35 @@ def test_folder_of_frames_to_frames_and_to_a_video(tmp_path, weights, capsys):
             assert np.array_equal(images.read_array(written[k * factor]), pixels)
     rc, _, err = run_cli(video_argv(weights, "EDSC_s", frames, tmp_path / "f.mp4", "--input-fps", "10"), capsys)
     assert rc == 0, err
-    assert read_clip(tmp_path / "f.mp4")["times"] == [Fraction(k, 20) for k in range(5)]
+    assert read_clip(tmp_path / "f.mp4")["times"] == [Fraction(k, 20) for k in range(6)]
     # A video into a folder of frames.
     rc, _, err = run_cli(video_argv(weights, "EDSC_s", tmp_path / "f.mp4", tmp_path / "back/"), capsys)
     assert rc == 0, err
-    assert len(list((tmp_path / "back").glob("*.png"))) == 10
+    assert len(list((tmp_path / "back").glob("*.png"))) == 12
+
+
+@needs_apps
+def test_a_folder_of_frames_lasts_as_long_as_a_video_of_them(tmp_path, weights, capsys, blend_network):
+    frames = tmp_path / "frames"
+    frames.mkdir()
+    for k in range(4):
+        Image.fromarray(scene(k, 32, 16, False)).save(frames / f"{k:03d}.png")
+    # 4 frames at 25 fps last 0.16 s: x2 gives 8 frames at 50 fps, the last a copy of the last input frame.
+    rc, _, err = run_cli(video_argv(weights, "EDSC_s", frames, tmp_path / "x2/"), capsys)
+    assert rc == 0, err
+    written = sorted((tmp_path / "x2").glob("*.png"))
+    assert len(written) == 8
+    assert np.array_equal(images.read_array(written[-1]), images.read_array(frames / "003.png"))
+    rc, _, err = run_cli(video_argv(weights, "EDSC_s", frames, tmp_path / "x2.mkv"), capsys)
+    assert rc == 0, err
+    got = read_clip(tmp_path / "x2.mkv")
+    assert got["times"] == [Fraction(k, 50) for k in range(8)]
+    # --fps too: 0.16 s at 60 fps is 9.6 frame periods, so 10 frames (as a video of these frames gives),
+    # of which 7 are new: only k/60 = 0 falls on an input frame, 8/60 and 9/60 come after the last one.
+    rc, stdout, err = run_cli(video_argv(weights, "EDSC_m", frames, tmp_path / "f60/", "--fps", "60"), capsys)
+    assert rc == 0 and "wrote 10 frames (7 interpolated" in stdout, err
+    assert len(list((tmp_path / "f60").glob("*.png"))) == 10 == timing.constant_rate_count(4, Fraction(25), None,
+                                                                                            Fraction(60), True)
 
 
 @needs_apps

@@ -98,7 +98,7 @@ class Source:
     width: int
     height: int
     times: List[Fraction]  # the frames' times (seconds)
-    end: Optional[Fraction]  # when the last frame ends (None: a folder, whose last frame is the end)
+    end: Optional[Fraction]  # when the last frame ends (None: the last frame is the end)
     rate: Fraction
     time_base: Fraction
     info: Optional[video.VideoInfo] = None  # a video file's
@@ -137,8 +137,9 @@ def _folder_source(folder: Path, rate: Fraction) -> Source:
             raise UserError(f"frames differ in size: {files[0]} is {first_size[0]}x{first_size[1]}, {f} is "
                             f"{size[0]}x{size[1]}")
     times = [Fraction(k) / rate for k in range(len(files))]
-    return Source(path=folder, width=first_size[0], height=first_size[1], times=times, end=None, rate=rate,
-                  time_base=1 / rate, files=files)
+    # Each frame lasts one period, as a video's: N frames last N / rate, and so does the output.
+    return Source(path=folder, width=first_size[0], height=first_size[1], times=times, end=Fraction(len(files)) / rate,
+                  rate=rate, time_base=1 / rate, files=files)
 
 
 def open_source(path, input_fps: Optional[Fraction] = None) -> Source:
@@ -256,7 +257,9 @@ def interpolate_video(model: EDSC, source, target, factor: Optional[int] = None,
                             "folder)")
 
     # Where the output frames sit; EDSC_s must be able to make all of them (checked before any output).
-    tolerance = src.time_base / 2
+    # A video's times are rounded to its time base; a folder's are exact (half its "tick", a whole
+    # frame period, would make every --fps output frame a copy of the nearest input frame).
+    tolerance = src.time_base / 2 if src.info is not None else Fraction(0)
     snap = None if model.multiple else MAX_BISECTION_DEPTH
     if not model.multiple and factor is not None and factor & (factor - 1):
         raise UserError(f"EDSC_s only interpolates midpoints: --factor {factor} needs EDSC_m weights (EDSC_s takes "
