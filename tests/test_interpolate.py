@@ -790,6 +790,25 @@ def test_video_bad_inputs_are_one_line_and_write_nothing(tmp_path, weights, clip
 
 
 @needs_apps
+def test_values_that_would_do_nothing_or_be_ignored_are_refused(tmp_path, weights, clip, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    for extra, needles in ((["--scene-threshold", "-1"], ["--scene-threshold", "-1"]),
+                           (["--scene-threshold", "nan"], ["--scene-threshold", "nan"]),
+                           (["--scene-threshold", "101"], ["--scene-threshold", "101"]),
+                           (["--time", "0.3"], ["--time", "pair mode"])):
+        rc, _, err = run_cli(video_argv(weights, "EDSC_m", clip, out / "o.mp4", *extra), capsys)
+        assert_one_line_error(rc, err, *needles)
+    assert leftover_files(out) == []
+    model = engine.load_model(weights["EDSC_s"])
+    with pytest.raises(ValueError, match="scene-threshold"):
+        interpolate.interpolate_video(model, clip, out / "o.mp4", scene_threshold=-1.0, quiet=True)
+    # 0 and 100 are scores too: every change a cut, or none.
+    rc, stdout, err = run_cli(video_argv(weights, "EDSC_s", clip, out / "o.mp4", "--scene-threshold", "0"), capsys)
+    assert rc == 0 and "15 scene cut(s)" in stdout and "(0 interpolated" in stdout, err
+
+
+@needs_apps
 def test_full_disk_mid_video_leaves_no_output(tmp_path, weights, clip, capsys, monkeypatch, blend_network):
     written = []
 

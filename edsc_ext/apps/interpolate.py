@@ -243,6 +243,8 @@ def interpolate_video(model: EDSC, source, target, factor: Optional[int] = None,
         else input_fps
     if factor is not None and factor < 1:
         raise UserError(f"--factor must be >= 1, got {factor}")
+    if scene_threshold is not None and not 0 <= scene_threshold <= 100:
+        raise UserError(f"--scene-threshold must be a score in [0, 100], got {scene_threshold}")
     target_raw = str(target)
     kind = _output_kind(target_raw)
     target = Path(target)
@@ -462,6 +464,18 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _scene_threshold(text: str) -> float:
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not 0 <= value <= 100:  # a score is 0..100; below 0 every pair of frames would be a cut
+        raise argparse.ArgumentTypeError(f"must be a score in [0, 100], got {text}")
+    return value
+
+
 def _rate(text: str) -> Fraction:
     import argparse
 
@@ -493,7 +507,7 @@ def build_parser() -> OneLineParser:
                         "dict)")
     parser.add_argument("--model", choices=MODEL_NAMES, default=None,
                         help="EDSC_s or EDSC_m (default: read off the weights)")
-    parser.add_argument("--time", type=time_in_unit_interval, default=0.5,
+    parser.add_argument("--time", type=time_in_unit_interval, default=None,
                         help="pair mode: time of the new frame in (0, 1) (EDSC_s: 0.5 only; default 0.5)")
     video_group = parser.add_argument_group("video")
     video_group.add_argument("--video", metavar="INPUT", default=None,
@@ -505,7 +519,7 @@ def build_parser() -> OneLineParser:
                       help="output frame rate, e.g. 60, 59.94, 24000/1001 (other than a power-of-two factor: EDSC_m)")
     video_group.add_argument("--input-fps", type=_rate, default=None,
                              help="frame rate of a folder of frames (default 25)")
-    video_group.add_argument("--scene-threshold", type=float, default=DEFAULT_SCENE_THRESHOLD,
+    video_group.add_argument("--scene-threshold", type=_scene_threshold, default=DEFAULT_SCENE_THRESHOLD,
                              help="scene-cut score (mean absolute luma difference, in percent, of 64-pixel "
                                   f"thumbnails) above which no frame is synthesised "
                                   f"(default {DEFAULT_SCENE_THRESHOLD:g})")
@@ -621,6 +635,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             parser.error("give two input frames (or --video INPUT)")
         if args.video is None and (args.factor is not None or args.fps is not None or args.input_fps is not None):
             parser.error("--factor, --fps and --input-fps are for --video")
+        if args.video is not None and args.time is not None:
+            parser.error("--time is for pair mode (with --video the times follow from --factor or --fps)")
+        if args.time is None:
+            args.time = 0.5
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
     try:
