@@ -831,6 +831,35 @@ def test_full_disk_mid_video_leaves_no_output(tmp_path, weights, clip, capsys, m
     assert leftover_files(out) == []
 
 
+def faststart_copy(source: Path, target: Path) -> Path:
+    """``source``'s video stream remuxed with its index first (movflags=faststart, as streaming sites
+    serve files): FFmpeg can then open the file even when its end is cut off."""
+    with av.open(str(source)) as src, av.open(str(target), "w", options={"movflags": "faststart"}) as out:
+        stream = out.add_stream_from_template(src.streams.video[0])
+        for packet in src.demux(src.streams.video[0]):
+            if packet.dts is not None:
+                packet.stream = stream
+                out.mux(packet)
+    return target
+
+
+@needs_apps
+def test_a_truncated_video_that_ffmpeg_still_opens_is_an_error_not_a_short_output(tmp_path, weights, capsys,
+                                                                                  blend_network):
+    whole = faststart_copy(make_clip(tmp_path / "whole.mp4", frames=48, audio=False), tmp_path / "fast.mp4")
+    truncated = tmp_path / "truncated.mp4"
+    data = whole.read_bytes()
+    truncated.write_bytes(data[: len(data) * 7 // 10])
+    listed = video.probe(truncated).times
+    assert 2 < len(listed) < 48  # FFmpeg opens it and lists the frames whose packets start in it
+    out = tmp_path / "out"
+    out.mkdir()
+    for target in (out / "x2.mp4", out / "frames/"):
+        rc, _, err = run_cli(video_argv(weights, "EDSC_s", truncated, target), capsys)
+        assert_one_line_error(rc, err, truncated, "truncated", f"{len(listed)} frames")
+    assert leftover_files(out) == []
+
+
 @needs_apps
 def test_the_queues_are_bounded():
     produced = []
