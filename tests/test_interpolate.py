@@ -13,9 +13,13 @@ import errno
 import importlib.util
 import json
 import math
+import os
 import pickle
+import signal
+import stat
 import subprocess
 import sys
+import time
 from fractions import Fraction
 from pathlib import Path
 
@@ -718,6 +722,27 @@ def test_folder_of_frames_to_frames_and_to_a_video(tmp_path, weights, capsys):
     assert len(list((tmp_path / "back").glob("*.png"))) == 12
 
 
+@pytest.fixture
+def umask_027():
+    before = os.umask(0o027)
+    yield 0o027
+    os.umask(before)
+
+
+@needs_apps
+def test_frame_folders_get_the_umask_or_keep_an_existing_folders_mode(tmp_path, weights, clip, capsys, umask_027,
+                                                                       blend_network):
+    rc, _, err = run_cli(video_argv(weights, "EDSC_s", clip, tmp_path / "new/"), capsys)
+    assert rc == 0, err
+    assert stat.S_IMODE((tmp_path / "new").stat().st_mode) == 0o750  # as mkdir makes it under umask 027
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    existing.chmod(0o775)
+    rc, _, err = run_cli(video_argv(weights, "EDSC_s", clip, existing), capsys)
+    assert rc == 0, err
+    assert stat.S_IMODE(existing.stat().st_mode) == 0o775 and len(list(existing.glob("*.png"))) == 32
+
+
 @needs_apps
 def test_a_folder_of_frames_lasts_as_long_as_a_video_of_them(tmp_path, weights, capsys, blend_network):
     frames = tmp_path / "frames"
@@ -857,6 +882,30 @@ def test_a_truncated_video_that_ffmpeg_still_opens_is_an_error_not_a_short_outpu
     for target in (out / "x2.mp4", out / "frames/"):
         rc, _, err = run_cli(video_argv(weights, "EDSC_s", truncated, target), capsys)
         assert_one_line_error(rc, err, truncated, "truncated", f"{len(listed)} frames")
+    assert leftover_files(out) == []
+
+
+@needs_apps
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_and_sighup_remove_the_partial_output(tmp_path, weights, signum):
+    source = make_clip(tmp_path / "long.mp4", frames=400, w=128, h=96, audio=False)
+    out = tmp_path / "out"
+    out.mkdir()
+    command = [sys.executable, "-m", "edsc_ext.apps.interpolate", *map(str, video_argv(weights, "EDSC_s", source,
+                                                                                         out / "x2.mp4"))]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               cwd=Path(__file__).resolve().parents[1])
+    try:
+        deadline = time.monotonic() + 120
+        while not leftover_files(out) and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the temporary output exists: the run is under way
+        assert process.poll() is None, process.communicate()
+        process.send_signal(signum)
+        _, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 128 + signum, err
+    assert f"stopped by {signal.Signals(signum).name}" in err and "Traceback" not in err, err
     assert leftover_files(out) == []
 
 

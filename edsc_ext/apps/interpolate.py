@@ -37,6 +37,7 @@ from ..models import EDSC, MODEL_NAMES, SAMPLINGS
 from . import images, video
 from .common import (
     OneLineParser,
+    Stopped,
     UserError,
     atomic_path,
     cudnn_autotuning,
@@ -45,6 +46,7 @@ from .common import (
     note,
     progress,
     refuse_input_as_output,
+    signals_stop_the_run,
     time_in_unit_interval,
 )
 from .engine import (
@@ -642,7 +644,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
     try:
-        with cudnn_autotuning(args.cudnn_benchmark):
+        with signals_stop_the_run(), cudnn_autotuning(args.cudnn_benchmark):
             if args.video is None:
                 _run_pair(args)
             else:
@@ -656,6 +658,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted (no output written)", file=sys.stderr)
         return 130
+    except Stopped as e:
+        print(f"{PROG}: stopped by {e.name} (no output written)", file=sys.stderr)
+        return 128 + e.signum
     except Exception as e:  # noqa: BLE001
         av = sys.modules.get("av")
         if av is not None and isinstance(e, av.error.FFmpegError):  # e.g. an encoder refusing its settings
