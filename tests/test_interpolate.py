@@ -375,6 +375,21 @@ def test_full_disk_in_pair_mode_leaves_no_file(tmp_path, weights, capsys, monkey
     assert leftover_files(out_dir) == []
 
 
+@needs_apps
+def test_pair_mode_output_errors_name_what_the_user_gave(tmp_path, weights, capsys, monkeypatch):
+    first, second = write_pair(tmp_path / "in")
+    folder = tmp_path / "existing"
+    folder.mkdir()
+    rc, _, err = run_cli(["--weights", weights["EDSC_s"], first, second, "-o", folder, "--device", "cpu"], capsys)
+    assert_one_line_error(rc, err, f"-o {folder}", "is a folder")
+    # A folder that takes no new files (/proc does not): said so, without the temporary file's name.
+    rc, _, err = run_cli(["--weights", weights["EDSC_s"], first, second, "-o", "/proc/mid.png", "--device", "cpu"],
+                         capsys)
+    assert_one_line_error(rc, err, "/proc/mid.png", "cannot create")
+    assert "partial" not in err and "no such file" not in err.lower()
+    assert leftover_files(folder) == []
+
+
 BAD_WEIGHTS = ["text", "tensor", "foreign pickle", "truncated", "other keys", "missing", "folder"]
 
 
@@ -408,6 +423,28 @@ def test_bad_weights_are_one_line_naming_the_file_in_both_commands(tmp_path, wei
     # (evaluate looks for its data first: an empty --data folder would be the error; so give it one)
     if "Middlebury" not in err and "sequence" not in err:
         assert_one_line_error(rc, err, path)
+
+
+@needs_apps
+def test_weights_errors_say_what_is_wrong_once_and_name_the_key(tmp_path, weights, capsys):
+    first, second = write_pair(tmp_path / "in", 8, 8)
+
+    def error_of(path):
+        rc, _, err = run_cli(["--weights", path, first, second, "-o", tmp_path / "o.png", "--device", "cpu"], capsys)
+        assert_one_line_error(rc, err, path)
+        return err
+
+    assert "not a PyTorch file" in error_of(first)  # an image given as the weights
+    assert "pickle" not in error_of(first)
+    assert error_of(bad_weights(tmp_path, "other keys", weights["EDSC_s"])).count("not an EDSC checkpoint") == 1
+    state = torch.load(weights["EDSC_s"], weights_only=True)["model_state"]
+    key = [k for k in state if k.endswith(".weight") and state[k].dim() == 4][3]
+    shape = tuple(state[key].shape)
+    state[key] = torch.zeros(shape[0] + 1, *shape[1:])
+    wrong = tmp_path / "wrong_shape.pth"
+    torch.save({"model_state": state}, wrong)
+    err = error_of(wrong)
+    assert key in err and ", ".join(map(str, shape)) in err and str(shape[0] + 1) in err, err
 
 
 @needs_apps
@@ -853,6 +890,24 @@ def test_full_disk_mid_video_leaves_no_output(tmp_path, weights, clip, capsys, m
     monkeypatch.setattr(video, "_save_png", lambda image, f: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
     rc, _, err = run_cli(video_argv(weights, "EDSC_s", clip, out / "frames/"), capsys)
     assert_one_line_error(rc, err, "no space left")
+    assert leftover_files(out) == []
+
+
+@needs_apps
+def test_full_disk_and_uncreatable_outputs_name_the_output_not_a_temporary_file(tmp_path, weights, clip, capsys,
+                                                                                  monkeypatch, blend_network):
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.setattr(video, "_save_png", lambda image, f: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
+    rc, _, err = run_cli(video_argv(weights, "EDSC_s", clip, out / "frames/"), capsys)
+    assert_one_line_error(rc, err, f"writing {out / 'frames'}: no space left on device")
+    monkeypatch.setattr(video, "_mux", lambda container, packet: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
+    rc, _, err = run_cli(video_argv(weights, "EDSC_s", clip, out / "x2.mp4"), capsys)
+    assert_one_line_error(rc, err, f"writing {out / 'x2.mp4'}: no space left on device")
+    for target in ("/proc/x2.mp4", "/proc/frames/"):
+        rc, _, err = run_cli(video_argv(weights, "EDSC_s", clip, target), capsys)
+        assert_one_line_error(rc, err, target.rstrip("/"), "cannot create")
+        assert "partial" not in err
     assert leftover_files(out) == []
 
 

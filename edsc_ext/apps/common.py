@@ -101,7 +101,7 @@ def describe_os_error(error: OSError, path=None) -> str:
     """A one-line description of an OSError, naming the file."""
     name = path if path is not None else (error.filename or "")
     if error.errno == errno.ENOSPC:
-        return f"writing {name}: no space left on device"
+        return f"writing {name}: no space left on device" if name else "no space left on device"
     if isinstance(error, FileNotFoundError):
         return f"{name}: no such file or folder"
     if isinstance(error, PermissionError):

@@ -319,6 +319,9 @@ def interpolate_video(model: EDSC, source, target, factor: Optional[int] = None,
         try:
             counts = stream_frames(engine, src, sink, schedule, scene_threshold=scene_threshold, turn=turn,
                                    progress_bar=bar)
+        except OSError as e:  # a write (FFmpeg's and Pillow's name no file): named by the output asked for
+            named = e.filename is not None and not str(e.filename).startswith(str(tmp))
+            raise UserError(describe_os_error(e, e.filename if named else target)) from None
         finally:
             bar.close()
     result.frames, result.interpolated, cuts = counts
@@ -578,6 +581,8 @@ def _device(name: Optional[str]) -> torch.device:
 
 def _run_pair(args) -> None:
     output = Path(args.output)
+    if output.is_dir():
+        raise UserError(f"-o {output}: is a folder (pair mode writes one image file, e.g. {output / 'middle.png'})")
     images.check_writable_image_name(output)
     first_path, second_path = (Path(f) for f in args.frames)
     refuse_input_as_output(args.output, [first_path, second_path])
