@@ -168,15 +168,23 @@ _STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
-    """Ctrl-C, SIGTERM and SIGHUP delivered when the block ends rather than inside it (main thread)."""
+    """Ctrl-C, SIGTERM and SIGHUP handled when the block ends rather than inside it (main thread).
+    Python runs signal handlers in the main thread whichever thread the signal reached, so the
+    handlers are swapped for ones that note the signal, and the noted ones are raised again after
+    (blocking them in this thread would not do: torch's and FFmpeg's threads still take them)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPPING_SIGNALS)
+    noted = []
+    before = {signum: signal.signal(signum, lambda signum, frame: noted.append(signum))
+              for signum in _STOPPING_SIGNALS if signal.getsignal(signum) is not None}  # None: set outside Python
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+        for signum in noted:
+            signal.raise_signal(signum)
 
 
 def refuse_input_as_output(output, inputs) -> None:
