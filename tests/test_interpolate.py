@@ -13,9 +13,13 @@ import errno
 import importlib.util
 import json
 import math
+import os
 import pickle
+import signal
+import stat
 import subprocess
 import sys
+import time
 from fractions import Fraction
 from pathlib import Path
 
@@ -304,6 +308,23 @@ def test_cli_pair_errors_are_one_line_with_exit_code_2(tmp_path, weights, capsys
 
 
 @needs_apps
+def test_pair_mode_refuses_an_input_as_the_output_under_any_spelling(tmp_path, weights, capsys, monkeypatch):
+    first, second = write_pair(tmp_path / "in")
+    (tmp_path / "in" / "link.png").symlink_to(first)
+    (tmp_path / "in" / "hard.png").hardlink_to(second)
+    originals = {p: p.read_bytes() for p in (first, second)}
+    monkeypatch.chdir(tmp_path / "in")
+    for frames, output in ((["f0.png", "f1.png"], "f0.png"), (["f0.png", "f1.png"], "./f1.png"),
+                           (["f0.png", "f1.png"], first), ([first, second], "f1.png"),
+                           (["f0.png", "f1.png"], "link.png"), (["f0.png", "f1.png"], "hard.png"),
+                           (["link.png", "f1.png"], "../in/f0.png")):
+        rc, _, err = run_cli(["--weights", weights["EDSC_s"], *frames, "-o", output, "--device", "cpu"], capsys)
+        assert_one_line_error(rc, err, f"-o {output}", "is the input", "choose another name")
+    assert {p: p.read_bytes() for p in (first, second)} == originals
+    assert leftover_files(tmp_path / "in") == ["f0.png", "f1.png", "hard.png", "link.png"]
+
+
+@needs_apps
 def test_time_out_of_range_is_rejected_alike_by_both_commands(weights, capsys):
     rc, _, err = run_cli(["--weights", weights["EDSC_m"], "--time", "1.5", "a.png", "b.png", "-o", "c.png"], capsys)
     assert_one_line_error(rc, err, "argument --time: must be in (0, 1)")
@@ -354,6 +375,21 @@ def test_full_disk_in_pair_mode_leaves_no_file(tmp_path, weights, capsys, monkey
     assert leftover_files(out_dir) == []
 
 
+@needs_apps
+def test_pair_mode_output_errors_name_what_the_user_gave(tmp_path, weights, capsys, monkeypatch):
+    first, second = write_pair(tmp_path / "in")
+    folder = tmp_path / "existing"
+    folder.mkdir()
+    rc, _, err = run_cli(["--weights", weights["EDSC_s"], first, second, "-o", folder, "--device", "cpu"], capsys)
+    assert_one_line_error(rc, err, f"-o {folder}", "is a folder")
+    # A folder that takes no new files (/proc does not): said so, without the temporary file's name.
+    rc, _, err = run_cli(["--weights", weights["EDSC_s"], first, second, "-o", "/proc/mid.png", "--device", "cpu"],
+                         capsys)
+    assert_one_line_error(rc, err, "/proc/mid.png", "cannot create")
+    assert "partial" not in err and "no such file" not in err.lower()
+    assert leftover_files(folder) == []
+
+
 BAD_WEIGHTS = ["text", "tensor", "foreign pickle", "truncated", "other keys", "missing", "folder"]
 
 
@@ -387,6 +423,28 @@ def test_bad_weights_are_one_line_naming_the_file_in_both_commands(tmp_path, wei
     # (evaluate looks for its data first: an empty --data folder would be the error; so give it one)
     if "Middlebury" not in err and "sequence" not in err:
         assert_one_line_error(rc, err, path)
+
+
+@needs_apps
+def test_weights_errors_say_what_is_wrong_once_and_name_the_key(tmp_path, weights, capsys):
+    first, second = write_pair(tmp_path / "in", 8, 8)
+
+    def error_of(path):
+        rc, _, err = run_cli(["--weights", path, first, second, "-o", tmp_path / "o.png", "--device", "cpu"], capsys)
+        assert_one_line_error(rc, err, path)
+        return err
+
+    assert "not a PyTorch file" in error_of(first)  # an image given as the weights
+    assert "pickle" not in error_of(first)
+    assert error_of(bad_weights(tmp_path, "other keys", weights["EDSC_s"])).count("not an EDSC checkpoint") == 1
+    state = torch.load(weights["EDSC_s"], weights_only=True)["model_state"]
+    key = [k for k in state if k.endswith(".weight") and state[k].dim() == 4][3]
+    shape = tuple(state[key].shape)
+    state[key] = torch.zeros(shape[0] + 1, *shape[1:])
+    wrong = tmp_path / "wrong_shape.pth"
+    torch.save({"model_state": state}, wrong)
+    err = error_of(wrong)
+    assert key in err and ", ".join(map(str, shape)) in err and str(shape[0] + 1) in err, err
 
 
 @needs_apps
@@ -530,7 +588,7 @@ def test_schedule_positions_for_integer_and_fractional_rate_ratios():
     times = [Fraction(t, 1000) for t in (0, 40, 100, 120, 200)]
     outs = plan(times, Fraction(240, 1000), factor=2)
     assert [o.time * 1000 for o in outs] == [0, 20, 40, 70, 100, 110, 120, 160, 200, 220]
-    # A folder (no end): its last frame ends the output.
+    # No end (None): the last frame ends the output.
     assert len(plan([Fraction(i, 25) for i in range(3)], None, factor=4)) == 9
     assert timing.parse_rate("23.976") == Fraction(24000, 1001) and timing.parse_rate("60") == 60
     assert timing.parse_rate("24000/1001") == ntsc and timing.parse_rate("12.5") == Fraction(25, 2)
@@ -683,7 +741,8 @@ def test_folder_of_frames_to_frames_and_to_a_video(tmp_path, weights, capsys):
     originals = [rng.integers(0, 256, (20, 24, 3), dtype=np.uint8) for _ in range(3)]
     for k, pixels in enumerate(originals):
         Image.fromarray(pixels).save(frames / f"{k:03d}.png")
-    for name, factor, expected in (("EDSC_s", 2, 5), ("EDSC_s", 4, 9), ("EDSC_m", 3, 7)):
+    # 3 frames at 25 fps last 0.12 s, and so does the output: 3 * factor frames, the last one repeated.
+    for name, factor, expected in (("EDSC_s", 2, 6), ("EDSC_s", 4, 12), ("EDSC_m", 3, 9)):
         out = tmp_path / f"out_{name}_{factor}"
         rc, _, err = run_cli(video_argv(weights, name, frames, out, "--factor", factor), capsys)
         assert rc == 0, err
@@ -693,11 +752,56 @@ def test_folder_of_frames_to_frames_and_to_a_video(tmp_path, weights, capsys):
             assert np.array_equal(images.read_array(written[k * factor]), pixels)
     rc, _, err = run_cli(video_argv(weights, "EDSC_s", frames, tmp_path / "f.mp4", "--input-fps", "10"), capsys)
     assert rc == 0, err
-    assert read_clip(tmp_path / "f.mp4")["times"] == [Fraction(k, 20) for k in range(5)]
+    assert read_clip(tmp_path / "f.mp4")["times"] == [Fraction(k, 20) for k in range(6)]
     # A video into a folder of frames.
     rc, _, err = run_cli(video_argv(weights, "EDSC_s", tmp_path / "f.mp4", tmp_path / "back/"), capsys)
     assert rc == 0, err
-    assert len(list((tmp_path / "back").glob("*.png"))) == 10
+    assert len(list((tmp_path / "back").glob("*.png"))) == 12
+
+
+@pytest.fixture
+def umask_027():
+    before = os.umask(0o027)
+    yield 0o027
+    os.umask(before)
+
+
+@needs_apps
+def test_frame_folders_get_the_umask_or_keep_an_existing_folders_mode(tmp_path, weights, clip, capsys, umask_027,
+                                                                       blend_network):
+    rc, _, err = run_cli(video_argv(weights, "EDSC_s", clip, tmp_path / "new/"), capsys)
+    assert rc == 0, err
+    assert stat.S_IMODE((tmp_path / "new").stat().st_mode) == 0o750  # as mkdir makes it under umask 027
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    existing.chmod(0o775)
+    rc, _, err = run_cli(video_argv(weights, "EDSC_s", clip, existing), capsys)
+    assert rc == 0, err
+    assert stat.S_IMODE(existing.stat().st_mode) == 0o775 and len(list(existing.glob("*.png"))) == 32
+
+
+@needs_apps
+def test_a_folder_of_frames_lasts_as_long_as_a_video_of_them(tmp_path, weights, capsys, blend_network):
+    frames = tmp_path / "frames"
+    frames.mkdir()
+    for k in range(4):
+        Image.fromarray(scene(k, 32, 16, False)).save(frames / f"{k:03d}.png")
+    # 4 frames at 25 fps last 0.16 s: x2 gives 8 frames at 50 fps, the last a copy of the last input frame.
+    rc, _, err = run_cli(video_argv(weights, "EDSC_s", frames, tmp_path / "x2/"), capsys)
+    assert rc == 0, err
+    written = sorted((tmp_path / "x2").glob("*.png"))
+    assert len(written) == 8
+    assert np.array_equal(images.read_array(written[-1]), images.read_array(frames / "003.png"))
+    rc, _, err = run_cli(video_argv(weights, "EDSC_s", frames, tmp_path / "x2.mkv"), capsys)
+    assert rc == 0, err
+    got = read_clip(tmp_path / "x2.mkv")
+    assert got["times"] == [Fraction(k, 50) for k in range(8)]
+    # --fps too: 0.16 s at 60 fps is 9.6 frame periods, so 10 frames (as a video of these frames gives),
+    # of which 7 are new: only k/60 = 0 falls on an input frame, 8/60 and 9/60 come after the last one.
+    rc, stdout, err = run_cli(video_argv(weights, "EDSC_m", frames, tmp_path / "f60/", "--fps", "60"), capsys)
+    assert rc == 0 and "wrote 10 frames (7 interpolated" in stdout, err
+    assert len(list((tmp_path / "f60").glob("*.png"))) == 10 == timing.constant_rate_count(4, Fraction(25), None,
+                                                                                            Fraction(60), True)
 
 
 @needs_apps
@@ -748,6 +852,25 @@ def test_video_bad_inputs_are_one_line_and_write_nothing(tmp_path, weights, clip
 
 
 @needs_apps
+def test_values_that_would_do_nothing_or_be_ignored_are_refused(tmp_path, weights, clip, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    for extra, needles in ((["--scene-threshold", "-1"], ["--scene-threshold", "-1"]),
+                           (["--scene-threshold", "nan"], ["--scene-threshold", "nan"]),
+                           (["--scene-threshold", "101"], ["--scene-threshold", "101"]),
+                           (["--time", "0.3"], ["--time", "pair mode"])):
+        rc, _, err = run_cli(video_argv(weights, "EDSC_m", clip, out / "o.mp4", *extra), capsys)
+        assert_one_line_error(rc, err, *needles)
+    assert leftover_files(out) == []
+    model = engine.load_model(weights["EDSC_s"])
+    with pytest.raises(ValueError, match="scene-threshold"):
+        interpolate.interpolate_video(model, clip, out / "o.mp4", scene_threshold=-1.0, quiet=True)
+    # 0 and 100 are scores too: every change a cut, or none.
+    rc, stdout, err = run_cli(video_argv(weights, "EDSC_s", clip, out / "o.mp4", "--scene-threshold", "0"), capsys)
+    assert rc == 0 and "15 scene cut(s)" in stdout and "(0 interpolated" in stdout, err
+
+
+@needs_apps
 def test_full_disk_mid_video_leaves_no_output(tmp_path, weights, clip, capsys, monkeypatch, blend_network):
     written = []
 
@@ -767,6 +890,77 @@ def test_full_disk_mid_video_leaves_no_output(tmp_path, weights, clip, capsys, m
     monkeypatch.setattr(video, "_save_png", lambda image, f: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
     rc, _, err = run_cli(video_argv(weights, "EDSC_s", clip, out / "frames/"), capsys)
     assert_one_line_error(rc, err, "no space left")
+    assert leftover_files(out) == []
+
+
+@needs_apps
+def test_full_disk_and_uncreatable_outputs_name_the_output_not_a_temporary_file(tmp_path, weights, clip, capsys,
+                                                                                  monkeypatch, blend_network):
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.setattr(video, "_save_png", lambda image, f: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
+    rc, _, err = run_cli(video_argv(weights, "EDSC_s", clip, out / "frames/"), capsys)
+    assert_one_line_error(rc, err, f"writing {out / 'frames'}: no space left on device")
+    monkeypatch.setattr(video, "_mux", lambda container, packet: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
+    rc, _, err = run_cli(video_argv(weights, "EDSC_s", clip, out / "x2.mp4"), capsys)
+    assert_one_line_error(rc, err, f"writing {out / 'x2.mp4'}: no space left on device")
+    for target in ("/proc/x2.mp4", "/proc/frames/"):
+        rc, _, err = run_cli(video_argv(weights, "EDSC_s", clip, target), capsys)
+        assert_one_line_error(rc, err, target.rstrip("/"), "cannot create")
+        assert "partial" not in err
+    assert leftover_files(out) == []
+
+
+def faststart_copy(source: Path, target: Path) -> Path:
+    """``source``'s video stream remuxed with its index first (movflags=faststart, as streaming sites
+    serve files): FFmpeg can then open the file even when its end is cut off."""
+    with av.open(str(source)) as src, av.open(str(target), "w", options={"movflags": "faststart"}) as out:
+        stream = out.add_stream_from_template(src.streams.video[0])
+        for packet in src.demux(src.streams.video[0]):
+            if packet.dts is not None:
+                packet.stream = stream
+                out.mux(packet)
+    return target
+
+
+@needs_apps
+def test_a_truncated_video_that_ffmpeg_still_opens_is_an_error_not_a_short_output(tmp_path, weights, capsys,
+                                                                                  blend_network):
+    whole = faststart_copy(make_clip(tmp_path / "whole.mp4", frames=48, audio=False), tmp_path / "fast.mp4")
+    truncated = tmp_path / "truncated.mp4"
+    data = whole.read_bytes()
+    truncated.write_bytes(data[: len(data) * 7 // 10])
+    listed = video.probe(truncated).times
+    assert 2 < len(listed) < 48  # FFmpeg opens it and lists the frames whose packets start in it
+    out = tmp_path / "out"
+    out.mkdir()
+    for target in (out / "x2.mp4", out / "frames/"):
+        rc, _, err = run_cli(video_argv(weights, "EDSC_s", truncated, target), capsys)
+        assert_one_line_error(rc, err, truncated, "truncated", f"{len(listed)} frames")
+    assert leftover_files(out) == []
+
+
+@needs_apps
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_and_sighup_remove_the_partial_output(tmp_path, weights, signum):
+    source = make_clip(tmp_path / "long.mp4", frames=400, w=128, h=96, audio=False)
+    out = tmp_path / "out"
+    out.mkdir()
+    command = [sys.executable, "-m", "edsc_ext.apps.interpolate", *map(str, video_argv(weights, "EDSC_s", source,
+                                                                                         out / "x2.mp4"))]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               cwd=Path(__file__).resolve().parents[1])
+    try:
+        deadline = time.monotonic() + 120
+        while not leftover_files(out) and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the temporary output exists: the run is under way
+        assert process.poll() is None, process.communicate()
+        process.send_signal(signum)
+        _, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 128 + signum, err
+    assert f"stopped by {signal.Signals(signum).name}" in err and "Traceback" not in err, err
     assert leftover_files(out) == []
 
 

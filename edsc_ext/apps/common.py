@@ -10,13 +10,16 @@ import functools
 import importlib
 import os
 import shutil
+import signal
+import stat
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Iterator, Optional
 
 __all__ = ["UserError", "require", "progress", "OneLineParser", "atomic_path", "describe_os_error",
-           "time_in_unit_interval", "EXTRA_HINT"]
+           "refuse_input_as_output", "signals_stop_the_run", "Stopped", "time_in_unit_interval", "EXTRA_HINT"]
 
 EXTRA_HINT = 'pip install "edsc-ext[apps]"'
 
@@ -98,7 +101,7 @@ def describe_os_error(error: OSError, path=None) -> str:
     """A one-line description of an OSError, naming the file."""
     name = path if path is not None else (error.filename or "")
     if error.errno == errno.ENOSPC:
-        return f"writing {name}: no space left on device"
+        return f"writing {name}: no space left on device" if name else "no space left on device"
     if isinstance(error, FileNotFoundError):
         return f"{name}: no such file or folder"
     if isinstance(error, PermissionError):
@@ -116,29 +119,114 @@ def atomic_path(final, folder: bool = False) -> Iterator[Path]:
     disk, a corrupt frame, Ctrl-C) leaves nothing under the final name. ``folder=True`` makes a
     temporary folder; the final folder must then not exist or be empty."""
     final = Path(final)
-    parent = final.parent
-    if folder:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-", dir=parent))
-    else:
-        fd, name = tempfile.mkstemp(prefix=f".{final.stem}.partial-", suffix=final.suffix, dir=parent)
-        os.close(fd)
-        tmp = Path(name)
+    tmp = None
     try:
+        # Signals wait until the name is known: one in between would leave the file behind unnamed.
+        with _signals_held():
+            tmp = _make_temporary(final, folder)
         yield tmp
-        if folder:
-            if final.is_dir():
-                final.rmdir()  # empty (checked by the caller before the work began)
+        try:
+            if folder:
+                # mkdtemp's folder is private (0700): the final one gets the mode an existing empty
+                # folder had, else the user's umask, as mkdir gives.
+                mode = stat.S_IMODE(final.stat().st_mode) if final.is_dir() else 0o777 & ~_umask()
+                os.chmod(tmp, mode)
+                if final.is_dir():
+                    final.rmdir()  # empty (checked by the caller before the work began)
+            else:
+                os.chmod(tmp, 0o666 & ~_umask())
             os.replace(tmp, final)
-        else:
-            os.chmod(tmp, 0o666 & ~_umask())
-            os.replace(tmp, final)
+        except OSError as e:
+            raise UserError(describe_os_error(e, final)) from None
     except BaseException:
+        if tmp is None:
+            raise
         if folder:
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             with contextlib.suppress(OSError):
                 tmp.unlink()
         raise
+
+
+def _make_temporary(final: Path, folder: bool) -> Path:
+    parent = final.parent
+    try:
+        if folder:
+            return Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-", dir=parent))
+        fd, name = tempfile.mkstemp(prefix=f".{final.stem}.partial-", suffix=final.suffix, dir=parent)
+        os.close(fd)
+        return Path(name)
+    except OSError as e:  # its message would name the temporary file, which the user never asked for
+        reason = "the folder takes no new files" if isinstance(e, FileNotFoundError) and parent.is_dir() \
+            else (e.strerror or str(e)).lower()
+        raise UserError(f"{final}: cannot create it in {parent} ({reason})") from None
+
+
+_STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Ctrl-C, SIGTERM and SIGHUP handled when the block ends rather than inside it (main thread).
+    Python runs signal handlers in the main thread whichever thread the signal reached, so the
+    handlers are swapped for ones that note the signal, and the noted ones are raised again after
+    (blocking them in this thread would not do: torch's and FFmpeg's threads still take them)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noted = []
+    before = {signum: signal.signal(signum, lambda signum, frame: noted.append(signum))
+              for signum in _STOPPING_SIGNALS if signal.getsignal(signum) is not None}  # None: set outside Python
+    try:
+        yield
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+        for signum in noted:
+            signal.raise_signal(signum)
+
+
+def refuse_input_as_output(output, inputs) -> None:
+    """Raises a UserError when ``output`` is one of ``inputs`` under any spelling (relative,
+    absolute, ``./``, a symbolic or a hard link): writing it would destroy that input. ``output``
+    is named as given (a str keeps its ``./``)."""
+    for source in inputs:
+        with contextlib.suppress(OSError):  # a missing output (or input) is no input
+            if os.path.samefile(output, source):
+                raise UserError(f"-o {output}: is the input {source}; choose another name")
+
+
+class Stopped(BaseException):
+    """SIGTERM or SIGHUP arrived (:func:`signals_stop_the_run`): like Ctrl-C's KeyboardInterrupt, it
+    unwinds the run, so that partial outputs are removed on the way."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+
+
+@contextlib.contextmanager
+def signals_stop_the_run() -> Iterator[None]:
+    """Inside the block SIGTERM and SIGHUP raise :class:`Stopped` in the main thread (their default
+    would end the process at once, leaving the temporary output behind); restored after. Only where
+    the default is in place (``nohup`` ignores SIGHUP: it stays ignored), and only in the main
+    thread (signals cannot be caught elsewhere)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise Stopped(signum)
+
+    previous = {signum: signal.signal(signum, stop) for signum in _STOPPING_SIGNALS[1:]
+                if signal.getsignal(signum) == signal.SIG_DFL}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _umask() -> int:

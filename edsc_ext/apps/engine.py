@@ -30,6 +30,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 from contextlib import nullcontext
 from fractions import Fraction
@@ -81,7 +82,9 @@ def load_model(weights, model_name: Optional[str] = None, sampling: str = "compa
         raise UserError(f"{what}: {describe_os_error(e, path).split(': ', 1)[-1]}") from None
     except Exception as e:  # noqa: BLE001 (text: KeyError, foreign pickle: UnpicklingError, truncated: RuntimeError)
         reason = str(e).split("\n")[0].strip()
-        if "Weights only load failed" in reason or "Unsupported global" in str(e):
+        if not _starts_like_a_torch_file(path):  # an image, text, ...: torch's unpickler may say anything
+            reason = "not a PyTorch file"
+        elif "Weights only load failed" in reason or "Unsupported global" in str(e):
             reason = "a pickle of other Python objects, not tensors"
         elif isinstance(e, KeyError) or "invalid load key" in reason:
             reason = "not a PyTorch file"
@@ -94,11 +97,43 @@ def load_model(weights, model_name: Optional[str] = None, sampling: str = "compa
     try:
         model = load_checkpoint(checkpoint, sampling=sampling)
     except Exception as e:  # noqa: BLE001 (other keys or shapes)
-        reason = str(e).split("\n")[0].strip()
-        raise UserError(f"{what}: not an EDSC checkpoint ({reason[:160]})") from None
+        raise UserError(f"{what}: not an EDSC checkpoint ({_checkpoint_problem(e)})") from None
     if model_name is not None and model.name != model_name:
         raise ValueError(f"--model {model_name} but the weights in {weights} are those of {model.name}")
     return model.to(device).eval()
+
+
+# A PyTorch file is a zip archive, or (the format before torch 1.6) a pickle, whose first opcode is PROTO.
+_TORCH_FILE_STARTS = (b"PK\x03\x04", b"\x80")
+
+
+def _starts_like_a_torch_file(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4).startswith(_TORCH_FILE_STARTS)
+    except OSError:
+        return True  # unreadable: torch.load's own error says why
+
+
+_SIZE_MISMATCH = re.compile(r"size mismatch for (\S+): copying a param with shape torch\.Size\(\[(.*?)\]\) from "
+                            r"checkpoint, the shape in current model is torch\.Size\(\[(.*?)\]\)")
+
+
+def _checkpoint_problem(error: Exception) -> str:
+    """What is wrong with a checkpoint's tensors, in a few words naming the first wrong key (the
+    first line of load_state_dict's message is only its heading)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    if not lines[0].startswith("Error(s) in loading state_dict"):
+        return lines[0].removeprefix("not an EDSC checkpoint: ")[:160]
+    problems = lines[1:] or ["its tensors do not fit the network"]
+    found = _SIZE_MISMATCH.match(problems[0])
+    first = (f"{found[1]} has shape ({found[2]}), the network's is ({found[3]})" if found
+             else problems[0].replace(" in state_dict", "").rstrip(". "))
+    if len(first) > 160:
+        first = first[:157] + "..."
+    return first + (f"; and {len(problems) - 1} more problem(s)" if len(problems) > 1 else "")
 
 
 def is_dyadic(t, max_depth: int = MAX_BISECTION_DEPTH) -> bool:

@@ -37,6 +37,7 @@ from ..models import EDSC, MODEL_NAMES, SAMPLINGS
 from . import images, video
 from .common import (
     OneLineParser,
+    Stopped,
     UserError,
     atomic_path,
     cudnn_autotuning,
@@ -44,6 +45,8 @@ from .common import (
     ensure_output_folder,
     note,
     progress,
+    refuse_input_as_output,
+    signals_stop_the_run,
     time_in_unit_interval,
 )
 from .engine import (
@@ -97,7 +100,7 @@ class Source:
     width: int
     height: int
     times: List[Fraction]  # the frames' times (seconds)
-    end: Optional[Fraction]  # when the last frame ends (None: a folder, whose last frame is the end)
+    end: Optional[Fraction]  # when the last frame ends (None: the last frame is the end)
     rate: Fraction
     time_base: Fraction
     info: Optional[video.VideoInfo] = None  # a video file's
@@ -136,8 +139,9 @@ def _folder_source(folder: Path, rate: Fraction) -> Source:
             raise UserError(f"frames differ in size: {files[0]} is {first_size[0]}x{first_size[1]}, {f} is "
                             f"{size[0]}x{size[1]}")
     times = [Fraction(k) / rate for k in range(len(files))]
-    return Source(path=folder, width=first_size[0], height=first_size[1], times=times, end=None, rate=rate,
-                  time_base=1 / rate, files=files)
+    # Each frame lasts one period, as a video's: N frames last N / rate, and so does the output.
+    return Source(path=folder, width=first_size[0], height=first_size[1], times=times, end=Fraction(len(files)) / rate,
+                  rate=rate, time_base=1 / rate, files=files)
 
 
 def open_source(path, input_fps: Optional[Fraction] = None) -> Source:
@@ -241,12 +245,14 @@ def interpolate_video(model: EDSC, source, target, factor: Optional[int] = None,
         else input_fps
     if factor is not None and factor < 1:
         raise UserError(f"--factor must be >= 1, got {factor}")
+    if scene_threshold is not None and not 0 <= scene_threshold <= 100:
+        raise UserError(f"--scene-threshold must be a score in [0, 100], got {scene_threshold}")
     target_raw = str(target)
     kind = _output_kind(target_raw)
     target = Path(target)
     src = source if isinstance(source, Source) else open_source(source, input_fps)
-    if kind == "video" and target.exists() and target.resolve() == src.path.resolve():
-        raise UserError(f"-o {target}: is the input; choose another name")
+    if kind == "video":
+        refuse_input_as_output(target_raw, [src.path])
     if kind == "folder" and target.exists():
         if not target.is_dir():
             raise UserError(f"-o {target}: exists and is not a folder")
@@ -255,7 +261,9 @@ def interpolate_video(model: EDSC, source, target, factor: Optional[int] = None,
                             "folder)")
 
     # Where the output frames sit; EDSC_s must be able to make all of them (checked before any output).
-    tolerance = src.time_base / 2
+    # A video's times are rounded to its time base; a folder's are exact (half its "tick", a whole
+    # frame period, would make every --fps output frame a copy of the nearest input frame).
+    tolerance = src.time_base / 2 if src.info is not None else Fraction(0)
     snap = None if model.multiple else MAX_BISECTION_DEPTH
     if not model.multiple and factor is not None and factor & (factor - 1):
         raise UserError(f"EDSC_s only interpolates midpoints: --factor {factor} needs EDSC_m weights (EDSC_s takes "
@@ -311,6 +319,9 @@ def interpolate_video(model: EDSC, source, target, factor: Optional[int] = None,
         try:
             counts = stream_frames(engine, src, sink, schedule, scene_threshold=scene_threshold, turn=turn,
                                    progress_bar=bar)
+        except OSError as e:  # a write (FFmpeg's and Pillow's name no file): named by the output asked for
+            named = e.filename is not None and not str(e.filename).startswith(str(tmp))
+            raise UserError(describe_os_error(e, e.filename if named else target)) from None
         finally:
             bar.close()
     result.frames, result.interpolated, cuts = counts
@@ -458,6 +469,18 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _scene_threshold(text: str) -> float:
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not 0 <= value <= 100:  # a score is 0..100; below 0 every pair of frames would be a cut
+        raise argparse.ArgumentTypeError(f"must be a score in [0, 100], got {text}")
+    return value
+
+
 def _rate(text: str) -> Fraction:
     import argparse
 
@@ -489,7 +512,7 @@ def build_parser() -> OneLineParser:
                         "dict)")
     parser.add_argument("--model", choices=MODEL_NAMES, default=None,
                         help="EDSC_s or EDSC_m (default: read off the weights)")
-    parser.add_argument("--time", type=time_in_unit_interval, default=0.5,
+    parser.add_argument("--time", type=time_in_unit_interval, default=None,
                         help="pair mode: time of the new frame in (0, 1) (EDSC_s: 0.5 only; default 0.5)")
     video_group = parser.add_argument_group("video")
     video_group.add_argument("--video", metavar="INPUT", default=None,
@@ -501,7 +524,7 @@ def build_parser() -> OneLineParser:
                       help="output frame rate, e.g. 60, 59.94, 24000/1001 (other than a power-of-two factor: EDSC_m)")
     video_group.add_argument("--input-fps", type=_rate, default=None,
                              help="frame rate of a folder of frames (default 25)")
-    video_group.add_argument("--scene-threshold", type=float, default=DEFAULT_SCENE_THRESHOLD,
+    video_group.add_argument("--scene-threshold", type=_scene_threshold, default=DEFAULT_SCENE_THRESHOLD,
                              help="scene-cut score (mean absolute luma difference, in percent, of 64-pixel "
                                   f"thumbnails) above which no frame is synthesised "
                                   f"(default {DEFAULT_SCENE_THRESHOLD:g})")
@@ -558,8 +581,11 @@ def _device(name: Optional[str]) -> torch.device:
 
 def _run_pair(args) -> None:
     output = Path(args.output)
+    if output.is_dir():
+        raise UserError(f"-o {output}: is a folder (pair mode writes one image file, e.g. {output / 'middle.png'})")
     images.check_writable_image_name(output)
     first_path, second_path = (Path(f) for f in args.frames)
+    refuse_input_as_output(args.output, [first_path, second_path])
     first, second = images.read_image(first_path), images.read_image(second_path)
     if first.shape != second.shape:
         raise UserError(f"the frames differ in size: {first_path} is {first.shape[2]}x{first.shape[1]}, {second_path} "
@@ -616,10 +642,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             parser.error("give two input frames (or --video INPUT)")
         if args.video is None and (args.factor is not None or args.fps is not None or args.input_fps is not None):
             parser.error("--factor, --fps and --input-fps are for --video")
+        if args.video is not None and args.time is not None:
+            parser.error("--time is for pair mode (with --video the times follow from --factor or --fps)")
+        if args.time is None:
+            args.time = 0.5
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
     try:
-        with cudnn_autotuning(args.cudnn_benchmark):
+        with signals_stop_the_run(), cudnn_autotuning(args.cudnn_benchmark):
             if args.video is None:
                 _run_pair(args)
             else:
@@ -633,6 +663,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted (no output written)", file=sys.stderr)
         return 130
+    except Stopped as e:
+        print(f"{PROG}: stopped by {e.name} (no output written)", file=sys.stderr)
+        return 128 + e.signum
     except Exception as e:  # noqa: BLE001
         av = sys.modules.get("av")
         if av is not None and isinstance(e, av.error.FFmpegError):  # e.g. an encoder refusing its settings

@@ -11,8 +11,8 @@ timestamps, so variable-frame-rate input is handled as it is):
 
 A video file's last frame lasts until the video ends (its timestamp plus its duration), so the
 output has as many frames after it as fit before that end (copies of it: there is no next frame):
-the output lasts as long as the input (to within one output frame period). A folder of frames has
-no durations: its last frame ends the output.
+the output lasts as long as the input (to within one output frame period). A folder of N frames at
+``--input-fps`` R is taken the same way, each frame lasting 1/R: it lasts N/R (x2: 2N frames).
 
 Scene cuts (:func:`scene_score`): the mean absolute difference, in percent of full scale, of the two
 frames' luma after an area-average downscale to 64 pixels on the longer side: a video's own Y plane
@@ -119,8 +119,8 @@ class Schedule:
             self._next_k += 1
 
     def after_last(self, index: int, t_last: Fraction, end: Optional[Fraction]) -> List[Output]:
-        """Output frames from the last input frame (``index`` at ``t_last``) until ``end`` (the
-        video's end; None for a folder of frames, whose last frame ends it): copies of it."""
+        """Output frames from the last input frame (``index`` at ``t_last``) until ``end`` (when
+        the input ends; None: the last frame ends it): copies of it."""
         if end is None or end <= t_last:
             if self.fps is not None:
                 time = self.start + self._next_k / self.fps
@@ -142,7 +142,7 @@ class Schedule:
 def constant_rate_count(frames: int, rate: Fraction, factor: Optional[int], fps: Optional[Fraction],
                         ends: bool) -> int:
     """How many frames a constant-rate input of ``frames`` frames at ``rate`` gives (for the
-    progress bar's total); ``ends``: the last frame lasts one period (a video) or ends it (a folder)."""
+    progress bar's total); ``ends``: the last frame lasts one period (a video, a folder of frames) or ends it."""
     if frames <= 0:
         return 0
     if factor is not None:

@@ -237,6 +237,12 @@ def decode_frames(info: VideoInfo, planes: bool = False) -> Iterator[Tuple[Fract
                     yield time, reformatter.reformat(frame, format=fmt).to_ndarray()
         except av.error.FFmpegError as e:
             raise UserError(f"{info.path}: cannot decode frame {index + 1} ({e})") from None
+        # A damaged stream can end early without an error (FFmpeg's frame threads drop it): the
+        # frames must reach the last timestamp the demuxer listed, or the output would be cut short.
+        if last is None or last < info.times[-1] - info.time_base / 2:
+            reached = "no frame" if last is None else f"{index} frame(s), up to {float(last):.3f} s"
+            raise UserError(f"{info.path}: damaged or truncated video: decoding stopped after {reached}, but the "
+                            f"file lists {len(info.times)} frames up to {float(info.times[-1]):.3f} s")
     finally:
         container.close()
 
