@@ -48,8 +48,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
+from edsc_ext.apps.common import progress
 from edsc_ext.apps.images import read_image
-from edsc_ext.interpolate import progress
 from edsc_ext.models import EDSC, MODEL_NAMES, SAMPLINGS, load_checkpoint, save_checkpoint
 
 TRIPLET_NAMES = (("im1.png", "im2.png", "im3.png"), ("frame10.png", "frame10i11.png", "frame11.png"))

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 
-from edsc_ext import evaluate, interpolate
+from edsc_ext.apps import evaluate, interpolate
 from edsc_ext.models import EDSC_m, EDSC_s, save_checkpoint
 
 from conftest import needs_shared_data, rel_error, requires_cuda, shared_data_path
@@ -402,7 +402,7 @@ def test_evaluate_reports_bad_weights_in_one_line(tmp_path, weights, capsys, kin
 
 
 def test_cli_module_entry_points_help():
-    for module, needle in (("edsc_ext.interpolate", "--video"), ("edsc_ext.evaluate", "--weights")):
+    for module, needle in (("edsc_ext.apps.interpolate", "--video"), ("edsc_ext.apps.evaluate", "--weights")):
         result = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120)
         assert result.returncode == 0 and needle in result.stdout, result.stderr
 
@@ -1237,7 +1237,7 @@ def test_a_failing_compile_falls_back_to_the_eager_network_in_one_line(tmp_path,
 
 @needs_apps
 def test_video_benchmark_reports_model_tool_and_io_rates(tmp_path, capsys):
-    from edsc_ext.apps import video_benchmark
+    from edsc_ext.benchmarks import video as video_benchmark
 
     path = tmp_path / "video.json"
     rc = video_benchmark.main(["--size", "64x32", "--frames", "3", "--device", "cpu", "--repeat", "1",

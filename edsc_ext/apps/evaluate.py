@@ -1,6 +1,6 @@
 """PSNR and SSIM of an EDSC checkpoint on the Middlebury interpolation frames, as a table.
 
-    python -m edsc_ext.evaluate --weights EDSC_s.pth [--data ../shared/data/middlebury] [--device cuda]
+    python -m edsc_ext.apps.evaluate --weights EDSC_s.pth [--data ../shared/data/middlebury] [--device cuda]
 
 Each sequence folder holds ``frame10.png``, ``frame11.png`` and the true middle frame
 ``frame10i11.png``. The interpolated frame is rounded to 8 bits (as it would be saved) before
@@ -126,7 +126,7 @@ def format_table(rows: List[dict]) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = OneLineParser(prog="python -m edsc_ext.evaluate",
+    parser = OneLineParser(prog="python -m edsc_ext.apps.evaluate",
                                      description="PSNR/SSIM of an EDSC checkpoint on the Middlebury frames.")
     parser.add_argument("--weights", required=True, help="checkpoint ({'model_state': ...} as released)")
     parser.add_argument("--model", choices=MODEL_NAMES, default=None, help="default: read off the weights")

@@ -17,7 +17,7 @@ bounded queues; see :mod:`edsc_ext.apps.timing` for where the output frames sit 
 measure, :mod:`edsc_ext.apps.engine` for batches and tiles, :mod:`edsc_ext.apps.video` for the
 codec, CRF, pixel format and the copied audio. Outputs are written under a temporary name and
 renamed at the end; a missing output folder is created (and said so). Bad input is one line on
-stderr and exit code 2. Also runnable as ``python -m edsc_ext.interpolate``.
+stderr and exit code 2. Also runnable as ``python -m edsc_ext.apps.interpolate``.
 """
 
 from __future__ import annotations
