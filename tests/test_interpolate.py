@@ -30,7 +30,7 @@ from conftest import needs_shared_data, rel_error, requires_cuda, shared_data_pa
 
 MISSING = [m for m in ("av", "PIL", "tqdm") if importlib.util.find_spec(m) is None]
 needs_apps = pytest.mark.skipif(bool(MISSING), reason=f"needs the apps extra ({', '.join(MISSING)} missing): "
-                                                      'pip install "edsc-ext[apps]"')
+                                                      'pip install tqdm pillow av')
 if not MISSING:
     import av
     from PIL import Image
@@ -988,7 +988,7 @@ def test_a_missing_apps_package_is_one_line_naming_the_extra(tmp_path, weights, 
             "PIL": ["--weights", weights["EDSC_s"], first, second, "-o", tmp_path / "o.png", "--device", "cpu"],
             "tqdm": video_argv(weights, "EDSC_s", clip, tmp_path / "o.mp4")[:-1]}[module]
     rc, _, err = run_cli(argv, capsys)
-    assert_one_line_error(rc, err, f"'{module}' package", 'pip install "edsc-ext[apps]"')
+    assert_one_line_error(rc, err, f"'{module}' package", 'pip install tqdm pillow av')
 
 
 @needs_apps

@@ -14,5 +14,6 @@
 - :mod:`edsc_ext.apps.common`: the error type the commands print in one line, progress bars
   (tqdm), atomic outputs.
 
-They need the ``apps`` extra: ``pip install "edsc-ext[apps]"`` (tqdm, Pillow, PyAV).
+They need the ``apps`` extra's packages: ``pip install tqdm pillow av`` (or, in the checkout,
+``pip install --no-build-isolation ".[apps]"``).
 """

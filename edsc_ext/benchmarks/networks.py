@@ -1,4 +1,4 @@
-"""Times the EDSC networks end to end (issue #20): inference and a training step of EDSC_s and EDSC_m in
+"""Times the EDSC networks end to end: inference and a training step of EDSC_s and EDSC_m in
 each execution variant, against the original code's composition in float32.
 
     python -m edsc_ext.model_benchmark                      # the issue's sizes, every default variant
@@ -431,7 +431,7 @@ def render_profiles(meta: dict, rows: Sequence[Row]) -> List[str]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m edsc_ext.model_benchmark", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if available)")
+    parser.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if available, else cpu)")
     parser.add_argument("--models", default=",".join(MODEL_NAMES), help="comma-separated (default: %(default)s)")
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                         help="comma-separated PATH-PRECISION[-cl][-gr|-bd|-ph|-pd] (default: %(default)s)")
@@ -445,17 +445,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=None, help="warm-up calls (default 3; --quick 1)")
     parser.add_argument("--compile-mode", default="default",
                         help="torch.compile mode of the compiled variants: default, reduce-overhead, "
-                             "max-autotune, max-autotune-no-cudagraphs")
+                             "max-autotune, max-autotune-no-cudagraphs (default: default; the compiledgraph "
+                             "variants always take reduce-overhead)")
     parser.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default inductor)")
     parser.add_argument("--fp16-loss-scale", type=float, default=1024.0,
                         help="float16 training: the loss's factor before the backward (default %(default)g)")
     parser.add_argument("--cudnn-benchmark", action="store_true",
                         help="time with torch.backends.cudnn.benchmark on: cuDNN times its algorithms for each "
                              "new convolution shape and keeps the fastest (what a fixed-size frame loop can use)")
-    parser.add_argument("--sampling", default="compat", choices=SAMPLINGS)
+    parser.add_argument("--sampling", default="compat", choices=SAMPLINGS,
+                        help="the networks' sampling: compat (the original layer, as the released weights expect) "
+                             "or clean (centred taps); default compat")
     parser.add_argument("--weights", action="append", default=[], metavar="CHECKPOINT",
                         help="an EDSC_s or EDSC_m checkpoint to time instead of random weights (repeatable)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the random weights and frames (default 0)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="after timing each row, run it under torch.profiler and list where its time goes: "
                              "the kernel time by kind and the N longest kernels (CPU: aten operators)")

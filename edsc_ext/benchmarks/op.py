@@ -103,6 +103,8 @@ DEFAULT_DTYPES = ("float32", "bfloat16", "float16", "float32+bfloat16")
 PASSES = ("fwd", "fwd+bwd")
 IMPLS = ("edsc_ext", "compat", "deform_conv2d", "grid_sample")
 OFFSET_STD = 1.5  # offsets ~ N(0, 1.5^2)
+TORCHVISION_MISSING = ("torchvision not importable: pip install torchvision (the bench extra), the build that "
+                       "matches your torch")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -323,7 +325,7 @@ def peer_skip_reason(impl: str, case: Case) -> Optional[str]:
                                  and case.padding == case.k // 2):
         return "EDSC's geometry only"
     if impl == "deform_conv2d" and _torchvision_ops() is None:
-        return "torchvision not importable"
+        return TORCHVISION_MISSING
     return None
 
 
@@ -718,7 +720,8 @@ def plot(rows: Sequence[dict], path: str, metric: str = "pct_floor") -> bool:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except Exception as exc:
-        print(f"--plot: matplotlib is not available ({exc}); no plot written", file=sys.stderr)
+        print(f"--plot: matplotlib is not available ({exc}); no plot written (pip install matplotlib: the bench "
+              "extra)", file=sys.stderr)
         return False
     cases = list(dict.fromkeys(r["case"] for r in rows))
     impl_order = ("floor", *IMPLS)
@@ -783,7 +786,7 @@ def _parse_policy(parser: argparse.ArgumentParser, items: Sequence[str]) -> Dict
     return policy
 
 
-def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m edsc_ext.benchmark", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if available, else cpu); "
@@ -818,6 +821,11 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--policy", nargs="+", default=[], metavar="KEY=VALUE",
                    help="run under edsc_ext.kernel_policy(KEY=VALUE, ...), e.g. vector_loads=false, to time the "
                         "kernels a switch falls back to (booleans: true/false)")
+    return p
+
+
+def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
     args.policy = _parse_policy(p, args.policy)
     args.dtypes = [d for item in args.dtypes for d in item.split(",") if d]

@@ -14,8 +14,8 @@ your own ``torch.onnx.export`` calls::
     torch.onnx.export(model, args, path, dynamo=True, opset_version=20,
                       custom_translation_table=edsc_ext.models.onnx.translation_table())
 
-Needs the packages ``onnx`` and ``onnxscript`` (``pip install "edsc-ext[deploy]"``, which also
-installs ``onnxruntime`` to run the result).
+Needs the packages ``onnx`` and ``onnxscript`` (the ``deploy`` extra: ``pip install onnx onnxscript
+onnxruntime``, onnxruntime to run the result).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def _require(name: str):
         return __import__(name)
     except ImportError as e:
         raise ImportError(f"edsc_ext.models.onnx needs the package {name!r}: pip install onnx onnxscript "
-                          f"(or pip install \"edsc-ext[deploy]\")") from e
+                          "(the deploy extra)") from e
 
 
 def _deform_sepconv_forward_onnx(input, vertical, horizontal, offset, mask, kernel_h: int, kernel_w: int,
