@@ -120,3 +120,23 @@ def test_op_benchmark_names_the_extra_that_brings_torchvision(monkeypatch):
     reason = op.peer_skip_reason("deform_conv2d", op.CPU_CASES[0])
     extra = re.search(r"the (\w+) extra", reason)
     assert extra and "torchvision" in extras()[extra.group(1)], reason
+
+
+def test_model_benchmark_quick_is_a_smoke_run(monkeypatch):
+    """--quick was 12 minutes on a 2-core CPU, most of it torch.compile: now tiny sizes and the eager
+    variants (under a minute there, 20 s measured idle), and its help says what it costs."""
+    seen = {}
+
+    def capture(args, models, variants, cases, device, argv):
+        seen.update(variants=[v.name for v in variants], cases=[c.name for c in cases], rounds=args.rounds)
+        return 0
+
+    monkeypatch.setattr(networks, "_run", capture)
+    assert networks.main(["--device", "cpu", "--quick"]) == 0
+    assert seen["variants"] == list(networks.QUICK_VARIANTS)
+    assert not [v for v in seen["variants"] if v.startswith("compiled")]
+    assert seen["cases"] == ["inference 1x3x32x32", "training 2x3x32x32"] and seen["rounds"] == 2
+    assert networks.main(["--device", "cpu", "--quick", "--variants", "compiled-fp32"]) == 0
+    assert seen["variants"] == ["compiled-fp32"]  # a compile only where asked for
+    quick = next(a for a in networks.build_parser()._actions if "--quick" in a.option_strings)
+    assert "minute" in quick.help and "compil" in quick.help

@@ -3,7 +3,7 @@ each execution variant, against the original code's composition in float32.
 
     python -m edsc_ext.model_benchmark                      # the issue's sizes, every default variant
     python -m edsc_ext.model_benchmark --models EDSC_s --variants fused-fp16-cl,graph-fp16-cl
-    python -m edsc_ext.model_benchmark --device cpu --quick # a smoke run on tiny sizes
+    python -m edsc_ext.model_benchmark --device cpu --quick # a smoke run: tiny sizes, eager variants
 
 A variant is ``PATH-PRECISION[-cl][-gr|-bd|-ph|-pd]``:
 
@@ -60,7 +60,9 @@ DEFAULT_VARIANTS = (BASELINE, "fused-fp32", "fused-fp32-cl", "fused-fp16", "fuse
                     "graph-fp32", "graph-fp16-cl")
 DEFAULT_SIZES = "4x256x256,1x1088x1920,1x2176x3840"
 DEFAULT_TRAIN_SIZES = "16x256x256"
-QUICK_SIZES, QUICK_TRAIN_SIZES = "1x64x64", "2x64x64"
+# --quick: a smoke run of every eager path (a compile takes minutes on a CPU; ask for one with --variants).
+QUICK_SIZES, QUICK_TRAIN_SIZES = "1x32x32", "2x32x32"
+QUICK_VARIANTS = (BASELINE, "fused-fp32", "fused-bf16-cl", "graph-fp32")
 
 
 HEAD_LAYOUT_FLAGS = {"gr": "grouped", "bd": "block_diagonal", "ph": "per_head", "pd": "padded"}
@@ -433,15 +435,19 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if available, else cpu)")
     parser.add_argument("--models", default=",".join(MODEL_NAMES), help="comma-separated (default: %(default)s)")
-    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
-                        help="comma-separated PATH-PRECISION[-cl][-gr|-bd|-ph|-pd] (default: %(default)s)")
+    parser.add_argument("--variants", default=None,
+                        help="comma-separated PATH-PRECISION[-cl][-gr|-bd|-ph|-pd] (default: "
+                             f"{','.join(DEFAULT_VARIANTS)}; --quick: {','.join(QUICK_VARIANTS)})")
     parser.add_argument("--sizes", default=None, help=f"inference NxHxW list (default: {DEFAULT_SIZES}; "
                                                       f"--quick: {QUICK_SIZES}); '' for none")
     parser.add_argument("--train-sizes", default=None, help=f"training-step NxHxW list (default: "
                                                             f"{DEFAULT_TRAIN_SIZES}; --quick: {QUICK_TRAIN_SIZES}); "
                                                             "'' for none")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, 1 warm-up call and 3 rounds")
-    parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default 10; --quick 3)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"a smoke run: tiny sizes, the variants {','.join(QUICK_VARIANTS)} unless --variants, "
+                             "1 warm-up call and 2 rounds: under a minute on a 2-core CPU (20 s idle), where each "
+                             "compiled variant would add minutes of compilation per case")
+    parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default 10; --quick 2)")
     parser.add_argument("--warmup", type=int, default=None, help="warm-up calls (default 3; --quick 1)")
     parser.add_argument("--compile-mode", default="default",
                         help="torch.compile mode of the compiled variants: default, reduce-overhead, "
@@ -487,14 +493,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for name in models:
             if name not in MODEL_NAMES:
                 raise ValueError(f"--models: {name!r} is not one of {MODEL_NAMES}")
-        variants = [parse_variant(v) for v in args.variants.split(",") if v.strip()]
+        names = args.variants if args.variants is not None else ",".join(QUICK_VARIANTS if args.quick else
+                                                                          DEFAULT_VARIANTS)
+        variants = [parse_variant(v) for v in names.split(",") if v.strip()]
         sizes = args.sizes if args.sizes is not None else (QUICK_SIZES if args.quick else DEFAULT_SIZES)
         train_sizes = args.train_sizes if args.train_sizes is not None else (
             QUICK_TRAIN_SIZES if args.quick else DEFAULT_TRAIN_SIZES)
         cases = parse_sizes(sizes, "inference", "--sizes") + parse_sizes(train_sizes, "training", "--train-sizes")
     except ValueError as e:
         parser.error(str(e))
-    args.rounds = args.rounds if args.rounds is not None else (3 if args.quick else 10)
+    args.rounds = args.rounds if args.rounds is not None else (2 if args.quick else 10)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
     if args.rounds < 1 or args.warmup < 1:
         parser.error(f"--rounds and --warmup must be at least 1, got {args.rounds} and {args.warmup}")
