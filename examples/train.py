@@ -48,8 +48,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
+from edsc_ext.apps.common import progress
 from edsc_ext.apps.images import read_image
-from edsc_ext.interpolate import progress
 from edsc_ext.models import EDSC, MODEL_NAMES, SAMPLINGS, load_checkpoint, save_checkpoint
 
 TRIPLET_NAMES = (("im1.png", "im2.png", "im3.png"), ("frame10.png", "frame10i11.png", "frame11.png"))
@@ -198,7 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "default: choose by the epoch's mean training loss, within this run")
     p.add_argument("--out", required=True, metavar="DIR",
                    help="checkpoint folder, created if missing; holds model_last.pth and model_best.pth")
-    p.add_argument("--model", choices=MODEL_NAMES, default="EDSC_s")
+    p.add_argument("--model", choices=MODEL_NAMES, default="EDSC_s",
+                   help="EDSC_s (midpoints only) or EDSC_m (any time in (0, 1)); default EDSC_s")
     p.add_argument("--sampling", choices=SAMPLINGS, default="compat",
                    help="'compat' keeps checkpoints interchangeable with the original code (default)")
     p.add_argument("--kernel-size", type=_odd_positive_int, default=5, help="taps per axis, odd (default 5)")
@@ -209,16 +210,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=_int_at_least(1), default=8, help="per process (default 8)")
     p.add_argument("--crop", type=_int_at_least(SIZE_MULTIPLE), default=256,
                    help=f"training crop size, rounded down to a multiple of {SIZE_MULTIPLE} (default 256)")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--no-augment", action="store_true")
+    p.add_argument("--lr", type=float, default=1e-3, help="Adamax's learning rate (default 1e-3)")
+    p.add_argument("--no-augment", action="store_true",
+                   help="centre crops in file order: no random crops, flips, time reversal or shuffling")
     p.add_argument("--amp", action="store_true", help="mixed precision (float16 + GradScaler on CUDA, bfloat16 on CPU)")
     p.add_argument("--workers", type=_int_at_least(0), default=default_workers(),
                    help="data-loading processes per training process; default: the usable cores (divided among "
                         f"torchrun's processes on this host), at most {MAX_DEFAULT_WORKERS}; here "
                         f"{default_workers()}")
-    p.add_argument("--device", default=None, help="default: this process's GPU under torchrun, cuda, or cpu")
+    p.add_argument("--device", default=None,
+                   help="default: this process's GPU under torchrun, else cuda if available, else cpu")
     p.add_argument("--resume", default=None, metavar="CHECKPOINT", help="checkpoint to continue from")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the augmentation and the shuffling (default 0; each torchrun process adds "
+                        "its rank)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p

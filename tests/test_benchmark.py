@@ -1,4 +1,4 @@
-"""The benchmark script (edsc_ext.benchmark): a CPU smoke run and the floor byte counting."""
+"""The op benchmark (edsc_ext.benchmarks.op): a CPU smoke run and the floor byte counting."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import edsc_ext
-from edsc_ext import benchmark
-from edsc_ext.benchmark import Case, floor_bytes
+from edsc_ext.benchmarks import op as benchmark
+from edsc_ext.benchmarks.op import Case, floor_bytes
 
 
 def test_main_cpu_quick_writes_json(tmp_path, capsys):
@@ -223,18 +223,18 @@ def test_peer_check_catches_a_wrong_peer(monkeypatch):
 
 
 def test_model_flag_runs_the_model_benchmark(monkeypatch):
-    from edsc_ext import model_benchmark
+    from edsc_ext.benchmarks import networks
 
     seen = []
-    monkeypatch.setattr(model_benchmark, "main", lambda argv=None: seen.append(argv) or 0)
+    monkeypatch.setattr(networks, "main", lambda argv=None: seen.append(argv) or 0)
     assert benchmark.main(["--model", "--device", "cpu", "--quick"]) == 0
     assert seen == [["--device", "cpu", "--quick"]]
 
 
 def test_video_flag_runs_the_video_benchmark(monkeypatch):
-    from edsc_ext.apps import video_benchmark
+    from edsc_ext.benchmarks import video
 
     seen = []
-    monkeypatch.setattr(video_benchmark, "main", lambda argv=None: seen.append(argv) or 0)
+    monkeypatch.setattr(video, "main", lambda argv=None: seen.append(argv) or 0)
     assert benchmark.main(["--video", "--device", "cpu"]) == 0
     assert seen == [["--device", "cpu"]]

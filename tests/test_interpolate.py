@@ -27,14 +27,14 @@ import numpy as np
 import pytest
 import torch
 
-from edsc_ext import evaluate, interpolate
+from edsc_ext.apps import evaluate, interpolate
 from edsc_ext.models import EDSC_m, EDSC_s, save_checkpoint
 
 from conftest import needs_shared_data, rel_error, requires_cuda, shared_data_path
 
 MISSING = [m for m in ("av", "PIL", "tqdm") if importlib.util.find_spec(m) is None]
 needs_apps = pytest.mark.skipif(bool(MISSING), reason=f"needs the apps extra ({', '.join(MISSING)} missing): "
-                                                      'pip install "edsc-ext[apps]"')
+                                                      'pip install tqdm pillow av')
 if not MISSING:
     import av
     from PIL import Image
@@ -460,7 +460,7 @@ def test_evaluate_reports_bad_weights_in_one_line(tmp_path, weights, capsys, kin
 
 
 def test_cli_module_entry_points_help():
-    for module, needle in (("edsc_ext.interpolate", "--video"), ("edsc_ext.evaluate", "--weights")):
+    for module, needle in (("edsc_ext.apps.interpolate", "--video"), ("edsc_ext.apps.evaluate", "--weights")):
         result = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120)
         assert result.returncode == 0 and needle in result.stdout, result.stderr
 
@@ -1182,7 +1182,7 @@ def test_a_missing_apps_package_is_one_line_naming_the_extra(tmp_path, weights, 
             "PIL": ["--weights", weights["EDSC_s"], first, second, "-o", tmp_path / "o.png", "--device", "cpu"],
             "tqdm": video_argv(weights, "EDSC_s", clip, tmp_path / "o.mp4")[:-1]}[module]
     rc, _, err = run_cli(argv, capsys)
-    assert_one_line_error(rc, err, f"'{module}' package", 'pip install "edsc-ext[apps]"')
+    assert_one_line_error(rc, err, f"'{module}' package", 'pip install tqdm pillow av')
 
 
 @needs_apps
@@ -1431,7 +1431,7 @@ def test_a_failing_compile_falls_back_to_the_eager_network_in_one_line(tmp_path,
 
 @needs_apps
 def test_video_benchmark_reports_model_tool_and_io_rates(tmp_path, capsys):
-    from edsc_ext.apps import video_benchmark
+    from edsc_ext.benchmarks import video as video_benchmark
 
     path = tmp_path / "video.json"
     rc = video_benchmark.main(["--size", "64x32", "--frames", "3", "--device", "cpu", "--repeat", "1",

@@ -22,10 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from edsc_ext import compat, model_benchmark
-from edsc_ext import models as models_module
 from edsc_ext.apps import images
-from edsc_ext.models import (
+from edsc_ext.benchmarks import networks as model_benchmark
+from edsc_ext.models import compat
+from edsc_ext.models import networks as models_module
+from edsc_ext.models.networks import (
     EDSC,
     FRAME_HEADS,
     HEAD_LAYOUTS,
@@ -88,7 +89,7 @@ def test_checkpoint_in_the_original_format_loads(models, tmp_path):
     raw = torch.load(tmp_path / "saved.pth", weights_only=True)
     assert set(raw) == {"model_state", "epoch"} and list(raw["model_state"]) == list(model.state_dict())
     with pytest.raises(ValueError, match="EDSC_m"):
-        from edsc_ext.interpolate import load_model
+        from edsc_ext.apps.engine import load_model
         load_model(tmp_path / "saved.pth", "EDSC_m")
     with pytest.raises(RuntimeError):  # a wrong variant into an existing model: shapes differ
         load_checkpoint(tmp_path / "saved.pth", EDSC_m())
@@ -855,7 +856,7 @@ class _RecordedProgress:
         self.bars = []
 
     def __call__(self, iterable=None, **kwargs):
-        from edsc_ext.interpolate import progress
+        from edsc_ext.apps.common import progress
 
         self.bars.append(progress(iterable, **kwargs))
         return self.bars[-1]

@@ -15,7 +15,8 @@ import statistics
 import torch
 
 import edsc_ext
-from edsc_ext import benchmark as B
+from edsc_ext.benchmarks import harness
+from edsc_ext.benchmarks import op as B
 
 
 def max_relative_difference(a, b) -> float:
@@ -85,7 +86,7 @@ def main() -> int:
     if unknown:
         parser.error(f"--cases: unknown {unknown}; expected some of {sorted(catalogue)}")
     bandwidth = B.measure_copy_bandwidth(device)["gbps"]
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else B._cpu_name()
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else harness.cpu_name()
     print(f"{name}, torch {torch.__version__}, edsc_ext {edsc_ext.__version__}, copy {bandwidth:.0f} GB/s; "
           f"A = {args.a or 'defaults'}, B = {args.b or 'defaults'}", flush=True)
     fmt = torch.channels_last if args.channels_last else torch.contiguous_format

@@ -8,9 +8,9 @@ import argparse
 import torch
 
 import edsc_ext
-from edsc_ext.benchmark import _parse_policy  # the benchmark's --policy, the same keywords and checks
+from edsc_ext.benchmarks.op import _parse_policy  # the benchmark's --policy, the same keywords and checks
 
-# N, C, H, W, dilation of the benchmark's cases (edsc_ext/benchmark.py).
+# N, C, H, W, dilation of the benchmark's cases (edsc_ext/benchmarks/op.py).
 CASES = {"train": (16, 3, 256, 256, 1), "feat": (4, 32, 256, 256, 1), "adacof": (8, 3, 256, 256, 2)}
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -21,7 +21,8 @@ from typing import Iterator, Optional
 __all__ = ["UserError", "require", "progress", "OneLineParser", "atomic_path", "describe_os_error",
            "refuse_input_as_output", "signals_stop_the_run", "Stopped", "time_in_unit_interval", "EXTRA_HINT"]
 
-EXTRA_HINT = 'pip install "edsc-ext[apps]"'
+# The apps extra's packages (pyproject.toml), installable whether edsc-ext came from a checkout or a wheel.
+EXTRA_HINT = 'pip install tqdm pillow av (the "apps" extra)'
 
 
 class UserError(ValueError):

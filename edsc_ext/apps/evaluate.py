@@ -1,17 +1,19 @@
 """PSNR and SSIM of an EDSC checkpoint on the Middlebury interpolation frames, as a table.
 
-    python -m edsc_ext.evaluate --weights EDSC_s.pth [--data ../shared/data/middlebury] [--device cuda]
+    python -m edsc_ext.apps.evaluate --weights EDSC_s.pth --data middlebury/ [--device cuda]
 
-Each sequence folder holds ``frame10.png``, ``frame11.png`` and the true middle frame
-``frame10i11.png``. The interpolated frame is rounded to 8 bits (as it would be saved) before
-scoring. PSNR is over all RGB values (peak 1); SSIM is the usual Gaussian-window SSIM (11x11,
-sigma 1.5, K1=0.01, K2=0.03 on the 0..255 scale), averaged over the image and the three channels.
+``--data`` is a folder of sequence folders (Beanbags/, Venus/, ...), each holding ``frame10.png``,
+``frame11.png`` and the true middle frame ``frame10i11.png``: Middlebury's "other" color frames
+(other-color-twoframes) with their interpolation ground truth (other-gt-interp), from
+https://vision.middlebury.edu/flow/data/, merged per sequence. The interpolated frame is rounded to
+8 bits (as it would be saved) before scoring. PSNR is over all RGB values (peak 1); SSIM is the usual
+Gaussian-window SSIM (11x11, sigma 1.5, K1=0.01, K2=0.03 on the 0..255 scale), averaged over the image
+and the three channels.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import sys
 from pathlib import Path
 from typing import List, Optional, Sequence
@@ -63,19 +65,13 @@ def ssim(output: Tensor, target: Tensor, window: int = 11, sigma: float = 1.5) -
     return value.mean().item()
 
 
-def find_middlebury(data: Optional[str] = None) -> Path:
-    """The Middlebury folder: ``data`` if given, else ``../shared/data/middlebury`` relative to the
-    working directory or to the source checkout, else ``$EDSC_MIDDLEBURY``."""
-    candidates = [Path(data)] if data else [
-        Path(os.environ["EDSC_MIDDLEBURY"]) if os.environ.get("EDSC_MIDDLEBURY") else None,
-        Path("../shared/data/middlebury"),
-        Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "middlebury",
-    ]
-    for path in candidates:
-        if path is not None and path.is_dir():
-            return path
-    raise FileNotFoundError("Middlebury frames not found: pass --data DIR (a folder of sequence folders holding "
-                            f"{FIRST}, {SECOND} and {TRUTH})")
+def find_middlebury(data: str) -> Path:
+    """The Middlebury folder ``data``, which must exist."""
+    path = Path(data)
+    if not path.is_dir():
+        raise FileNotFoundError(f"--data {data}: no such folder (expected a folder of sequence folders holding "
+                                f"{FIRST}, {SECOND} and {TRUTH})")
+    return path
 
 
 def sequences_in(root: Path, names: Optional[Sequence[str]] = None) -> List[Path]:
@@ -125,20 +121,29 @@ def format_table(rows: List[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = OneLineParser(prog="python -m edsc_ext.evaluate",
-                                     description="PSNR/SSIM of an EDSC checkpoint on the Middlebury frames.")
+def build_parser() -> OneLineParser:
+    parser = OneLineParser(prog="python -m edsc_ext.apps.evaluate",
+                           description="PSNR/SSIM of an EDSC checkpoint on the Middlebury frames.")
     parser.add_argument("--weights", required=True, help="checkpoint ({'model_state': ...} as released)")
     parser.add_argument("--model", choices=MODEL_NAMES, default=None, help="default: read off the weights")
-    parser.add_argument("--data", default=None, help="Middlebury folder (default: ../shared/data/middlebury)")
+    parser.add_argument("--data", required=True, metavar="DIR",
+                        help=f"a folder of sequence folders, each holding {FIRST}, {SECOND} and {TRUTH} "
+                             "(Middlebury's other-color-twoframes and other-gt-interp, merged)")
     parser.add_argument("--sequences", default=None, help="comma-separated subset, e.g. Beanbags,Venus")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
-    parser.add_argument("--sampling", choices=SAMPLINGS, default="compat")
+    parser.add_argument("--sampling", choices=SAMPLINGS, default="compat",
+                        help="the network's sampling: compat (the original layer, as the released weights expect) "
+                             "or clean (centred taps, for networks trained that way); default compat")
     parser.add_argument("--time", type=time_in_unit_interval, default=0.5,
                         help="time to interpolate, in (0, 1) (EDSC_s: 0.5 only; default 0.5; the truth is the "
                              "midpoint)")
     parser.add_argument("--crop", type=int, default=None, help="score a centred SIZExSIZE crop only (quick checks)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # usage errors: one line, exit code 2, returned like the others

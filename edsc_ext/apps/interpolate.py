@@ -17,7 +17,7 @@ bounded queues; see :mod:`edsc_ext.apps.timing` for where the output frames sit 
 measure, :mod:`edsc_ext.apps.engine` for batches and tiles, :mod:`edsc_ext.apps.video` for the
 codec, CRF, pixel format and the copied audio. Outputs are written under a temporary name and
 renamed at the end; a missing output folder is created (and said so). Bad input is one line on
-stderr and exit code 2. Also runnable as ``python -m edsc_ext.interpolate``.
+stderr and exit code 2. Also runnable as ``python -m edsc_ext.apps.interpolate``.
 """
 
 from __future__ import annotations
@@ -502,7 +502,7 @@ def build_parser() -> OneLineParser:
                "  edsc-interpolate --weights EDSC_s.pth --video clip.mp4 -o clip_x2.mp4\n"
                "  edsc-interpolate --weights EDSC_m.pth --video clip.mp4 -o clip_60.mp4 --fps 60\n"
                "  edsc-interpolate --weights EDSC_s.pth --video frames/ -o frames_x4/ --factor 4\n"
-               "\nBad input is reported in one line, exit code 2. Needs: pip install \"edsc-ext[apps]\"")
+               "\nBad input is reported in one line, exit code 2. Needs: pip install tqdm pillow av")
     parser.add_argument("frames", nargs="*", metavar="FRAME", help="the two input images (pair mode)")
     parser.add_argument("-o", "--output", required=True,
                         help="output image (pair mode), or video file / folder of frames (--video); a missing "

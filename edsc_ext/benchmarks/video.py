@@ -1,9 +1,9 @@
 """Throughput of ``edsc-interpolate``'s video path (issue #21): x2 of a generated clip, against the
 network alone, in one run.
 
-    python -m edsc_ext.apps.video_benchmark                          # 1920x1080, 48 frames, random EDSC_s
-    python -m edsc_ext.apps.video_benchmark --half --batch 2 --json video.json
-    python -m edsc_ext.apps.video_benchmark --size 640x360 --frames 24 --device cpu --repeat 1
+    python -m edsc_ext.benchmarks.video                          # 1920x1080, 48 frames, random EDSC_s
+    python -m edsc_ext.benchmarks.video --half --batch 2 --json video.json
+    python -m edsc_ext.benchmarks.video --size 640x360 --frames 24 --device cpu --repeat 1
 
 Each figure is new (interpolated) frames per second, the median of ``--repeat`` runs:
 
@@ -40,12 +40,13 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+from ..apps.common import OneLineParser, UserError, cudnn_autotuning, require
+from ..apps.engine import Interpolator, default_device, load_model
+from ..apps.frames import to_model
+from ..apps.interpolate import Source, interpolate_video, open_source, stream_frames
+from ..apps.timing import Schedule
 from ..models import EDSC_s
-from .common import OneLineParser, UserError, cudnn_autotuning, require
-from .engine import Interpolator, default_device, load_model
-from .frames import to_model
-from .interpolate import Source, interpolate_video, open_source, stream_frames
-from .timing import Schedule
+from . import harness
 
 __all__ = ["main", "make_clip", "BlendInterpolator"]
 
@@ -102,18 +103,6 @@ class NullSink:
         pass
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return f"{torch.cuda.get_device_name(device)} (torch {torch.__version__})"
-    return f"CPU {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads (torch " \
-           f"{torch.__version__})"
-
-
 def _parse_size(text: str):
     try:
         width, height = (int(v) for v in text.lower().split("x"))
@@ -125,7 +114,7 @@ def _parse_size(text: str):
 
 
 def build_parser() -> OneLineParser:
-    parser = OneLineParser(prog="python -m edsc_ext.apps.video_benchmark",
+    parser = OneLineParser(prog="python -m edsc_ext.benchmarks.video",
                            description="Throughput of edsc-interpolate's video path against the network alone.")
     parser.add_argument("--size", type=_parse_size, default=(1920, 1080), help="WIDTHxHEIGHT (default 1920x1080)")
     parser.add_argument("--frames", type=int, default=48, help="frames of the generated clip (default 48)")
@@ -190,7 +179,7 @@ def run(args) -> dict:
 
         def model_only():
             engine.interpolate_bgr(jobs)
-            _synchronize(device)
+            harness.synchronize(device)
 
         def tool_in_memory():
             schedule = Schedule(factor=2, start=src.times[0], tolerance=src.time_base / 2)
@@ -207,7 +196,7 @@ def run(args) -> dict:
         start = time.perf_counter()
         engine.prepare(src.height, src.width)
         engine.interpolate_bgr(jobs[:engine.batch])
-        _synchronize(device)
+        harness.synchronize(device)
         setup = time.perf_counter() - start
         tool_in_memory()
         engine.paths.clear()
@@ -231,14 +220,14 @@ def run(args) -> dict:
                      "output_frames_per_s": None if key == "model" else io.frames / seconds,
                      "vs_model": model_s / seconds})
     return {
-        "device": _device_name(device), "pyav": av.__version__, "python": platform.python_version(),
+        "device": harness.device_description(device), "pyav": av.__version__, "python": platform.python_version(),
         "clip": str(args.input) if args.input else f"generated {src.width}x{src.height}, {len(decoded)} frames, 24 fps",
         "width": src.width, "height": src.height, "frames": len(decoded), "new_frames": new_frames,
         "output_frames": io.frames, "weights": weights, "batch": engine.batch, "precision": engine.precision,
         "network": ", ".join(sorted(engine.paths)), "blend": bool(args.blend), "encoding": io.encoding,
         "host_layout": layout.format, "setup_s": setup, "repeat": args.repeat, "rows": rows,
         "cudnn_benchmark": torch.backends.cudnn.benchmark,
-        "command": " ".join(["python -m edsc_ext.apps.video_benchmark", *sys.argv[1:]]) if sys.argv else "",
+        "command": " ".join(["python -m edsc_ext.benchmarks.video", *sys.argv[1:]]) if sys.argv else "",
     }
 
 

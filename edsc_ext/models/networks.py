@@ -10,7 +10,7 @@ BGR channel order (OpenCV's), H and W multiples of 32 (:meth:`EDSC.interpolate` 
 for you).
 
 ``sampling="compat"`` (the default) reproduces the original layer exactly (taps one pixel up-left of
-centred, border pixels counted twice past the frame; see :mod:`edsc_ext.compat`): use it with the
+centred, border pixels counted twice past the frame; see :mod:`edsc_ext.models.compat`): use it with the
 released weights. ``sampling="clean"`` uses :func:`edsc_ext.deform_sepconv` with centred taps and
 plain replicate padding, for networks trained with this package.
 
@@ -33,11 +33,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..ops import deform_sepconv, natively_supported
 from .compat import compat_deform_sepconv
-from .ops import deform_sepconv, natively_supported
 
 __all__ = ["HetConv2d", "EDSC", "EDSC_s", "EDSC_m", "CapturedEDSC", "load_checkpoint", "save_checkpoint",
-           "state_dict_of", "pad_to_multiple", "auto_head_layout", "SAMPLINGS", "MODEL_NAMES", "HEAD_LAYOUTS"]
+           "state_dict_of", "pad_to_multiple", "auto_head_layout", "upsample2x", "SAMPLINGS", "MODEL_NAMES",
+           "HEAD_LAYOUTS", "SIZE_MULTIPLE"]
 
 SAMPLINGS = ("compat", "clean")
 # How the fused heads run: "grouped" (the first layers as one convolution, the others grouped),
