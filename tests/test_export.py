@@ -24,8 +24,7 @@ import pytest
 import torch
 
 import edsc_ext
-from edsc_ext import compat, models
-from edsc_ext.models import EDSC
+from edsc_ext.models import EDSC, compat, networks
 
 from conftest import ALL_PRESENT, PADDING_MODES, present_id, requires_cuda
 
@@ -310,8 +309,8 @@ def test_export_edsc_cuda_configuration_without_gpu(name, monkeypatch):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     padded_heads = []
-    real_padded_head = models._padded_head
-    monkeypatch.setattr(models, "_padded_head", lambda *a: padded_heads.append(1) or real_padded_head(*a))
+    real_padded_head = networks._padded_head
+    monkeypatch.setattr(networks, "_padded_head", lambda *a: padded_heads.append(1) or real_padded_head(*a))
     multiple = name == "EDSC_m"
 
     def frames(n, h, w):
