@@ -3,10 +3,6 @@
 // instruction-set switch their parallel loops run under, and the loop constants.
 #pragma once
 
-#include <ATen/Dispatch.h>
-#include <ATen/OpMathType.h>
-#include <ATen/Parallel.h>
-
 #include <algorithm>
 #include <cstdint>
 
@@ -35,7 +31,7 @@ namespace {
 // tensors' param_t, accumulating in acc_t).
 #define EDSC_DISPATCH_CPU_CALL(name, t, kernel_h, kernel_w, ...)                            \
   EDSC_DISPATCH_FRAME_AND_PARAM_TYPES((t).input.scalar_type(), (t).param_dtype, name, [&] { \
-    using acc_t = at::opmath_type<scalar_t>;                                                \
+    using acc_t = opmath_t<scalar_t>;                                                       \
     EDSC_DISPATCH_CPU_SHAPE(t, kernel_h, kernel_w, __VA_ARGS__);                            \
   })
 
@@ -74,7 +70,7 @@ constexpr int64_t kPixelGrain = 1024;
 template <typename index_t, typename Pixel>
 void for_each_output_pixel(bool avx2, int64_t batch, int64_t height, int64_t width, const Pixel& pixel) {
   const int64_t hw = height * width;
-  at::parallel_for(0, batch * hw, kPixelGrain, [&](int64_t begin, int64_t end) {
+  torch::stable::parallel_for(0, batch * hw, kPixelGrain, [&](int64_t begin, int64_t end) {
     run_for_cpu(avx2, [&]() EDSC_CPU_INLINE {
       for (int64_t k = begin; k < end; ++k) {
         pixel(static_cast<index_t>(k / hw), static_cast<index_t>((k % hw) / width), static_cast<index_t>(k % width));

@@ -10,12 +10,12 @@ namespace edsc_ext {
 
 // Each writes `output` (allocated in the call's memory format) on the current stream.
 void launch_grid_taps_forward(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
-                              const CudaForwardPlan& plan, const at::TensorBase& output);
+                              const CudaForwardPlan& plan, const Tensor& output);
 void launch_staged_forward(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg, const CudaForwardPlan& plan,
-                           const at::TensorBase& output);
+                           const Tensor& output);
 void launch_lane_pairs_forward(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
-                               const CudaForwardPlan& plan, const at::TensorBase& output);
+                               const CudaForwardPlan& plan, const Tensor& output);
 void launch_pixels_forward(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg, const CudaForwardPlan& plan,
-                           const at::TensorBase& output);
+                           const Tensor& output);
 
 }  // namespace edsc_ext
