@@ -348,8 +348,8 @@ def _autocast_promote(input, *per_pixel):
 
 
 # --------------------------------------------------------------------------------------------
-# Kernel plans: which kernels a call runs (the planners in src/cpu/deform_sepconv_plan.h and
-# src/cuda/deform_sepconv_plan.h).
+# Kernel plans: which kernels a call runs (the planners in src/cpu/cpu_plan.h and
+# src/cuda/cuda_plan.h).
 
 
 class KernelPlans(NamedTuple):

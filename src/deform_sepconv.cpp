@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "backends.h"
-#include "cpu/deform_sepconv_plan.h"
-#include "cuda/deform_sepconv_plan.h"
+#include "cpu/cpu_plan.h"
+#include "cuda/cuda_plan.h"
 #include "edsc_ext/deform_sepconv_call.h"
 #include "edsc_ext/kernel_policy.h"
 #include "edsc_ext/ops.h"

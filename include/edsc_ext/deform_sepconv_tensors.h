@@ -11,9 +11,6 @@
 
 namespace edsc_ext {
 
-// The backward keeps one accumulator per horizontal tap; edsc_ext/ops.py has the same bound.
-constexpr int64_t kMaxKernelWidth = 128;
-
 struct DeformSepconvConfig {
   int64_t kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode;
 };

@@ -14,14 +14,11 @@
 #include <optional>
 #include <tuple>
 
-#include "edsc_ext/sampling.h"  // PaddingMode: kPaddingZeros, kPaddingBorder, kPaddingEdsc
+#include "edsc_ext/sampling.h"  // PaddingMode (kPaddingZeros, kPaddingBorder, kPaddingEdsc), kMaxKernelWidth
 
 namespace edsc_ext {
 
 using OptionalAtTensor = std::optional<at::Tensor>;
-
-// The widest horizontal kernel (KW) the ops take.
-constexpr int64_t kMaxKernelWidthApi = 128;
 
 // Bilinear samples of `input` at each output pixel's taps (offsets when given), weighted by the
 // per-pixel separable kernels (vertical (N, KH, H_out, W_out), horizontal (N, KW, ...)) and mask.

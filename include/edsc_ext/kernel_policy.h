@@ -1,5 +1,5 @@
-// The kernel policy: which kernel families the planners (src/cpu/deform_sepconv_plan.h,
-// src/cuda/deform_sepconv_plan.h) may choose, and the CPU backward's scratch budget. Python sets it
+// The kernel policy: which kernel families the planners (src/cpu/cpu_plan.h,
+// src/cuda/cuda_plan.h) may choose, and the CPU backward's scratch budget. Python sets it
 // with edsc_ext.kernel_policy(...) (edsc_ext/_policy.py, README "Kernel policy"); it is one
 // process-wide value, not per thread, because the backward of a call runs on autograd's own
 // threads. Each op call reads it once, with one atomic load, so a call sees one consistent policy

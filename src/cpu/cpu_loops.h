@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "deform_sepconv_plan.h"
+#include "cpu_plan.h"
 #include "edsc_ext/ops.h"
 
 namespace edsc_ext {
@@ -37,7 +37,7 @@ namespace {
 
 // Instruction sets: the wheels target the x86-64 baseline (SSE2), which leaves the sampling math
 // without FMA or vector rounding. On x86-64 the loops are also compiled for AVX2 + FMA (x86 CPUs
-// since 2013) and run that way where the plan says (deform_sepconv_plan.h: the CPU and torch's
+// since 2013) and run that way where the plan says (cpu_plan.h: the CPU and torch's
 // capability have them, the policy does not ask for the baseline), which is faster (BENCHMARKS.md,
 // "CPU"). Only run_avx2 is compiled for AVX2, with the loop bodies and the per-pixel code
 // force-inlined into it, so no out-of-line AVX2 code can be reached on an older CPU.

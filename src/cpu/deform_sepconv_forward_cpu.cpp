@@ -5,7 +5,7 @@
 
 #include "../backends.h"
 #include "cpu_loops.h"
-#include "deform_sepconv_plan.h"
+#include "cpu_plan.h"
 #include "edsc_ext/deform_sepconv_call.h"
 #include "edsc_ext/kernel_policy.h"
 #include "edsc_ext/ops.h"

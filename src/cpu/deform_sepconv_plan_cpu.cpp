@@ -1,9 +1,9 @@
-// The CPU planners (deform_sepconv_plan.h). Named *_cpu.cpp: the JIT build names objects by base name.
+// The CPU planners (cpu_plan.h). Named *_cpu.cpp: the JIT build names objects by base name.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
-#include "deform_sepconv_plan.h"
+#include "cpu_plan.h"
 #include "edsc_ext/torch_stable.h"
 
 namespace edsc_ext {

@@ -1,6 +1,6 @@
 // CUDA backward of deform_sepconv: the host entry point. It takes a device guard from the input and
 // launches on that device's current stream, so a tensor on cuda:1 works whatever the current
-// device is. plan_cuda_backward (deform_sepconv_plan.h) chooses the kernels: the grid-tap ones
+// device is. plan_cuda_backward (cuda_plan.h) chooses the kernels: the grid-tap ones
 // (deform_sepconv_grid_taps_input_grad_cuda.cu, deform_sepconv_backward_grid_taps_cuda.cu) and the
 // bilinear one for the rest (deform_sepconv_backward_launch.cuh, compiled once per dtype).
 #include <limits>

@@ -1,5 +1,5 @@
 // Declarations shared by the translation units of the CUDA backward: the host entry point
-// (deform_sepconv_backward_cuda.cu), which plans a call (deform_sepconv_plan.h); one file per dtype
+// (deform_sepconv_backward_cuda.cu), which plans a call (cuda_plan.h); one file per dtype
 // (and per mixed-precision pair) that compiles the bilinear kernels (deform_sepconv_backward_<dtype>_cuda.cu, from
 // deform_sepconv_backward_launch.cuh), so that a parallel build compiles them at once instead
 // of one long file; and the grid-tap kernels' units.

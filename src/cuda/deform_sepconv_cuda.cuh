@@ -5,7 +5,7 @@
 #include <type_traits>
 
 #include "cuda_host.cuh"
-#include "deform_sepconv_plan.h"
+#include "cuda_plan.h"
 #include "edsc_ext/deform_sepconv_call.h"
 #include "edsc_ext/deform_sepconv_tensors.h"
 #include "edsc_ext/kernel_policy.h"

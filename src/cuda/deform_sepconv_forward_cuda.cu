@@ -1,6 +1,6 @@
 // CUDA forward of deform_sepconv: the host entry point. It takes a device guard from the input and
 // launches on that device's current stream, so a tensor on cuda:1 works whatever the current
-// device is. plan_cuda_forward (deform_sepconv_plan.h) chooses the kernel; each family has its own
+// device is. plan_cuda_forward (cuda_plan.h) chooses the kernel; each family has its own
 // unit (deform_sepconv_forward_{grid_taps,staged,lane_pairs,pixels}_cuda.cu), the per-pixel work of
 // the bilinear ones from include/edsc_ext/deform_sepconv_pixel.h.
 #include "../backends.h"

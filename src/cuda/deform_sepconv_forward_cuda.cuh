@@ -1,10 +1,10 @@
 // Declarations shared by the translation units of the CUDA forward: the host entry point
-// (deform_sepconv_forward_cuda.cu), which plans a call (deform_sepconv_plan.h), and one unit per
+// (deform_sepconv_forward_cuda.cu), which plans a call (cuda_plan.h), and one unit per
 // kernel family, each launching the plan's variant of its kernel.
 #pragma once
 
+#include "cuda_plan.h"
 #include "deform_sepconv_cuda.cuh"
-#include "deform_sepconv_plan.h"
 
 namespace edsc_ext {
 

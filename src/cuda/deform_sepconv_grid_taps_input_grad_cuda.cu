@@ -20,7 +20,7 @@
 namespace edsc_ext {
 namespace {
 
-// VirtualDomain and GatherLayout, which the planner sizes, are in deform_sepconv_plan.h.
+// VirtualDomain and GatherLayout, which the planner sizes, are in cuda_plan.h.
 
 template <int kChannels, bool kChannelsLast, typename scalar_t>
 __global__ void __launch_bounds__(kGridTileThreads)

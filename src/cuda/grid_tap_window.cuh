@@ -14,7 +14,7 @@
 namespace edsc_ext {
 
 // Weights a thread holds in registers at a time: kGridTapChunk x kGridTapChunk taps. (The tile
-// sizes and the window, GridWindow, are in deform_sepconv_plan.h, which plans these kernels.)
+// sizes and the window, GridWindow, are in cuda_plan.h, which plans these kernels.)
 constexpr int kGridTapChunk = 8;
 
 inline dim3 grid_taps_grid(const DeformSepconvTensors& t) {

@@ -1,5 +1,5 @@
 // Opting kernels in to more dynamic shared memory than the kDefaultSharedBytes a block gets by
-// default (how much they need and whether the device has it is the planner's: deform_sepconv_plan.h).
+// default (how much they need and whether the device has it is the planner's: cuda_plan.h).
 #pragma once
 
 #include <map>

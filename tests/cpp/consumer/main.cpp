@@ -25,7 +25,7 @@ int main() {
     bool ok = out.numel() == 4;
     for (int64_t k = 0; ok && k < 4; ++k) ok = std::abs(out[k].item<double>() - expected[k]) < 1e-12;
     std::printf("edsc_ext::deform_sepconv_forward (max kernel width %lld): %g %g %g %g (expected 45 57 81 93): %s\n",
-                static_cast<long long>(edsc_ext::kMaxKernelWidthApi), out[0].item<double>(), out[1].item<double>(),
+                static_cast<long long>(edsc_ext::kMaxKernelWidth), out[0].item<double>(), out[1].item<double>(),
                 out[2].item<double>(), out[3].item<double>(), ok ? "ok" : "FAIL");
     return ok ? 0 : 1;
   } catch (const std::exception& e) {
