@@ -155,20 +155,7 @@ void launch_grid_taps_param_grads(const DeformSepconvTensors& t, const DeformSep
               : launch(deform_sepconv_backward_grid_taps_cuda_kernel<kChannels, kChannelsLast, false, scalar_t>);
         });
       };
-      switch (t.input.size(1)) {
-        case 1:
-          with_channels(std::integral_constant<int, 1>{});
-          break;
-        case 2:
-          with_channels(std::integral_constant<int, 2>{});
-          break;
-        case 3:
-          with_channels(std::integral_constant<int, 3>{});
-          break;
-        default:
-          with_channels(std::integral_constant<int, 4>{});
-          break;
-      }
+      dispatch_small_channels(t.input.size(1), with_channels);
     }
   });
 }

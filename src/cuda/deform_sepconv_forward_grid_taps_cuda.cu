@@ -124,16 +124,7 @@ void launch_grid_taps_forward(const DeformSepconvTensors& t, const DeformSepconv
                  : launch(deform_sepconv_forward_grid_taps_cuda_kernel<kPass, kChannelsLast, false, scalar_t>);
         });
       };
-      switch (plan.pass_channels) {
-        case 4:
-          return dispatch_mask(std::integral_constant<int, 4>{});
-        case 3:
-          return dispatch_mask(std::integral_constant<int, 3>{});
-        case 2:
-          return dispatch_mask(std::integral_constant<int, 2>{});
-        default:
-          return dispatch_mask(std::integral_constant<int, 1>{});
-      }
+      dispatch_small_channels(plan.pass_channels, dispatch_mask);  // 4, 3, 2 or 1 (the planner's)
     }
   });
 }

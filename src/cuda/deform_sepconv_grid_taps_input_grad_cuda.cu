@@ -150,20 +150,7 @@ void launch_gather(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg
         launch(deform_sepconv_input_grad_grid_taps_cuda_kernel<kChannels, kChannelsLast, scalar_t>);
       });
     };
-    switch (channels) {
-      case 1:
-        with_channels(std::integral_constant<int, 1>{});
-        break;
-      case 2:
-        with_channels(std::integral_constant<int, 2>{});
-        break;
-      case 3:
-        with_channels(std::integral_constant<int, 3>{});
-        break;
-      default:
-        with_channels(std::integral_constant<int, 4>{});
-        break;
-    }
+    dispatch_small_channels(channels, with_channels);
     if (cfg.padding_mode == kPaddingBorder) {
       virt = fold_clamped(fold_clamped(virt, 2, -domain.y0, height), 3, -domain.x0, width);
     }

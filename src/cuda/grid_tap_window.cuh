@@ -62,4 +62,20 @@ __device__ __forceinline__ void load_grid_weights(acc_t (&w)[kGridTapChunk], con
   }
 }
 
+// Calls body(std::integral_constant<int, C>) with C the call's channel count for the grid-tap
+// kernels, which take up to kSmallChannels (4) channels as a compile-time constant.
+template <typename Body>
+void dispatch_small_channels(int64_t channels, const Body& body) {
+  switch (channels) {
+    case 1:
+      return body(std::integral_constant<int, 1>{});
+    case 2:
+      return body(std::integral_constant<int, 2>{});
+    case 3:
+      return body(std::integral_constant<int, 3>{});
+    default:
+      return body(std::integral_constant<int, 4>{});
+  }
+}
+
 }  // namespace edsc_ext
