@@ -47,7 +47,12 @@ struct KernelPolicy {
   // at 0) the input gradient takes a pass per (image, channel block) instead.
   int64_t cpu_scratch_mb = 256;
 
-  bool operator==(const KernelPolicy& other) const = default;
+  // Spelled out: torch's extension builds before 2.14 compile as C++17, which has no defaulted ==.
+  bool operator==(const KernelPolicy& other) const {
+#define EDSC_POLICY_EQUAL(name, default_value) name == other.name&&
+    return EDSC_KERNEL_POLICY_SWITCHES(EDSC_POLICY_EQUAL) cpu_scratch_mb == other.cpu_scratch_mb;
+#undef EDSC_POLICY_EQUAL
+  }
 };
 
 // The process-wide policy (one atomic load) and its replacement (one atomic store).

@@ -29,7 +29,9 @@ inline cudaStream_t current_cuda_stream(int32_t device_index) {
   EDSC_CHECK(get_stream != nullptr,
              "torch's CUDA library (libtorch_cuda.so, aoti_torch_get_current_cuda_stream) is not loaded");
   void* stream = nullptr;
-  STABLE_TORCH_ERROR_CODE_CHECK(get_stream(device_index, &stream));
+  // Checked by hand: the shim's check macro is named differently across torch releases (2.11 vs 2.14).
+  EDSC_CHECK(get_stream(device_index, &stream) == AOTI_TORCH_SUCCESS, "torch gave no current CUDA stream for device ",
+             device_index);
   return static_cast<cudaStream_t>(stream);
 }
 
