@@ -344,6 +344,8 @@ def main(argv: Optional[Sequence[str]] = None) -> List[float]:
     try:
         dataset = _open_data("--data", args.data, args.crop, augment=not args.no_augment, multiple=multiple)
         val_set = _open_data("--val", args.val, args.crop, augment=False, multiple=multiple) if args.val else None
+        # --seed decides the initial weights too (the same on every rank; DDP broadcasts rank 0's anyway).
+        torch.manual_seed(args.seed)
         model = EDSC(kernel_size=args.kernel_size, multiple=multiple, sampling=args.sampling)
         optimizer = torch.optim.Adamax(model.parameters(), lr=args.lr)
         start_epoch, step = load_resume_checkpoint(args.resume, model, optimizer) if args.resume else (0, 0)

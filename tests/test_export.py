@@ -364,34 +364,27 @@ AOTI_MODELS = ["op", "EDSC_m"]
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", AOTI_MODELS)
-def test_aoti(name, device, exported, aoti_package):
-    runner = torch._inductor.aoti_load_package(aoti_package(name, device))
+def test_aoti(name, device, exported, aoti_package, tmp_path):
+    """The package run here, then in a new process, where importing edsc_ext registers the op it calls: one
+    test, so that one compile (a minute or more each) serves both."""
+    package = aoti_package(name, device)
+    runner = torch._inductor.aoti_load_package(package)
     deployed = exported(name, device)
     for args, expected in zip(deployed.runs, deployed.expected):
         error = max_error(runner(*args), expected)
         print(f"{name} on {device}: max |AOTInductor - eager| = {error:.3g}")
         assert error < AOTI_TOL
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_aoti_fresh_process(device, exported, aoti_package, tmp_path):
-    """The packages in a new process, where importing edsc_ext registers the op they call."""
-    names = AOTI_MODELS
     data = tmp_path / "io.pt"
-    torch.save({name: (aoti_package(name, device), exported(name, device).runs) for name in names}, data)
+    torch.save(deployed.runs, data)
     run_fresh(f"""
         import torch, edsc_ext
-        cases = torch.load({str(data)!r})
-        outputs = {{}}
-        for name, (path, inputs) in cases.items():
-            runner = torch._inductor.aoti_load_package(path)
-            outputs[name] = [runner(*args) for args in inputs]
-        torch.save(outputs, {str(data)!r})
+        runner = torch._inductor.aoti_load_package({str(package)!r})
+        torch.save([runner(*args) for args in torch.load({str(data)!r})], {str(data)!r})
     """)
     outputs = torch.load(data)
-    for name in names:
-        for out, expected in zip(outputs[name], exported(name, device).expected):
-            assert max_error(out, expected) < AOTI_TOL, name
+    assert len(outputs) == len(deployed.expected)
+    for out, expected in zip(outputs, deployed.expected):
+        assert max_error(out, expected) < AOTI_TOL, f"{name} on {device}, in a new process"
 
 
 @dataclass

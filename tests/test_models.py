@@ -225,6 +225,23 @@ def test_upsampling_by_slices_equals_interpolate_in_values_and_gradients(gen, si
     assert torch.equal(models_module.Upsample2x()(x), expected)
 
 
+@pytest.mark.parametrize("strict", [False, True], ids=["nonstrict", "strict"])
+def test_exporting_is_told_apart_from_compiling(strict):
+    """upsample2x takes the slices only when compiling and not exporting. Before torch 2.13, dynamo folded
+    torch.compiler.is_exporting() to True under every torch.compile, so compiled CUDA training lost the
+    slices (the H200's compiled-training test found atomic adds again); the check must say False there."""
+
+    class Pick(torch.nn.Module):
+        def forward(self, x):
+            return x + 1 if models_module._is_exporting() else x - 1
+
+    x = torch.zeros(2)
+    assert not models_module._is_exporting()
+    assert torch.compile(Pick(), fullgraph=True, backend="eager")(x).tolist() == [-1, -1]
+    assert torch.export.export(Pick(), (x,), strict=strict).module()(x).tolist() == [1, 1]
+    assert not models_module._is_exporting()
+
+
 def test_block_diagonal_places_each_groups_weight_on_the_diagonal(gen):
     weight = torch.randn(6, 2, 3, 3, generator=gen)  # 3 groups of 2 -> 2 channels each
     dense = block_diagonal(weight, 3)
@@ -881,6 +898,23 @@ def test_train_steps_runs_exactly_that_many_steps_over_several_epochs(tmp_path, 
     assert "3/3" in captured.err
     assert f"checkpoints go to {out / 'model_last.pth'}" in captured.out
     assert str(out / "model_best.pth") in captured.out
+
+
+def test_train_seed_decides_the_initial_weights_and_the_losses(tmp_path):
+    """Two runs with one --seed train alike, loss for loss; another seed starts elsewhere. The network was
+    built before the seed was set, so its initial weights came from whatever the process had drawn."""
+    train = _load_train_script()
+    data = _write_triplet_folders(tmp_path / "data", 2)
+
+    def run(seed, out):
+        torch.manual_seed(int.from_bytes(os.urandom(4), "little"))  # the process's own state must not matter
+        losses = train.main(["--data", str(data), "--out", str(tmp_path / out), "--batch-size", "2", "--steps", "1",
+                             "--seed", str(seed), *TRAIN_FAST])
+        return losses, torch.load(tmp_path / out / "model_last.pth", weights_only=True)["model_state"]
+
+    (first, weights), (again, weights_again), (other, _) = run(3, "a"), run(3, "b"), run(4, "c")
+    assert first == again and first != other
+    assert all(torch.equal(weights[k], weights_again[k]) for k in weights)
 
 
 def test_train_compile_compiles_the_forward_with_autocast_inside(tmp_path, monkeypatch):

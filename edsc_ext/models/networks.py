@@ -146,7 +146,13 @@ def _is_compiling() -> bool:
 
 
 def _is_exporting() -> bool:
-    is_exporting = getattr(torch.compiler, "is_exporting", None)  # torch >= 2.5; False under strict export
+    # The flag behind torch.compiler.is_exporting(), read directly: before torch 2.13, dynamo folds the
+    # function itself to True under any torch.compile, which sent compiled CUDA training back to the
+    # native upsampling's atomic backward. A module global reads as what it is, guarded, in both.
+    flag = getattr(torch.compiler, "_is_exporting_flag", None)
+    if flag is not None:
+        return bool(flag)
+    is_exporting = getattr(torch.compiler, "is_exporting", None)
     return bool(is_exporting()) if is_exporting is not None else False
 
 
