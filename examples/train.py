@@ -222,8 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default: this process's GPU under torchrun, else cuda if available, else cpu")
     p.add_argument("--resume", default=None, metavar="CHECKPOINT", help="checkpoint to continue from")
     p.add_argument("--seed", type=int, default=0,
-                   help="seed of the augmentation and the shuffling (default 0; each torchrun process adds "
-                        "its rank)")
+                   help="seed of the initial weights, the augmentation and the shuffling (default 0; for the "
+                        "augmentation and shuffling each torchrun process adds its rank)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
