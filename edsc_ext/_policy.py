@@ -1,5 +1,5 @@
-"""The kernel policy: which kernel families the planners may choose (src/cpu/deform_sepconv_plan.h,
-src/cuda/deform_sepconv_plan.h), and the CPU backward's scratch budget.
+"""The kernel policy: which kernel families the planners may choose (src/cpu/cpu_plan.h,
+src/cuda/cuda_plan.h), and the CPU backward's scratch budget.
 
     with edsc_ext.kernel_policy(grid_taps=False):
         out = edsc_ext.deform_sepconv(...)   # sepconv calls run the bilinear kernels

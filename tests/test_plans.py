@@ -1,5 +1,5 @@
 """Kernel plans and the kernel policy: which kernels a call runs (edsc_ext._plan, the planners in
-src/cpu/deform_sepconv_plan.h and src/cuda/deform_sepconv_plan.h) and how edsc_ext.kernel_policy
+src/cpu/cpu_plan.h and src/cuda/cuda_plan.h) and how edsc_ext.kernel_policy
 changes that. The table test lists the plans of representative calls, for this CPU build and for
 an H200, so that a change of selection shows in review; it describes the calls with meta tensors,
 so it needs neither the memory of the benchmark sizes nor a GPU."""

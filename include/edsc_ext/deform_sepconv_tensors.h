@@ -1,22 +1,15 @@
-// The tensors of one deform_sepconv call and the kernel parameters made from them, in terms of
-// at::TensorBase only: the kernels' translation units include this rather than edsc_ext/ops.h,
-// since at::Tensor's header (every operator as a method) is most of a CUDA unit's compile time
-// (the way ATen's own .cu files use TensorBase). Host code works with edsc_ext/ops.h.
+// The tensors of one deform_sepconv call and the kernel parameters made from them (stable-ABI
+// tensors, edsc_ext/torch_stable.h), for the backends' host code and the kernels' units.
 #pragma once
-
-#include <ATen/Dispatch.h>
-#include <ATen/core/TensorBase.h>
 
 #include <array>
 #include <cstdint>
 #include <optional>
 
 #include "edsc_ext/deform_sepconv_pixel.h"
+#include "edsc_ext/torch_stable.h"
 
 namespace edsc_ext {
-
-// The backward keeps one accumulator per horizontal tap; edsc_ext/ops.py has the same bound.
-constexpr int64_t kMaxKernelWidth = 128;
 
 struct DeformSepconvConfig {
   int64_t kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode;
@@ -27,37 +20,35 @@ struct DeformSepconvConfig {
 // Absent optional tensors stay undefined.
 struct DeformSepconvTensors {
   // offset_dx defined: split offsets, offset holding dy and offset_dx dx (DeformSepconvParams).
-  at::TensorBase input, vertical, horizontal, offset, mask, grad_output, offset_dx;
+  Tensor input, vertical, horizontal, offset, mask, grad_output, offset_dx;
   int64_t height_out = 0, width_out = 0;
   // The dtype of the per-pixel tensors (vertical, horizontal, offset, mask, offset_dx), which all
   // share one: the input's, or float16 / bfloat16 with a float32 input (mixed precision). The
   // input's when none is given.
-  at::ScalarType param_dtype = at::ScalarType::Undefined;
+  ScalarType param_dtype = ScalarType::Undefined;
   bool use_32bit_indexing = true;
   bool channels_last = false;   // the call's layout; kernels take it as kChannelsLast (EDSC_DISPATCH_LAYOUT)
   bool dense_per_pixel = true;  // every present per-pixel tensor is dense in memory_format()
 
-  at::MemoryFormat memory_format() const {
-    return channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
-  }
+  MemoryFormat memory_format() const { return channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous; }
 };
 
 // The batch and pixel strides (elements) at which the kernels can read a 4-D per-pixel tensor in
 // place in the call's layout: element (n, k, y, x) at n * batch + (y * W + x) * pixel + k * HW in
 // NCHW (pixel 1), + k in channels_last; nullopt where its strides are of another pattern.
-std::optional<PerPixelStrides<int64_t>> per_pixel_strides(const at::TensorBase& t, bool channels_last);
+std::optional<PerPixelStrides<int64_t>> per_pixel_strides(const Tensor& t, bool channels_last);
 
-// The gradients of a call (DeformSepconvGrads, edsc_ext/ops.h) as the kernels' units take them.
-using DeformSepconvGradBuffers = std::array<at::TensorBase, 6>;
+// The gradients of input, vertical, horizontal, offset, mask and offset_dx (split offsets).
+using DeformSepconvGrads = std::array<Tensor, 6>;
 constexpr int kOffsetDxGrad = 5;
 
 template <typename scalar_t>
-const scalar_t* data_or_null(const at::TensorBase& t) {
+const scalar_t* data_or_null(const Tensor& t) {
   return t.defined() ? t.const_data_ptr<scalar_t>() : nullptr;
 }
 
 template <typename scalar_t>
-scalar_t* mutable_data_or_null(const at::TensorBase& t) {
+scalar_t* mutable_data_or_null(const Tensor& t) {
   return (t.defined() && t.numel() > 0) ? t.mutable_data_ptr<scalar_t>() : nullptr;
 }
 
@@ -71,7 +62,7 @@ DeformSepconvParams<scalar_t, index_t, param_t> make_params(const DeformSepconvT
   p.offset = data_or_null<param_t>(t.offset);
   p.offset_dx = data_or_null<param_t>(t.offset_dx);
   p.mask = data_or_null<param_t>(t.mask);
-  const auto strides = [&](const at::TensorBase& v) {
+  const auto strides = [&](const Tensor& v) {
     if (!v.defined()) return PerPixelStrides<index_t>{0, 0};
     const PerPixelStrides<int64_t> s = per_pixel_strides(v, t.channels_last).value();  // prepare checked it
     return PerPixelStrides<index_t>{static_cast<index_t>(s.batch), static_cast<index_t>(s.pixel)};
@@ -101,9 +92,8 @@ DeformSepconvParams<scalar_t, index_t, param_t> make_params(const DeformSepconvT
   return p;
 }
 
-// grads: DeformSepconvGrads or DeformSepconvGradBuffers.
-template <typename scalar_t, typename Grads>
-DeformSepconvParamGrads<scalar_t> make_param_grads(const Grads& grads) {
+template <typename scalar_t>
+DeformSepconvParamGrads<scalar_t> make_param_grads(const DeformSepconvGrads& grads) {
   return {mutable_data_or_null<scalar_t>(grads[1]), mutable_data_or_null<scalar_t>(grads[2]),
           mutable_data_or_null<scalar_t>(grads[3]), mutable_data_or_null<scalar_t>(grads[4]),
           mutable_data_or_null<scalar_t>(grads[kOffsetDxGrad])};
@@ -112,25 +102,26 @@ DeformSepconvParamGrads<scalar_t> make_param_grads(const Grads& grads) {
 // Runs `body` with scalar_t (the frame's dtype) and param_t (the per-pixel tensors', see
 // DeformSepconvTensors::param_dtype) as compile-time types: one type for the four floating dtypes,
 // or a float frame with float16 / bfloat16 per-pixel tensors (prepare_deform_sepconv allows no other).
-#define EDSC_DISPATCH_FRAME_AND_PARAM_TYPES(frame_dtype, param_dtype, name, ...)                                      \
-  [&] {                                                                                                               \
-    const at::ScalarType edsc_frame_dtype = (frame_dtype), edsc_param_dtype = (param_dtype);                          \
-    if (edsc_param_dtype == edsc_frame_dtype) {                                                                       \
-      return AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, edsc_frame_dtype, name, [&] {                  \
-        using param_t = scalar_t;                                                                                     \
-        return __VA_ARGS__();                                                                                         \
-      });                                                                                                             \
-    }                                                                                                                 \
-    TORCH_CHECK(                                                                                                      \
-        edsc_frame_dtype == at::kFloat && (edsc_param_dtype == at::kHalf || edsc_param_dtype == at::kBFloat16), name, \
-        ": no kernels for a ", edsc_frame_dtype, " frame with ", edsc_param_dtype, " per-pixel tensors");             \
-    using scalar_t = float;                                                                                           \
-    if (edsc_param_dtype == at::kHalf) {                                                                              \
-      using param_t = at::Half;                                                                                       \
-      return __VA_ARGS__();                                                                                           \
-    }                                                                                                                 \
-    using param_t = at::BFloat16;                                                                                     \
-    return __VA_ARGS__();                                                                                             \
+#define EDSC_DISPATCH_FRAME_AND_PARAM_TYPES(frame_dtype, param_dtype, name, ...)                                     \
+  [&] {                                                                                                              \
+    const ::edsc_ext::ScalarType edsc_frame_dtype = (frame_dtype), edsc_param_dtype = (param_dtype);                 \
+    if (edsc_param_dtype == edsc_frame_dtype) {                                                                      \
+      return EDSC_DISPATCH_FLOATING_TYPES(edsc_frame_dtype, name, [&] {                                              \
+        using param_t = scalar_t;                                                                                    \
+        return __VA_ARGS__();                                                                                        \
+      });                                                                                                            \
+    }                                                                                                                \
+    EDSC_CHECK(                                                                                                      \
+        edsc_frame_dtype == ::edsc_ext::ScalarType::Float && (edsc_param_dtype == ::edsc_ext::ScalarType::Half ||    \
+                                                              edsc_param_dtype == ::edsc_ext::ScalarType::BFloat16), \
+        name, ": no kernels for a ", edsc_frame_dtype, " frame with ", edsc_param_dtype, " per-pixel tensors");      \
+    using scalar_t = float;                                                                                          \
+    if (edsc_param_dtype == ::edsc_ext::ScalarType::Half) {                                                          \
+      using param_t = ::edsc_ext::Half;                                                                              \
+      return __VA_ARGS__();                                                                                          \
+    }                                                                                                                \
+    using param_t = ::edsc_ext::BFloat16;                                                                            \
+    return __VA_ARGS__();                                                                                            \
   }()
 
 // Runs body.template operator()<index_t>() with 32-bit indices when every offset fits.

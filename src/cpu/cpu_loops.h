@@ -3,14 +3,10 @@
 // instruction-set switch their parallel loops run under, and the loop constants.
 #pragma once
 
-#include <ATen/Dispatch.h>
-#include <ATen/OpMathType.h>
-#include <ATen/Parallel.h>
-
 #include <algorithm>
 #include <cstdint>
 
-#include "deform_sepconv_plan.h"
+#include "cpu_plan.h"
 #include "edsc_ext/ops.h"
 
 namespace edsc_ext {
@@ -35,13 +31,13 @@ namespace {
 // tensors' param_t, accumulating in acc_t).
 #define EDSC_DISPATCH_CPU_CALL(name, t, kernel_h, kernel_w, ...)                            \
   EDSC_DISPATCH_FRAME_AND_PARAM_TYPES((t).input.scalar_type(), (t).param_dtype, name, [&] { \
-    using acc_t = at::opmath_type<scalar_t>;                                                \
+    using acc_t = opmath_t<scalar_t>;                                                       \
     EDSC_DISPATCH_CPU_SHAPE(t, kernel_h, kernel_w, __VA_ARGS__);                            \
   })
 
 // Instruction sets: the wheels target the x86-64 baseline (SSE2), which leaves the sampling math
 // without FMA or vector rounding. On x86-64 the loops are also compiled for AVX2 + FMA (x86 CPUs
-// since 2013) and run that way where the plan says (deform_sepconv_plan.h: the CPU and torch's
+// since 2013) and run that way where the plan says (cpu_plan.h: the CPU and torch's
 // capability have them, the policy does not ask for the baseline), which is faster (BENCHMARKS.md,
 // "CPU"). Only run_avx2 is compiled for AVX2, with the loop bodies and the per-pixel code
 // force-inlined into it, so no out-of-line AVX2 code can be reached on an older CPU.
@@ -74,7 +70,7 @@ constexpr int64_t kPixelGrain = 1024;
 template <typename index_t, typename Pixel>
 void for_each_output_pixel(bool avx2, int64_t batch, int64_t height, int64_t width, const Pixel& pixel) {
   const int64_t hw = height * width;
-  at::parallel_for(0, batch * hw, kPixelGrain, [&](int64_t begin, int64_t end) {
+  torch::stable::parallel_for(0, batch * hw, kPixelGrain, [&](int64_t begin, int64_t end) {
     run_for_cpu(avx2, [&]() EDSC_CPU_INLINE {
       for (int64_t k = begin; k < end; ++k) {
         pixel(static_cast<index_t>(k / hw), static_cast<index_t>((k % hw) / width), static_cast<index_t>(k % width));

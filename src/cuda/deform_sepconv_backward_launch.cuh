@@ -11,12 +11,12 @@ namespace edsc_ext {
 
 template <typename scalar_t, typename param_t>
 void launch_deform_sepconv_backward(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
-                                    const CudaBackwardPlan& plan, const DeformSepconvGradBuffers& grads,
-                                    const at::TensorBase& grad_input_acc, const FixedPointInputGrad& fixed_point) {
-  const at::TensorBase& input = t.input;
+                                    const CudaBackwardPlan& plan, const DeformSepconvGrads& grads,
+                                    const Tensor& grad_input_acc, const FixedPointInputGrad& fixed_point) {
+  const Tensor& input = t.input;
   const int64_t pixels = input.size(0) * t.height_out * t.width_out;
-  const auto stream = c10::cuda::getCurrentCUDAStream(input.device().index());
-  using acc_t = at::opmath_type<scalar_t>;
+  const auto stream = current_cuda_stream(input.get_device_index());
+  using acc_t = opmath_t<scalar_t>;
   const bool deterministic = plan.deterministic;
   acc_t* grad_input = grad_input_acc.defined() ? grad_input_acc.mutable_data_ptr<acc_t>() : nullptr;
   const DeformSepconvParamGrads<param_t> param_grads =
@@ -27,8 +27,8 @@ void launch_deform_sepconv_backward(const DeformSepconvTensors& t, const DeformS
     // float32 and the half types, 32-bit indices, whole blocks of kPixelVectorBlock (the planner's).
     if constexpr (std::is_same_v<acc_t, float>) {
       using index_t = int32_t;
-      TORCH_INTERNAL_ASSERT(t.use_32bit_indexing && t.channels_last && input.size(1) % kPixelVectorBlock == 0,
-                            "backward: the channel lanes were planned for a call they do not take");
+      EDSC_CHECK(t.use_32bit_indexing && t.channels_last && input.size(1) % kPixelVectorBlock == 0,
+                 "backward: the channel lanes were planned for a call they do not take");
       EDSC_DISPATCH_KERNEL_SIZE(cfg.kernel_h, cfg.kernel_w, [&] {
         constexpr int kMaxWidth = kKernelW > 0 ? kKernelW : static_cast<int>(kMaxKernelWidth);
         const auto p = make_params<scalar_t, index_t, param_t>(t, cfg);
@@ -39,11 +39,11 @@ void launch_deform_sepconv_backward(const DeformSepconvTensors& t, const DeformS
             <<<static_cast<unsigned int>((threads + kThreadsPerBlock - 1) / kThreadsPerBlock), kThreadsPerBlock, 0,
                stream>>>(p, t.grad_output.const_data_ptr<scalar_t>(), param_grads, add, plan.kernel_input_grad,
                          plan.lanes_log2, pixels);
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        EDSC_CUDA_KERNEL_LAUNCH_CHECK();
       });
       return;
     }
-    TORCH_INTERNAL_ASSERT(false, "backward: the channel lanes were planned for float64");
+    EDSC_CHECK(false, "backward: the channel lanes were planned for float64");
   }
 
   EDSC_DISPATCH_INDEX_TYPE(t.use_32bit_indexing, [&] {
@@ -79,7 +79,7 @@ void launch_deform_sepconv_backward(const DeformSepconvTensors& t, const DeformS
                         p, go, param_grads, add, static_cast<index_t>(footprint.rows),
                         static_cast<index_t>(footprint.cols), static_cast<index_t>(footprint.channels_per_pass),
                         plan.prefetch);
-                    C10_CUDA_KERNEL_LAUNCH_CHECK();
+                    EDSC_CUDA_KERNEL_LAUNCH_CHECK();
                   };
                   // The staged buffers hold the frame's dtype (the planner keeps mixed precision away).
                   constexpr bool kCanStage = kChannelsLast && kFixedPointTile && kKernelH == kWarpStagedKernel &&
@@ -121,15 +121,14 @@ void launch_deform_sepconv_backward(const DeformSepconvTensors& t, const DeformS
               return;
             }
           }
-          TORCH_INTERNAL_ASSERT(plan.kernel == CudaBackwardKernel::kPixels,
-                                "backward: the plan's kernel is not compiled ",
-                                "for this call (tiled with 64-bit indices)");
+          EDSC_CHECK(plan.kernel == CudaBackwardKernel::kPixels, "backward: the plan's kernel is not compiled ",
+                     "for this call (tiled with 64-bit indices)");
           with_global_add([&](auto add) {
             deform_sepconv_backward_cuda_kernel<kChannelBlock, kKernelH, kKernelW, kMaxWidth, kChannelsLast, scalar_t,
                                                 index_t, decltype(add), param_t>
                 <<<blocks_for(pixels), kThreadsPerBlock, 0, stream>>>(p, go, param_grads, add, plan.kernel_input_grad,
                                                                       pixels);
-            C10_CUDA_KERNEL_LAUNCH_CHECK();
+            EDSC_CUDA_KERNEL_LAUNCH_CHECK();
           });
         });
       });

@@ -2,19 +2,10 @@
 // device facts the planners take, the channel-block dispatch and the asynchronous copies.
 #pragma once
 
-// Only the headers the kernels' units need: nvcc compiles each unit's host code more than once, and
-// <ATen/ATen.h> (every operator) made about a third of a unit's compile time, at::Tensor's header
-// most of the rest; the kernels' units see tensors as at::TensorBase (deform_sepconv_tensors.h).
-// The host entry points, which allocate and call other operators, include what they use.
-#include <ATen/OpMathType.h>
-#include <ATen/cuda/CUDAContextLight.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-
 #include <type_traits>
 
-#include "deform_sepconv_plan.h"
+#include "cuda_host.cuh"
+#include "cuda_plan.h"
 #include "edsc_ext/deform_sepconv_call.h"
 #include "edsc_ext/deform_sepconv_tensors.h"
 #include "edsc_ext/kernel_policy.h"

@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, (min_blocks_per_multiprocess
       "prefetch: NCHW, static square kernels, 32-bit indices");
   static_assert(!kVectorLoads || (kChannelsLast && !kExactBlock), "vector loads: channels_last, whole blocks");
   decltype(auto) p = with_exact_block<kExactBlock, kChannelBlock>(params);
-  using acc_t = at::opmath_type<scalar_t>;
+  using acc_t = opmath_t<scalar_t>;
   const index_t hw = p.height_out * p.width_out;
   const index_t channel_blocks = (p.channels + kChannelBlock - 1) / kChannelBlock;
   for (int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < work_items;
@@ -78,8 +78,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock, (min_blocks_per_multiprocess
 }  // namespace
 
 void launch_pixels_forward(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg, const CudaForwardPlan& plan,
-                           const at::TensorBase& output) {
-  const auto stream = c10::cuda::getCurrentCUDAStream(t.input.device().index());
+                           const Tensor& output) {
+  const auto stream = current_cuda_stream(t.input.get_device_index());
   // Mixed precision (per-pixel tensors in a half type, a float32 frame) is read here as it is.
   EDSC_DISPATCH_FRAME_AND_PARAM_TYPES(t.input.scalar_type(), t.param_dtype, "deform_sepconv_forward_pixels_cuda", [&] {
     EDSC_DISPATCH_INDEX_TYPE(t.use_32bit_indexing, [&] {
@@ -91,7 +91,7 @@ void launch_pixels_forward(const DeformSepconvTensors& t, const DeformSepconvCon
         EDSC_DISPATCH_LAYOUT(t.channels_last, [&] {
           const auto launch = [&](auto kernel) {
             kernel<<<blocks_for(work_items), kThreadsPerBlock, 0, stream>>>(p, out, work_items);
-            C10_CUDA_KERNEL_LAUNCH_CHECK();
+            EDSC_CUDA_KERNEL_LAUNCH_CHECK();
           };
           constexpr bool kSpecialized =
               kKernelH == kSpecializedKernel && kKernelW == kSpecializedKernel && std::is_same_v<index_t, int32_t>;

@@ -1,10 +1,10 @@
-// The CUDA planners (deform_sepconv_plan.h), plain C++ compiled into every build. The conditions
+// The CUDA planners (cuda_plan.h), plain C++ compiled into every build. The conditions
 // below are the kernels' requirements (what they were written and measured for); BENCHMARKS.md has
 // the measurements behind the choices. Named *_cuda.cpp: the JIT build names objects by base name.
 #include <algorithm>
 #include <limits>
 
-#include "deform_sepconv_plan.h"
+#include "cuda_plan.h"
 
 namespace edsc_ext {
 namespace {

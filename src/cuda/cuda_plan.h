@@ -57,7 +57,7 @@ constexpr int kStagedPixels = 128;
 constexpr int64_t kStagedElementSize = 2;
 constexpr int64_t kStagedMinMajor = 8;
 
-// Backward tile (deform_sepconv_backward_tiled.cuh): a warp spans 32 consecutive x, so per-pixel
+// Backward tile (deform_sepconv_backward_bilinear_kernels.cuh): a warp spans 32 consecutive x, so per-pixel
 // loads and stores stay coalesced; offsets up to kTileMargin pixels beyond the kernel's reach still
 // land in the shared-memory footprint of kTileSharedBytes (the default per-block limit, no opt-in).
 constexpr int kTileW = 32;
@@ -72,7 +72,7 @@ constexpr int64_t kTileElementBytes = 8;
 constexpr int64_t kFixedPointMaxTaps = (int64_t(1) << 16) / kTileThreads;
 
 // Static shared memory of the warp-staged backward tile (WarpStagedBuffers<scalar_t, 5> per warp
-// and the bound's per-warp sums; deform_sepconv_backward_tiled.cuh checks it against the kernel).
+// and the bound's per-warp sums; deform_sepconv_backward_bilinear_kernels.cuh checks it against the kernel).
 constexpr int64_t warp_staged_static_bytes(int64_t element_size) {
   const int64_t k = kSpecializedKernel, row = int64_t(kWarpSize) * k;
   const int64_t per_warp = 2 * row * element_size + 2 * row * 2 * element_size + 2 * row * element_size + 4 * kWarpSize;
