@@ -80,8 +80,10 @@ if [ -z "${PYTEST_WORKERS+set}" ] && python3 -c "import xdist" 2>/dev/null; then
 # Single-device tests in parallel (PYTEST_WORKERS, pytest-xdist), then the multi-GPU ones alone:
 # they measure memory and launches on the card the others would be using.
 step "pytest"
+# worksteal: xdist's default hands each worker a contiguous quarter of the suite up front, which put every
+# export and AOTInductor test on one worker and made it the whole run's tail.
 python3 -X faulthandler -m pytest -v -rs -p no:cacheprovider -m "${PYTEST_MARKS:-not multi_gpu}" --durations=10 \
-  ${PYTEST_WORKERS:+-n "$PYTEST_WORKERS"} "${pytest_args[@]}" > "$OUT/pytest.log" 2>&1 || status=1
+  ${PYTEST_WORKERS:+-n "$PYTEST_WORKERS" --dist worksteal} "${pytest_args[@]}" > "$OUT/pytest.log" 2>&1 || status=1
 grep -E "FAILED|ERROR|passed|failed" "$OUT/pytest.log" | tail -25
 step "pytest (multi-GPU)"
 python3 -X faulthandler -m pytest -v -rs -p no:cacheprovider -m multi_gpu "$REPO/tests" >> "$OUT/pytest.log" 2>&1 \

@@ -188,13 +188,14 @@ def _first_frame_facts(path: Path) -> dict:
         raise UserError(f"{path}: no frame could be decoded")
     facts = {"frame_format": frame.format.name, "frame_colorspace": _tag(frame, "colorspace", 2),
              "frame_color_range": _tag(frame, "color_range", 0)}
-    for side in frame.side_data:
-        if side.type == av.sidedata.sidedata.Type.DISPLAYMATRIX and len(bytes(side)) >= 36:
-            matrix = tuple(int(v) for v in np.frombuffer(bytes(side)[:36], dtype=np.int32))
-            turn = round(float(frame.rotation or 0))
-            facts["display_matrix"] = matrix
-            facts["rotation"] = turn % 360 if turn % 90 == 0 else 0
-            facts["mirrored"] = matrix[0] * matrix[4] - matrix[1] * matrix[3] < 0
+    # Looked up by type: PyAV 19 iterates side_data's keys (a Mapping), PyAV 18 and older its values.
+    side = frame.side_data.get(av.sidedata.sidedata.Type.DISPLAYMATRIX)
+    if side is not None and len(bytes(side)) >= 36:
+        matrix = tuple(int(v) for v in np.frombuffer(bytes(side)[:36], dtype=np.int32))
+        turn = round(float(frame.rotation or 0))
+        facts["display_matrix"] = matrix
+        facts["rotation"] = turn % 360 if turn % 90 == 0 else 0
+        facts["mirrored"] = matrix[0] * matrix[4] - matrix[1] * matrix[3] < 0
     return facts
 
 
