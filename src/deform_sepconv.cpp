@@ -19,18 +19,21 @@ namespace edsc_ext {
 namespace {
 
 // `dtype`: the dtype the tensor must have, named by `dtype_source` in the message. in_place: kept as
-// it is where the kernels can follow its strides (per_pixel_strides), else made dense.
-Tensor checked_optional(const OptionalTensor& t, const char* name, const Tensor& input, int64_t channels,
-                        int64_t height_out, int64_t width_out, MemoryFormat format, ScalarType dtype,
-                        const char* dtype_source, bool in_place = false) {
-  if (!t.has_value() || !t->defined()) return Tensor();
+// it is where the kernels can follow its strides (per_pixel_strides), else made dense. nullopt
+// where t is absent (or undefined).
+OptionalTensor checked_optional(const OptionalTensor& t, const char* name, const Tensor& input,
+                                const torch::stable::Device& device, int64_t channels, int64_t height_out,
+                                int64_t width_out, MemoryFormat format, ScalarType dtype, const char* dtype_source,
+                                bool in_place = false) {
+  if (!t.has_value() || !t->defined()) return std::nullopt;
   const Tensor& v = *t;
-  EDSC_CHECK(v.device() == input.device(), name, " is on ", DeviceOf{v}, " but input is on ", DeviceOf{input},
+  EDSC_CHECK(v.device() == device, name, " is on ", DeviceOf{v}, " but input is on ", DeviceOf{input},
              "; all tensors must be on one device");
   EDSC_CHECK(v.scalar_type() == dtype, name, " has dtype ", v.scalar_type(), " but ", dtype_source, " has dtype ",
              dtype);
-  EDSC_CHECK(v.dim() == 4 && v.size(0) == input.size(0) && v.size(1) == channels && v.size(2) == height_out &&
-                 v.size(3) == width_out,
+  const auto sizes = v.sizes();
+  EDSC_CHECK(sizes.size() == 4 && sizes[0] == input.size(0) && sizes[1] == channels && sizes[2] == height_out &&
+                 sizes[3] == width_out,
              name, " must have shape (", input.size(0), ", ", channels, ", ", height_out, ", ", width_out, "), got ",
              ShapeOf{v});
   if (in_place && per_pixel_strides(v, format == MemoryFormat::ChannelsLast).has_value()) return v;
@@ -56,17 +59,18 @@ bool is_floating(ScalarType dtype) {
 // The largest element offset a tensor's strides reach (0 for an empty one).
 int64_t largest_offset(const Tensor& t) {
   if (t.numel() == 0) return 0;
+  const auto sizes = t.sizes(), strides = t.strides();
   int64_t offset = 0;
-  for (int64_t d = 0; d < t.dim(); ++d) offset += (t.size(d) - 1) * t.stride(d);
+  for (size_t d = 0; d < sizes.size(); ++d) offset += (sizes[d] - 1) * strides[d];
   return offset;
 }
 
 bool fits_int32(int64_t v) { return v >= 0 && v <= std::numeric_limits<int32_t>::max(); }
 
 // The largest of 16, 8, 4, 2, 1 that the tensor's start address is a multiple of (16 for a meta
-// tensor, which has no address: plans for a described call assume allocator alignment).
-int64_t start_alignment(const Tensor& t) {
-  const bool meta = t.device().type() == torch::headeronly::DeviceType::Meta;
+// tensor, which has no address: plans for a described call assume allocator alignment). `meta`:
+// the call's tensors are on the meta device (they share one device).
+int64_t start_alignment(const Tensor& t, bool meta) {
   const uintptr_t address = meta ? 0 : reinterpret_cast<uintptr_t>(t.const_data_ptr());
   for (const int64_t bytes : {16, 8, 4, 2}) {
     if (address % bytes == 0) return bytes;
@@ -137,14 +141,15 @@ KernelPolicyTuple get_kernel_policy_op() {
 }  // namespace
 
 std::optional<PerPixelStrides<int64_t>> per_pixel_strides(const Tensor& t, bool channels_last) {
-  if (t.dim() != 4) return std::nullopt;
-  const int64_t K = t.size(1), H = t.size(2), W = t.size(3);
+  const auto size = t.sizes(), stride = t.strides();  // one shim call each
+  if (size.size() != 4) return std::nullopt;
+  const int64_t K = size[1], H = size[2], W = size[3];
   // A dimension of size 1 may have any stride: only the others are checked.
-  const auto has = [&](int64_t d, int64_t stride) { return t.size(d) <= 1 || t.stride(d) == stride; };
-  const int64_t batch = t.size(0) > 1 ? t.stride(0) : 0;
+  const auto has = [&](int64_t d, int64_t expected) { return size[d] <= 1 || stride[d] == expected; };
+  const int64_t batch = size[0] > 1 ? stride[0] : 0;
   if (channels_last) {
     // (y * W + x) * pixel + k: pixel from x's stride, or y's where W is 1.
-    const int64_t pixel = W > 1 ? t.stride(3) : (H > 1 ? t.stride(2) : K);
+    const int64_t pixel = W > 1 ? stride[3] : (H > 1 ? stride[2] : K);
     if (has(1, 1) && has(3, pixel) && has(2, W * pixel)) return PerPixelStrides<int64_t>{batch, pixel};
     return std::nullopt;
   }
@@ -157,8 +162,10 @@ DeformSepconvTensors prepare_deform_sepconv(const Tensor& input, const OptionalT
                                             const OptionalTensor& mask, const DeformSepconvConfig& cfg,
                                             const Tensor* grad_output, const OptionalTensor& offset_dx) {
   EDSC_CHECK(input.dim() == 4, "input must be 4-D (N, C, H, W), got shape ", ShapeOf{input});
-  EDSC_CHECK(is_floating(input.scalar_type()), "input must be float64, float32, float16 or bfloat16, got ",
-             input.scalar_type());
+  // Each of a stable Tensor's accessors is a call into torch: the input's facts are read once.
+  const ScalarType input_dtype = input.scalar_type();
+  const auto input_sizes = input.sizes();
+  EDSC_CHECK(is_floating(input_dtype), "input must be float64, float32, float16 or bfloat16, got ", input_dtype);
   EDSC_CHECK(cfg.kernel_h >= 1 && cfg.kernel_w >= 1, "kernel size must be >= 1, got (", cfg.kernel_h, ", ",
              cfg.kernel_w, ")");
   EDSC_CHECK(cfg.kernel_w <= kMaxKernelWidth, "kernel width KW=", cfg.kernel_w, " exceeds the supported maximum ",
@@ -173,19 +180,19 @@ DeformSepconvTensors prepare_deform_sepconv(const Tensor& input, const OptionalT
   EDSC_CHECK(!split_offsets || (offset.has_value() && offset->defined()),
              "offset_dx is given but offset (the dy of split offsets) is not");
 
-  DeformSepconvTensors t;
-  t.height_out = input.size(2) + 2 * cfg.pad_h - cfg.dilation_h * (cfg.kernel_h - 1);
-  t.width_out = input.size(3) + 2 * cfg.pad_w - cfg.dilation_w * (cfg.kernel_w - 1);
+  const bool channels_last = wants_channels_last(input);
+  const MemoryFormat format = channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
+  DeformSepconvTensors t{contiguous_in(input, format)};
+  t.channels_last = channels_last;
+  t.height_out = input_sizes[2] + 2 * cfg.pad_h - cfg.dilation_h * (cfg.kernel_h - 1);
+  t.width_out = input_sizes[3] + 2 * cfg.pad_w - cfg.dilation_w * (cfg.kernel_w - 1);
   EDSC_CHECK(t.height_out >= 0 && t.width_out >= 0, "output size (", t.height_out, ", ", t.width_out,
              ") is negative for input of shape ", ShapeOf{input});
   const int64_t taps = cfg.kernel_h * cfg.kernel_w;
-  t.channels_last = wants_channels_last(input);
-  const MemoryFormat format = t.memory_format();
-  t.input = contiguous_in(input, format);
   // The per-pixel tensors share the first present one's dtype: the input's, or float16 / bfloat16
   // with a float32 input (mixed precision).
   const char* param_source = "input";
-  t.param_dtype = input.scalar_type();
+  t.param_dtype = input_dtype;
   const std::pair<const OptionalTensor*, const char*> per_pixel[] = {
       {&vertical, "vertical"}, {&horizontal, "horizontal"}, {&offset, "offset"}, {&mask, "mask"}};
   for (const auto& [tensor, name] : per_pixel) {
@@ -195,16 +202,17 @@ DeformSepconvTensors prepare_deform_sepconv(const Tensor& input, const OptionalT
       break;
     }
   }
-  const bool mixed = t.param_dtype != input.scalar_type();
-  EDSC_CHECK(!mixed || (input.scalar_type() == ScalarType::Float &&
+  const bool mixed = t.param_dtype != input_dtype;
+  EDSC_CHECK(!mixed || (input_dtype == ScalarType::Float &&
                         (t.param_dtype == ScalarType::Half || t.param_dtype == ScalarType::BFloat16)),
-             param_source, " has dtype ", t.param_dtype, " but input has dtype ", input.scalar_type(),
+             param_source, " has dtype ", t.param_dtype, " but input has dtype ", input_dtype,
              "; per-pixel tensors must have the input's dtype, or float16 / bfloat16 with a float32 input");
   // The backward's gradients are dense and share the values' indexing: only a forward reads views.
   const bool in_place = grad_output == nullptr;
+  const torch::stable::Device device = input.device();
   const auto checked = [&](const OptionalTensor& v, const char* name, int64_t channels) {
-    return checked_optional(v, name, input, channels, t.height_out, t.width_out, format, t.param_dtype, param_source,
-                            in_place);
+    return checked_optional(v, name, input, device, channels, t.height_out, t.width_out, format, t.param_dtype,
+                            param_source, in_place);
   };
   t.vertical = checked(vertical, "vertical", cfg.kernel_h);
   t.horizontal = checked(horizontal, "horizontal", cfg.kernel_w);
@@ -212,24 +220,25 @@ DeformSepconvTensors prepare_deform_sepconv(const Tensor& input, const OptionalT
   t.offset_dx = checked(offset_dx, "offset_dx", taps);
   t.mask = checked(mask, "mask", taps);
   if (grad_output) {
-    t.grad_output = checked_optional(*grad_output, "grad_output", input, input.size(1), t.height_out, t.width_out,
-                                     format, input.scalar_type(), "input");
+    t.grad_output = checked_optional(*grad_output, "grad_output", input, device, input_sizes[1], t.height_out,
+                                     t.width_out, format, input_dtype, "input");
+    EDSC_CHECK(t.grad_output.has_value(), "grad_output must be a defined tensor");
   }
 
   // 32-bit indices when every element offset (and every coordinate term) fits.
-  const int64_t output_numel = input.size(0) * input.size(1) * t.height_out * t.width_out;
-  const int64_t per_pixel_numel = input.size(0) * 2 * taps * t.height_out * t.width_out;
+  const int64_t output_numel = input_sizes[0] * input_sizes[1] * t.height_out * t.width_out;
+  const int64_t per_pixel_numel = input_sizes[0] * 2 * taps * t.height_out * t.width_out;
   int64_t per_pixel_reach = 0;
-  for (const Tensor* v : {&t.vertical, &t.horizontal, &t.offset, &t.mask, &t.offset_dx}) {
-    if (v->defined()) {
-      per_pixel_reach = std::max(per_pixel_reach, largest_offset(*v));
-      t.dense_per_pixel = t.dense_per_pixel && is_dense_in(*v, format);
+  for (const OptionalTensor* v : {&t.vertical, &t.horizontal, &t.offset, &t.mask, &t.offset_dx}) {
+    if (v->has_value()) {
+      per_pixel_reach = std::max(per_pixel_reach, largest_offset(**v));
+      t.dense_per_pixel = t.dense_per_pixel && is_dense_in(**v, format);
     }
   }
   t.use_32bit_indexing =
       fits_int32(input.numel()) && fits_int32(output_numel) && fits_int32(per_pixel_numel) &&
       fits_int32(per_pixel_reach) &&
-      fits_int32(input.size(0) * std::max(cfg.kernel_h, cfg.kernel_w) * t.height_out * t.width_out) &&
+      fits_int32(input_sizes[0] * std::max(cfg.kernel_h, cfg.kernel_w) * t.height_out * t.width_out) &&
       fits_int32(4 * std::max(cfg.pad_h, cfg.pad_w)) &&
       fits_int32(4 * std::max(cfg.dilation_h * cfg.kernel_h, cfg.dilation_w * cfg.kernel_w));
   return t;
@@ -238,10 +247,11 @@ DeformSepconvTensors prepare_deform_sepconv(const Tensor& input, const OptionalT
 DeformSepconvCall describe_call(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
                                 const std::array<bool, 5>& output_mask, bool deterministic) {
   DeformSepconvCall c;
-  c.batch = t.input.size(0);
-  c.channels = t.input.size(1);
-  c.height_in = t.input.size(2);
-  c.width_in = t.input.size(3);
+  const auto sizes = t.input.sizes();
+  c.batch = sizes[0];
+  c.channels = sizes[1];
+  c.height_in = sizes[2];
+  c.width_in = sizes[3];
   c.height_out = t.height_out;
   c.width_out = t.width_out;
   c.cfg = cfg;
@@ -249,21 +259,27 @@ DeformSepconvCall describe_call(const DeformSepconvTensors& t, const DeformSepco
   c.param_element_size = dtype_size(t.param_dtype);
   c.channels_last = t.channels_last;
   c.use_32bit_indexing = t.use_32bit_indexing;
-  c.has_vertical = t.vertical.defined();
-  c.has_horizontal = t.horizontal.defined();
-  c.has_offset = t.offset.defined();
-  c.has_mask = t.mask.defined();
-  c.split_offsets = t.offset_dx.defined();
+  c.has_vertical = t.vertical.has_value();
+  c.has_horizontal = t.horizontal.has_value();
+  c.has_offset = t.offset.has_value();
+  c.has_mask = t.mask.has_value();
+  c.split_offsets = t.offset_dx.has_value();
   c.dense_per_pixel = t.dense_per_pixel;
-  for (const Tensor* per_pixel : {&t.vertical, &t.horizontal, &t.offset, &t.mask, &t.offset_dx}) {
-    if (per_pixel->defined()) c.per_pixel_alignment = std::min(c.per_pixel_alignment, start_alignment(*per_pixel));
+  const bool meta = t.input.device().type() == torch::headeronly::DeviceType::Meta;
+  for (const OptionalTensor* per_pixel : {&t.vertical, &t.horizontal, &t.offset, &t.mask, &t.offset_dx}) {
+    if (per_pixel->has_value()) {
+      c.per_pixel_alignment = std::min(c.per_pixel_alignment, start_alignment(**per_pixel, meta));
+    }
   }
-  c.input_alignment = start_alignment(t.input);
-  if (t.grad_output.defined()) c.grad_output_alignment = start_alignment(t.grad_output);
-  c.offset_pairs_aligned = !c.has_offset || c.split_offsets || start_alignment(t.offset) % (2 * c.element_size) == 0;
+  c.input_alignment = start_alignment(t.input, meta);
+  if (t.grad_output.has_value()) c.grad_output_alignment = start_alignment(*t.grad_output, meta);
+  c.offset_pairs_aligned =
+      !c.has_offset || c.split_offsets || start_alignment(*t.offset, meta) % (2 * c.element_size) == 0;
   // A gradient is computed where it is asked for and has elements (allocate_deform_sepconv_grads).
-  const Tensor* sources[5] = {&t.input, &t.vertical, &t.horizontal, &t.offset, &t.mask};
-  for (int k = 0; k < 5; ++k) c.grads[k] = output_mask[k] && sources[k]->defined() && sources[k]->numel() > 0;
+  c.grads[0] = output_mask[0] && t.input.numel() > 0;
+  const OptionalTensor* per_pixel[4] = {&t.vertical, &t.horizontal, &t.offset, &t.mask};
+  for (int k = 1; k < 5; ++k)
+    c.grads[k] = output_mask[k] && per_pixel[k - 1]->has_value() && (*per_pixel[k - 1])->numel() > 0;
   c.deterministic = deterministic;
   return c;
 }
@@ -279,22 +295,21 @@ std::array<bool, 5> output_mask_array(const std::vector<bool>& mask) {
 
 DeformSepconvGrads allocate_deform_sepconv_grads(const DeformSepconvTensors& t,
                                                  const std::array<bool, 5>& output_mask) {
-  const Tensor* sources[6] = {&t.input, &t.vertical, &t.horizontal, &t.offset, &t.mask, &t.offset_dx};
-  DeformSepconvGrads grads;
-  for (int k = 0; k < 6; ++k) {
-    const bool wanted = output_mask[k == kOffsetDxGrad ? 3 : k];
-    if (wanted && sources[k]->defined()) {
-      // The input gradient is accumulated into. The kernels overwrite every element of the
-      // per-pixel ones, except with no channels (the CUDA backward then launches nothing), so
-      // those skip a zero-fill pass, a full write of 2K + 3K^2 values a pixel.
-      const bool overwritten = k > 0 && t.input.size(1) > 0;
-      grads[k] = empty_in(*sources[k], sources[k]->sizes(), t.memory_format());
-      if (!overwritten) torch::stable::zero_(grads[k]);
-    } else {
-      grads[k] = empty_in(t.input, {0}, MemoryFormat::Contiguous);
-    }
-  }
-  return grads;
+  const bool has_channels = t.input.size(1) > 0;
+  const auto grad = [&](int k, const Tensor* source) {
+    if (!output_mask[k == kOffsetDxGrad ? 3 : k] || source == nullptr)
+      return empty_in(t.input, {0}, MemoryFormat::Contiguous);
+    Tensor g = empty_in(*source, source->sizes(), t.memory_format());
+    // The input gradient is accumulated into. The kernels overwrite every element of the
+    // per-pixel ones, except with no channels (the CUDA backward then launches nothing), so
+    // those skip a zero-fill pass, a full write of 2K + 3K^2 values a pixel.
+    if (k == 0 || !has_channels) fill_zeros(g);
+    return g;
+  };
+  const auto ptr = [](const OptionalTensor& v) { return v.has_value() ? &*v : nullptr; };
+  // Made in place (a default-constructed stable Tensor would allocate a handle only to drop it).
+  return {grad(0, &t.input),      grad(1, ptr(t.vertical)), grad(2, ptr(t.horizontal)),
+          grad(3, ptr(t.offset)), grad(4, ptr(t.mask)),     grad(kOffsetDxGrad, ptr(t.offset_dx))};
 }
 
 }  // namespace edsc_ext

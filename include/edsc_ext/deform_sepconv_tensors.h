@@ -17,10 +17,12 @@ struct DeformSepconvConfig {
 
 // Validated tensors of one call in one memory format (memory_format()): dense, except per-pixel
 // tensors that a backend reads in place as views (dense_per_pixel false; see prepare_deform_sepconv).
-// Absent optional tensors stay undefined.
+// Absent optional tensors are nullopt (an undefined stable Tensor would be a heap-allocated
+// handle, made and freed on every call); grad_output is there in a backward only.
 struct DeformSepconvTensors {
-  // offset_dx defined: split offsets, offset holding dy and offset_dx dx (DeformSepconvParams).
-  Tensor input, vertical, horizontal, offset, mask, grad_output, offset_dx;
+  Tensor input;
+  // offset_dx present: split offsets, offset holding dy and offset_dx dx (DeformSepconvParams).
+  OptionalTensor vertical, horizontal, offset, mask, grad_output, offset_dx;
   int64_t height_out = 0, width_out = 0;
   // The dtype of the per-pixel tensors (vertical, horizontal, offset, mask, offset_dx), which all
   // share one: the input's, or float16 / bfloat16 with a float32 input (mixed precision). The
@@ -42,29 +44,32 @@ std::optional<PerPixelStrides<int64_t>> per_pixel_strides(const Tensor& t, bool 
 using DeformSepconvGrads = std::array<Tensor, 6>;
 constexpr int kOffsetDxGrad = 5;
 
+// The data pointers of a prepared call's tensors, whose dtypes prepare_deform_sepconv checked (and
+// the dispatch macros turned into scalar_t / param_t): untyped, since the stable typed accessors
+// check the dtype again, each check a few calls into torch.
 template <typename scalar_t>
-const scalar_t* data_or_null(const Tensor& t) {
-  return t.defined() ? t.const_data_ptr<scalar_t>() : nullptr;
+const scalar_t* data_or_null(const OptionalTensor& t) {
+  return t.has_value() ? static_cast<const scalar_t*>(t->const_data_ptr()) : nullptr;
 }
 
 template <typename scalar_t>
 scalar_t* mutable_data_or_null(const Tensor& t) {
-  return (t.defined() && t.numel() > 0) ? t.mutable_data_ptr<scalar_t>() : nullptr;
+  return (t.defined() && t.numel() > 0) ? static_cast<scalar_t*>(t.mutable_data_ptr()) : nullptr;
 }
 
 template <typename scalar_t, typename index_t, typename param_t = scalar_t>
 DeformSepconvParams<scalar_t, index_t, param_t> make_params(const DeformSepconvTensors& t,
                                                             const DeformSepconvConfig& cfg) {
   DeformSepconvParams<scalar_t, index_t, param_t> p;
-  p.input = t.input.const_data_ptr<scalar_t>();
+  p.input = static_cast<const scalar_t*>(t.input.const_data_ptr());
   p.vertical = data_or_null<param_t>(t.vertical);
   p.horizontal = data_or_null<param_t>(t.horizontal);
   p.offset = data_or_null<param_t>(t.offset);
   p.offset_dx = data_or_null<param_t>(t.offset_dx);
   p.mask = data_or_null<param_t>(t.mask);
-  const auto strides = [&](const Tensor& v) {
-    if (!v.defined()) return PerPixelStrides<index_t>{0, 0};
-    const PerPixelStrides<int64_t> s = per_pixel_strides(v, t.channels_last).value();  // prepare checked it
+  const auto strides = [&](const OptionalTensor& v) {
+    if (!v.has_value()) return PerPixelStrides<index_t>{0, 0};
+    const PerPixelStrides<int64_t> s = per_pixel_strides(*v, t.channels_last).value();  // prepare checked it
     return PerPixelStrides<index_t>{static_cast<index_t>(s.batch), static_cast<index_t>(s.pixel)};
   };
   p.vertical_strides = strides(t.vertical);
@@ -72,10 +77,11 @@ DeformSepconvParams<scalar_t, index_t, param_t> make_params(const DeformSepconvT
   p.offset_strides = strides(t.offset);
   p.offset_dx_strides = strides(t.offset_dx);
   p.mask_strides = strides(t.mask);
-  p.batch = static_cast<index_t>(t.input.size(0));
-  p.channels = static_cast<index_t>(t.input.size(1));
-  p.height_in = static_cast<index_t>(t.input.size(2));
-  p.width_in = static_cast<index_t>(t.input.size(3));
+  const auto sizes = t.input.sizes();
+  p.batch = static_cast<index_t>(sizes[0]);
+  p.channels = static_cast<index_t>(sizes[1]);
+  p.height_in = static_cast<index_t>(sizes[2]);
+  p.width_in = static_cast<index_t>(sizes[3]);
   p.height_out = static_cast<index_t>(t.height_out);
   p.width_out = static_cast<index_t>(t.width_out);
   p.kernel_h = static_cast<index_t>(cfg.kernel_h);

@@ -7,6 +7,7 @@
 #include <limits>
 #include <optional>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "edsc_ext/deform_sepconv_tensors.h"
@@ -30,8 +31,8 @@ DeformSepconvTensors prepare_deform_sepconv(const Tensor& input, const OptionalT
 
 // What the backward op returns: DeformSepconvGrads as a tuple.
 using DeformSepconvBackwardResult = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
-inline DeformSepconvBackwardResult backward_result(const DeformSepconvGrads& g) {
-  return {g[0], g[1], g[2], g[3], g[4], g[5]};
+inline DeformSepconvBackwardResult backward_result(DeformSepconvGrads g) {
+  return {std::move(g[0]), std::move(g[1]), std::move(g[2]), std::move(g[3]), std::move(g[4]), std::move(g[5])};
 }
 
 // Allocates the gradient outputs in the call's memory format: zero-filled where requested (the

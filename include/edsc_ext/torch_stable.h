@@ -93,6 +93,14 @@ std::string message(const Parts&... parts) {
       throw std::runtime_error(::edsc_ext::message(__VA_ARGS__)); \
   } while (false)
 
+// Checks a shim call's error code, with torch's message where the headers can fetch it (torch 2.13
+// added STABLE_TORCH_ERROR_CODE_CHECK; 2.10-2.12 have only TORCH_ERROR_CODE_CHECK).
+#ifdef STABLE_TORCH_ERROR_CODE_CHECK
+#define EDSC_SHIM_CHECK(call) STABLE_TORCH_ERROR_CODE_CHECK(call)
+#else
+#define EDSC_SHIM_CHECK(call) TORCH_ERROR_CODE_CHECK(call)
+#endif
+
 namespace edsc_ext {
 
 // Whether t is dense in `format`: NCHW-contiguous, or channels_last as ATen's
@@ -100,11 +108,12 @@ namespace edsc_ext {
 inline bool is_dense_in(const Tensor& t, MemoryFormat format) {
   if (format != MemoryFormat::ChannelsLast) return t.is_contiguous();
   if (t.dim() != 4) return false;
+  const auto sizes = t.sizes(), strides = t.strides();  // one shim call each, not one a dimension
   int64_t expected = 1;
   for (const int64_t d : {1, 3, 2, 0}) {
-    if (t.size(d) == 1) continue;
-    if (t.stride(d) != expected) return false;
-    expected *= t.size(d);
+    if (sizes[d] == 1) continue;
+    if (strides[d] != expected) return false;
+    expected *= sizes[d];
   }
   return true;
 }
@@ -120,15 +129,62 @@ inline Tensor contiguous_in(const Tensor& t, MemoryFormat format = MemoryFormat:
 template <typename... Args>
 Tensor call_aten(const char* name, const char* overload, const Args&... args) {
   std::array<StableIValue, std::max<size_t>(sizeof...(Args), 1)> stack{torch::stable::detail::from(args)...};
-  STABLE_TORCH_ERROR_CODE_CHECK(torch_call_dispatcher(name, overload, stack.data(), TORCH_ABI_VERSION));
+  EDSC_SHIM_CHECK(torch_call_dispatcher(name, overload, stack.data(), TORCH_ABI_VERSION));
   return torch::stable::detail::to<Tensor>(stack[0]);
 }
 
-// A new tensor of t's device in `format` (dense), of t's dtype unless given.
+// The strides of a dense tensor of `sizes` in `format`, as ATen's empty(..., memory_format) makes
+// them (channels_last: get_channels_last_strides_2d; contiguous: sizes of 0 count as 1).
+inline std::array<int64_t, 4> dense_strides(torch::headeronly::IntHeaderOnlyArrayRef sizes, MemoryFormat format) {
+  std::array<int64_t, 4> strides{};
+  if (format == MemoryFormat::ChannelsLast) {
+    strides[1] = 1;
+    strides[3] = sizes[1];
+    strides[2] = strides[3] * sizes[3];
+    strides[0] = strides[2] * sizes[2];
+    return strides;
+  }
+  int64_t stride = 1;
+  for (int64_t d = static_cast<int64_t>(sizes.size()) - 1; d >= 0; --d) {
+    strides[d] = stride;
+    stride *= std::max<int64_t>(sizes[d], 1);
+  }
+  return strides;
+}
+
+// A new tensor of `like`'s device in `format` (dense; sizes of at most 4 dimensions, 4 for
+// channels_last), of like's dtype unless given. Through the shim's empty_strided, a direct call
+// into ATen: torch::stable::empty goes through the boxed dispatcher (an operator looked up by name,
+// its arguments boxed), about 1 µs a tensor, which on a small call is most of the op's overhead.
 inline Tensor empty_in(const Tensor& like, torch::headeronly::IntHeaderOnlyArrayRef sizes, MemoryFormat format,
                        std::optional<ScalarType> dtype = std::nullopt) {
-  return torch::stable::empty(sizes, dtype.value_or(like.scalar_type()), std::nullopt, like.device(), std::nullopt,
-                              format);
+  EDSC_CHECK(sizes.size() <= 4 && (format != MemoryFormat::ChannelsLast || sizes.size() == 4),
+             "empty_in: unsupported sizes for this memory format");
+  const std::array<int64_t, 4> strides = dense_strides(sizes, format);
+  int32_t dtype_code = 0, device_type = 0, device_index = 0;
+  if (dtype.has_value()) {
+    dtype_code = torch::stable::detail::to<int32_t>(torch::stable::detail::from(*dtype));
+  } else {
+    EDSC_SHIM_CHECK(aoti_torch_get_dtype(like.get(), &dtype_code));
+  }
+  EDSC_SHIM_CHECK(aoti_torch_get_device_type(like.get(), &device_type));
+  EDSC_SHIM_CHECK(aoti_torch_get_device_index(like.get(), &device_index));
+  AtenTensorHandle handle = nullptr;
+  EDSC_SHIM_CHECK(aoti_torch_empty_strided(static_cast<int64_t>(sizes.size()), sizes.data(), strides.data(), dtype_code,
+                                           device_type, device_index, &handle));
+  return Tensor(handle);
+}
+
+// Fills t with zeros, through the shim's direct call (torch::stable::zero_ goes through the boxed
+// dispatcher, see empty_in).
+inline void fill_zeros(Tensor& t) { EDSC_SHIM_CHECK(aoti_torch_zero_(t.get())); }
+
+// empty_in, zero-filled.
+inline Tensor zeros_in(const Tensor& like, torch::headeronly::IntHeaderOnlyArrayRef sizes, MemoryFormat format,
+                       std::optional<ScalarType> dtype = std::nullopt) {
+  Tensor t = empty_in(like, sizes, format, dtype);
+  fill_zeros(t);
+  return t;
 }
 
 }  // namespace edsc_ext

@@ -3,6 +3,7 @@
 #include "deform_sepconv_backward_cpu.h"
 
 #include <optional>
+#include <utility>
 
 #include "../backends.h"
 #include "cpu_plan.h"
@@ -25,11 +26,11 @@ DeformSepconvBackwardResult deform_sepconv_backward_cpu(
   auto grads = allocate_deform_sepconv_grads(t, output_mask);
   const CpuBackwardPlan plan =
       plan_cpu_backward(describe_call(t, cfg, output_mask, false), this_cpu(), kernel_policy());
-  if (plan.kernel == CpuBackwardKernel::kEmpty) return backward_result(grads);
+  if (plan.kernel == CpuBackwardKernel::kEmpty) return backward_result(std::move(grads));
 
   EDSC_DISPATCH_FRAME_AND_PARAM_TYPES(input.scalar_type(), t.param_dtype, "deform_sepconv_backward_cpu",
                                       [&] { run_deform_sepconv_backward_cpu<scalar_t, param_t>(t, cfg, plan, grads); });
-  return backward_result(grads);
+  return backward_result(std::move(grads));
 }
 
 }  // namespace edsc_ext

@@ -174,13 +174,13 @@ void run_deform_sepconv_backward_cpu(const DeformSepconvTensors& t, const Deform
   const int64_t kernel_h = cfg.kernel_h, kernel_w = cfg.kernel_w;
   EDSC_DISPATCH_CPU_SHAPE(t, kernel_h, kernel_w, [&] {
     const auto p = make_params<scalar_t, index_t, param_t>(t, cfg);
-    const scalar_t* go = t.grad_output.const_data_ptr<scalar_t>();
+    const scalar_t* go = t.grad_output->const_data_ptr<scalar_t>();
     const auto param_grads = make_param_grads<param_t>(grads);
     // Half types accumulate the input gradient in a float plane, rounded once at the end.
     constexpr bool kSeparateAcc = !std::is_same_v<acc_t, scalar_t>;
-    Tensor acc;
+    OptionalTensor acc;
     if (grads[0].numel() > 0) acc = kSeparateAcc ? torch::stable::to(grads[0], scalar_type_of<acc_t>()) : grads[0];
-    acc_t* gin = acc.defined() ? acc.mutable_data_ptr<acc_t>() : nullptr;
+    acc_t* gin = acc.has_value() ? acc->mutable_data_ptr<acc_t>() : nullptr;
     const bool avx2 = plan.avx2;
     // Calls without offsets: the row-wise backward (deform_sepconv_backward_grid_taps_row), with
     // one scratch a task.
@@ -220,9 +220,9 @@ void run_deform_sepconv_backward_cpu(const DeformSepconvTensors& t, const Deform
                                         input_pixel_stride<kChannelsLast>(p)};
       };
       if (plan.kernel != CpuBackwardKernel::kPixelsTwoPass) {
-        Tensor scratch;
-        if (bands > 1) scratch = torch::stable::new_zeros(acc, {p.batch * (bands - 1) * image});
-        acc_t* extra = scratch.defined() ? scratch.mutable_data_ptr<acc_t>() : nullptr;
+        OptionalTensor scratch;
+        if (bands > 1) scratch = zeros_in(*acc, {p.batch * (bands - 1) * image}, MemoryFormat::Contiguous);
+        acc_t* extra = scratch.has_value() ? scratch->mutable_data_ptr<acc_t>() : nullptr;
         torch::stable::parallel_for(0, p.batch * bands, 1, [&](int64_t begin, int64_t end) {
           std::optional<GridTapRowScratch<acc_t>> scratch;
           if (grid_taps) scratch.emplace(kernel_h, kernel_w, p.channels, p.width_out, p.width_in);
@@ -293,7 +293,7 @@ void run_deform_sepconv_backward_cpu(const DeformSepconvTensors& t, const Deform
         }
       }
     }
-    if (kSeparateAcc && acc.defined()) torch::stable::copy_(grads[0], acc);
+    if (kSeparateAcc && acc.has_value()) torch::stable::copy_(grads[0], *acc);
   });
 }
 

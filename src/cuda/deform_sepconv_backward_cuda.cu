@@ -27,16 +27,15 @@ FixedPointInputGrad prepare_fixed_point_input_grad(const DeformSepconvTensors& t
   const auto channel_sum = [&](const Tensor& v) {
     return torch::stable::sum(abs(v), std::vector<int64_t>{1}, false, f64);
   };
-  Tensor per_pixel = channel_max(t.grad_output);
-  per_pixel = mul(per_pixel, t.vertical.defined() ? channel_sum(t.vertical) : scalar(double(cfg.kernel_h)));
-  per_pixel = mul(per_pixel, t.horizontal.defined() ? channel_sum(t.horizontal) : scalar(double(cfg.kernel_w)));
-  if (t.mask.defined()) per_pixel = mul(per_pixel, channel_max(t.mask));
+  Tensor per_pixel = channel_max(*t.grad_output);
+  per_pixel = mul(per_pixel, t.vertical.has_value() ? channel_sum(*t.vertical) : scalar(double(cfg.kernel_h)));
+  per_pixel = mul(per_pixel, t.horizontal.has_value() ? channel_sum(*t.horizontal) : scalar(double(cfg.kernel_w)));
+  if (t.mask.has_value()) per_pixel = mul(per_pixel, channel_max(*t.mask));
   FixedPointInputGrad w;
   w.bound = mul(torch::stable::sum(per_pixel), scalar(cfg.padding_mode == kPaddingEdsc ? 4.0 : 1.0));
   w.scale = call_aten("aten::where", "self", call_aten("aten::gt", "Tensor", w.bound, scalar(0.0)),
                       call_aten("aten::div", "Tensor", scalar(4.611686018427387904e18), w.bound), scalar(1.0));
-  w.sums = empty_in(t.input, t.input.sizes(), t.memory_format(), ScalarType::Long);
-  torch::stable::zero_(w.sums);
+  w.sums = zeros_in(t.input, t.input.sizes(), t.memory_format(), ScalarType::Long);
   w.poisoned = torch::stable::new_zeros(t.input, {1}, ScalarType::Int);
   return w;
 }
@@ -91,7 +90,7 @@ DeformSepconvBackwardResult deform_sepconv_backward_cuda(
   }
   const DeformSepconvTensors& t = *prepared;
   auto grads = allocate_deform_sepconv_grads(t, output_mask);
-  if (plan.empty) return backward_result(grads);
+  if (plan.empty) return backward_result(std::move(grads));
   if (plan.gather_input_grad) launch_gather_input_grad(t, cfg, plan, grads[0]);
   if (plan.grid_tap_param_grads) launch_grid_taps_param_grads(t, cfg, plan, grads);
   if (plan.kernel != CudaBackwardKernel::kNone) {
@@ -104,8 +103,7 @@ DeformSepconvBackwardResult deform_sepconv_backward_cuda(
       Tensor grad_input_acc;
       if (plan.kernel_input_grad && !plan.deterministic) {
         if (kSeparateAcc) {
-          grad_input_acc = empty_in(input, input.sizes(), t.memory_format(), scalar_type_of<acc_t>());
-          torch::stable::zero_(grad_input_acc);
+          grad_input_acc = zeros_in(input, input.sizes(), t.memory_format(), scalar_type_of<acc_t>());
         } else {
           grad_input_acc = grads[0];
         }
@@ -115,7 +113,7 @@ DeformSepconvBackwardResult deform_sepconv_backward_cuda(
     });
     if (plan.deterministic) torch::stable::copy_(grads[0], finish_fixed_point_input_grad(fixed_point));
   }
-  return backward_result(grads);
+  return backward_result(std::move(grads));
 }
 
 }  // namespace edsc_ext

@@ -139,7 +139,7 @@ void launch_grid_taps_param_grads(const DeformSepconvTensors& t, const DeformSep
     if constexpr (sizeof(scalar_t) <= 4) {
       const auto param_grads = make_param_grads<scalar_t>(grads);
       const auto p = make_params<scalar_t, int64_t>(t, cfg);
-      const scalar_t* go = t.grad_output.const_data_ptr<scalar_t>();
+      const scalar_t* go = t.grad_output->const_data_ptr<scalar_t>();
       const GridWindow window = plan.window;
       const size_t shared = static_cast<size_t>(plan.grid_tap_shared_bytes);
       const auto launch = [&](auto kernel) {
@@ -150,7 +150,7 @@ void launch_grid_taps_param_grads(const DeformSepconvTensors& t, const DeformSep
       const auto with_channels = [&](auto channel_count) {
         constexpr int kChannels = decltype(channel_count)::value;
         EDSC_DISPATCH_LAYOUT(t.channels_last, [&] {
-          t.mask.defined()
+          t.mask.has_value()
               ? launch(deform_sepconv_backward_grid_taps_cuda_kernel<kChannels, kChannelsLast, true, scalar_t>)
               : launch(deform_sepconv_backward_grid_taps_cuda_kernel<kChannels, kChannelsLast, false, scalar_t>);
         });

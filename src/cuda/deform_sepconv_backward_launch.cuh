@@ -37,7 +37,7 @@ void launch_deform_sepconv_backward(const DeformSepconvTensors& t, const DeformS
         deform_sepconv_backward_channel_lanes_cuda_kernel<kPixelVectorBlock, kKernelH, kKernelW, kMaxWidth, scalar_t,
                                                           index_t, param_t>
             <<<static_cast<unsigned int>((threads + kThreadsPerBlock - 1) / kThreadsPerBlock), kThreadsPerBlock, 0,
-               stream>>>(p, t.grad_output.const_data_ptr<scalar_t>(), param_grads, add, plan.kernel_input_grad,
+               stream>>>(p, t.grad_output->const_data_ptr<scalar_t>(), param_grads, add, plan.kernel_input_grad,
                          plan.lanes_log2, pixels);
         EDSC_CUDA_KERNEL_LAUNCH_CHECK();
       });
@@ -51,7 +51,7 @@ void launch_deform_sepconv_backward(const DeformSepconvTensors& t, const DeformS
       EDSC_DISPATCH_CHANNEL_BLOCK(plan.channel_block, [&] {
         EDSC_DISPATCH_LAYOUT(t.channels_last, [&] {
           const auto p = make_params<scalar_t, index_t, param_t>(t, cfg);
-          const scalar_t* go = t.grad_output.const_data_ptr<scalar_t>();
+          const scalar_t* go = t.grad_output->const_data_ptr<scalar_t>();
           // Static kernel sizes hold their accumulators in registers; run-time ones in a local array.
           constexpr int kMaxWidth = kKernelW > 0 ? kKernelW : static_cast<int>(kMaxKernelWidth);
           const InputGradLayout<index_t> layout = input_grad_layout<kChannelsLast>(p);

@@ -136,7 +136,7 @@ void launch_gather(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg
     const dim3 grid(static_cast<unsigned int>((domain.width + kGridTileWidth - 1) / kGridTileWidth),
                     static_cast<unsigned int>(tile_rows), static_cast<unsigned int>(t.input.size(0)));
     const auto p = make_params<scalar_t, int64_t>(t, cfg);
-    const scalar_t* go = t.grad_output.const_data_ptr<scalar_t>();
+    const scalar_t* go = t.grad_output->const_data_ptr<scalar_t>();
     const auto stream = current_cuda_stream(t.input.get_device_index());
     const auto launch = [&](auto kernel) {
       opt_in_dynamic_shared(kernel, static_cast<size_t>(shared));
@@ -163,7 +163,7 @@ void launch_gather(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg
 
 void launch_gather_input_grad(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
                               const CudaBackwardPlan& plan, const Tensor& grad_input) {
-  EDSC_CHECK(t.input.element_size() <= 4 && t.input.size(1) <= kSmallChannels && !t.mask.defined(),
+  EDSC_CHECK(t.input.element_size() <= 4 && t.input.size(1) <= kSmallChannels && !t.mask.has_value(),
              "gathered input gradient: not planned for this call");
   EDSC_DISPATCH_FLOATING_TYPES(t.input.scalar_type(), "deform_sepconv_grid_taps_input_grad",
                                [&] { launch_gather<scalar_t>(t, cfg, plan, grad_input); });
