@@ -50,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PLAT = "manylinux_2_28_x86_64"
@@ -448,7 +449,7 @@ def matrix_row(args, label, torch_spec, published, tests_dir, run_tests, refusal
         with open(report) as f:
             installed = [item for item in json.load(f)["install"] if item["metadata"]["name"] == "edsc-ext"]
         url = installed[0]["download_info"]["url"] if installed else ""
-        source = url[len("file://"):] if url.startswith("file://") else url
+        source = urllib.parse.unquote(urllib.parse.urlparse(url).path) if url.startswith("file:") else url
         row["sha256"] = sha256(source) if os.path.isfile(source) else "?"
         row["same_file"] = row["sha256"] == digest
         if not row["same_file"]:
