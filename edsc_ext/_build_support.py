@@ -344,6 +344,18 @@ def local_version_label(cuda_version):
     return cuda_tag(cuda_version)
 
 
+# What a release publishes: one wheel per CUDA major (.github/workflows/wheels.yml), plus cpu.
+RELEASE_LABELS = {"13": "cu130", "12": "cu128"}
+
+
+def release_label(cuda_version):
+    """The published wheel for a torch built with CUDA ``cuda_version`` (None: a CPU-only torch): its
+    CUDA major's build, so that a CUDA 12.6 torch is sent to cu128, not to a cu126 page nobody publishes."""
+    if not cuda_version:
+        return "cpu"
+    return RELEASE_LABELS.get(str(cuda_version).split(".")[0], local_version_label(cuda_version))
+
+
 def torch_requirement():
     """The dependency a binary wheel declares: any torch from the stable-ABI floor on."""
     return "torch>={}.{}".format(*STABLE_ABI_FLOOR)

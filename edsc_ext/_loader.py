@@ -66,7 +66,7 @@ def remedy(problem_floor, facts):
     """The one command that fixes a mismatch: a newer torch, or the edsc-ext build of torch's CUDA."""
     if problem_floor:
         return 'pip install "torch>={}.{}"'.format(*_floor(facts))
-    wanted = bs.local_version_label(torch.version.cuda)
+    wanted = bs.release_label(torch.version.cuda)
     index = facts.get("wheel_index") or WHEEL_INDEX
     if index:
         return (f'pip install --force-reinstall --no-deps "{PYPI_NAME}=={BASE_VERSION}+{wanted}" '

@@ -71,6 +71,9 @@ def test_version_label():
     assert bs.local_version_label("13.0") == "cu130"
     assert bs.local_version_label("12.8") == "cu128"
     assert bs.local_version_label(None) == "cpu"
+    # The remedy points at what a release publishes: one wheel per CUDA major.
+    assert [bs.release_label(v) for v in ("13.0", "13.2", "12.6", "12.8", None)] == [
+        "cu130", "cu130", "cu128", "cu128", "cpu"]
     assert bs.torch_requirement() == "torch>={}.{}".format(*bs.STABLE_ABI_FLOOR)
     assert bs.STABLE_ABI_FLOOR <= (2, 11), "the H200 runs torch 2.11"
     meta = _loader.read_build_meta()
@@ -128,7 +131,7 @@ def test_refusal_is_one_line_that_says_what_to_install():
     assert below.startswith("edsc_ext 0.1.0+cu128 cannot run here: torch 2.9.1 is older than 2.10")
     assert below.endswith('pip install "torch>=2.10"')
     other_cuda = _loader.refusal(_loader.mismatch("2.10", "12.8", True, "2.14.1+cu130", "13.0"), facts)
-    wanted = bs.local_version_label(torch.version.cuda)
+    wanted = bs.release_label(torch.version.cuda)
     assert "\n" not in other_cuda and "CUDA 12.8" in other_cuda
     assert other_cuda.endswith(f'pip install --force-reinstall --no-deps "edsc-ext=={_loader.BASE_VERSION}'
                                f'+{wanted}" -f https://example.org/whl/{wanted}.html')
@@ -139,7 +142,7 @@ def test_explanation_says_what_and_how():
             "torch_cuda_version": "12.6", "with_cuda": True, "cuda_version": "12.6",
             "cuda_sass_archs": ["75", "90"], "wheel_index": "https://example.org/whl"}
     text = _loader.explain("the binary does not load", meta, cause=ImportError("libcuda.so.1: cannot open"))
-    wanted = bs.local_version_label(torch.version.cuda)
+    wanted = bs.release_label(torch.version.cuda)
     assert "built for: torch >= 2.10 with CUDA 12.6, kernels for sm 75,90 (headers of torch 2.14.1+cu126)" in text
     assert f"installed: torch {torch.__version__}" in text
     assert f"-f https://example.org/whl/{wanted}.html" in text
