@@ -21,6 +21,17 @@
 #include <string>
 #include <utility>
 
+// glibc 2.34 moved dlsym (which torch's stable headers and cuda_host.cuh call) into libc under a new
+// symbol version; a build on a newer glibc would reference that one and the wheel would not be
+// manylinux_2_28. Every glibc still exports the original version: bind to it.
+#if defined(__GLIBC__)  // set by the C++ headers above
+#if defined(__x86_64__)
+__asm__(".symver dlsym,dlsym@GLIBC_2.2.5");
+#elif defined(__aarch64__)
+__asm__(".symver dlsym,dlsym@GLIBC_2.17");
+#endif
+#endif
+
 namespace edsc_ext {
 
 using Tensor = torch::stable::Tensor;
