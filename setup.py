@@ -186,7 +186,8 @@ def configure():
     label = _local_label(torch, with_cuda)
     version = BASE_VERSION + (f"+{label}" if label else "")
     sources = bs.source_files(ROOT, with_cuda)
-    if sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc":
+    _glibc_wheel = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+    if _glibc_wheel:
         sources.append(os.path.join("src", "compat", "manylinux_glibc.cpp"))  # see that file
     include_dirs = [os.path.join(ROOT, "include")]
     arch_list = None
@@ -233,6 +234,8 @@ def configure():
         ext = CUDAExtension("edsc_ext._C", sources, include_dirs=include_dirs, define_macros=macros,
                             extra_compile_args={"cxx": list(bs.CXX_FLAGS), "nvcc": nvcc_flags}, py_limited_api=True)
         ext.libraries = bs.cpu_loadable_libraries(ext.libraries)
+        if _glibc_wheel and platform.machine() == "x86_64":
+            ext.extra_link_args = bs.static_cuda_runtime_glibc_wraps(ROOT)  # see src/compat/manylinux_glibc.cpp
     else:
         ext = CppExtension("edsc_ext._C", sources, include_dirs=include_dirs, define_macros=macros,
                            extra_compile_args={"cxx": list(bs.CXX_FLAGS)}, py_limited_api=True)

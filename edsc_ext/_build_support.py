@@ -57,6 +57,14 @@ TORCH_CUDA_LIBRARIES = ("cudart", "c10_cuda", "torch_cuda")
 STATIC_CUDA_RUNTIME = ("cudart_static", "dl", "rt", "pthread")
 
 
+def static_cuda_runtime_glibc_wraps(root):
+    """The link flags that route the static CUDA runtime's glibc calls through the wrappers of
+    src/compat/manylinux_glibc.cpp (names from src/compat/static_cuda_runtime_glibc.def)."""
+    with open(os.path.join(root, "src", "compat", "static_cuda_runtime_glibc.def")) as f:
+        names = re.findall(r"^EDSC_EXT_GLIBC_\w+\((\w+)", f.read(), flags=re.MULTILINE)
+    return ["-Wl," + ",".join(f"--wrap={name}" for name in names)]
+
+
 def cpu_loadable_libraries(libraries):
     """A CUDA extension's link libraries without TORCH_CUDA_LIBRARIES, with STATIC_CUDA_RUNTIME."""
     return [lib for lib in libraries if lib not in TORCH_CUDA_LIBRARIES] + list(STATIC_CUDA_RUNTIME)
