@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "edsc_ext/deform_sepconv_pixel.h"
+#include "edsc_ext/kernel_dispatch.h"
 #include "edsc_ext/torch_stable.h"
 
 namespace edsc_ext {
@@ -29,7 +30,7 @@ struct DeformSepconvTensors {
   // input's when none is given.
   ScalarType param_dtype = ScalarType::Undefined;
   bool use_32bit_indexing = true;
-  bool channels_last = false;   // the call's layout; kernels take it as kChannelsLast (EDSC_DISPATCH_LAYOUT)
+  bool channels_last = false;   // the call's layout; kernels take it as KernelTypes::kChannelsLast
   bool dense_per_pixel = true;  // every present per-pixel tensor is dense in memory_format()
 
   MemoryFormat memory_format() const { return channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous; }
@@ -45,7 +46,7 @@ using DeformSepconvGrads = std::array<Tensor, 6>;
 constexpr int kOffsetDxGrad = 5;
 
 // The data pointers of a prepared call's tensors, whose dtypes prepare_deform_sepconv checked (and
-// the dispatch macros turned into scalar_t / param_t): untyped, since the stable typed accessors
+// dispatch_kernel_types turned into scalar_t / param_t): untyped, since the stable typed accessors
 // check the dtype again, each check a few calls into torch.
 template <typename scalar_t>
 const scalar_t* data_or_null(const OptionalTensor& t) {
@@ -105,41 +106,9 @@ DeformSepconvParamGrads<scalar_t> make_param_grads(const DeformSepconvGrads& gra
           mutable_data_or_null<scalar_t>(grads[kOffsetDxGrad])};
 }
 
-// Runs `body` with scalar_t (the frame's dtype) and param_t (the per-pixel tensors', see
-// DeformSepconvTensors::param_dtype) as compile-time types: one type for the four floating dtypes,
-// or a float frame with float16 / bfloat16 per-pixel tensors (prepare_deform_sepconv allows no other).
-#define EDSC_DISPATCH_FRAME_AND_PARAM_TYPES(frame_dtype, param_dtype, name, ...)                                     \
-  [&] {                                                                                                              \
-    const ::edsc_ext::ScalarType edsc_frame_dtype = (frame_dtype), edsc_param_dtype = (param_dtype);                 \
-    if (edsc_param_dtype == edsc_frame_dtype) {                                                                      \
-      return EDSC_DISPATCH_FLOATING_TYPES(edsc_frame_dtype, name, [&] {                                              \
-        using param_t = scalar_t;                                                                                    \
-        return __VA_ARGS__();                                                                                        \
-      });                                                                                                            \
-    }                                                                                                                \
-    EDSC_CHECK(                                                                                                      \
-        edsc_frame_dtype == ::edsc_ext::ScalarType::Float && (edsc_param_dtype == ::edsc_ext::ScalarType::Half ||    \
-                                                              edsc_param_dtype == ::edsc_ext::ScalarType::BFloat16), \
-        name, ": no kernels for a ", edsc_frame_dtype, " frame with ", edsc_param_dtype, " per-pixel tensors");      \
-    using scalar_t = float;                                                                                          \
-    if (edsc_param_dtype == ::edsc_ext::ScalarType::Half) {                                                          \
-      using param_t = ::edsc_ext::Half;                                                                              \
-      return __VA_ARGS__();                                                                                          \
-    }                                                                                                                \
-    using param_t = ::edsc_ext::BFloat16;                                                                            \
-    return __VA_ARGS__();                                                                                            \
-  }()
-
-// Runs body.template operator()<index_t>() with 32-bit indices when every offset fits.
-#define EDSC_DISPATCH_INDEX_TYPE(use_32bit, ...) \
-  [&] {                                          \
-    if (use_32bit) {                             \
-      using index_t = int32_t;                   \
-      return __VA_ARGS__();                      \
-    } else {                                     \
-      using index_t = int64_t;                   \
-      return __VA_ARGS__();                      \
-    }                                            \
-  }()
+// What dispatch_kernel_types (edsc_ext/kernel_dispatch.h) reads of a prepared call.
+inline KernelCall kernel_call(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg) {
+  return {t.input.scalar_type(), t.param_dtype, t.use_32bit_indexing, t.channels_last, cfg.kernel_h, cfg.kernel_w};
+}
 
 }  // namespace edsc_ext

@@ -28,8 +28,11 @@ DeformSepconvBackwardResult deform_sepconv_backward_cpu(
       plan_cpu_backward(describe_call(t, cfg, output_mask, false), this_cpu(), kernel_policy());
   if (plan.kernel == CpuBackwardKernel::kEmpty) return backward_result(std::move(grads));
 
-  EDSC_DISPATCH_FRAME_AND_PARAM_TYPES(input.scalar_type(), t.param_dtype, "deform_sepconv_backward_cpu",
-                                      [&] { run_deform_sepconv_backward_cpu<scalar_t, param_t>(t, cfg, plan, grads); });
+  dispatch_kernel_types<KernelTypes<>, dispatch_axis::FrameAndParamTypes>(
+      kernel_call(t, cfg), "deform_sepconv_backward_cpu", [&](auto k) {
+        using K = std::decay_t<decltype(k)>;
+        run_deform_sepconv_backward_cpu<typename K::scalar_t, typename K::param_t>(t, cfg, plan, grads);
+      });
   return backward_result(std::move(grads));
 }
 

@@ -172,7 +172,11 @@ void run_deform_sepconv_backward_cpu(const DeformSepconvTensors& t, const Deform
   using namespace cpu_backward;
   using acc_t = opmath_t<scalar_t>;
   const int64_t kernel_h = cfg.kernel_h, kernel_w = cfg.kernel_w;
-  EDSC_DISPATCH_CPU_SHAPE(t, kernel_h, kernel_w, [&] {
+  dispatch_cpu_loop_shape<KernelTypes<scalar_t, param_t>>(t, cfg, "deform_sepconv_backward_cpu", [&](auto k) {
+    using K = std::decay_t<decltype(k)>;
+    using index_t = typename K::index_t;
+    constexpr bool kChannelsLast = K::kChannelsLast;
+    constexpr int kKernelH = K::kKernelH, kKernelW = K::kKernelW;
     const auto p = make_params<scalar_t, index_t, param_t>(t, cfg);
     const scalar_t* go = t.grad_output->const_data_ptr<scalar_t>();
     const auto param_grads = make_param_grads<param_t>(grads);

@@ -113,31 +113,36 @@ Tensor deform_sepconv_forward_cpu(const Tensor& input, const OptionalTensor& ver
     case CpuForwardKernel::kEmpty:
       break;
     case CpuForwardKernel::kGridTapRows:
-      EDSC_DISPATCH_FRAME_AND_PARAM_TYPES(input.scalar_type(), t.param_dtype, "deform_sepconv_forward_cpu", [&] {
-        using acc_t = opmath_t<scalar_t>;
-        EDSC_DISPATCH_INDEX_TYPE(t.use_32bit_indexing, [&] {
-          EDSC_DISPATCH_LAYOUT(t.channels_last, [&] {
-            forward_grid_tap_rows<kChannelsLast, scalar_t, acc_t>(make_params<scalar_t, index_t, param_t>(t, cfg),
-                                                                  output.mutable_data_ptr<scalar_t>(), plan.avx2);
-          });
-        });
+      dispatch_kernel_types<KernelTypes<>, dispatch_axis::FrameAndParamTypes, dispatch_axis::IndexWidth,
+                            dispatch_axis::Layout>(kernel_call(t, cfg), "deform_sepconv_forward_cpu", [&](auto k) {
+        using K = std::decay_t<decltype(k)>;
+        using scalar_t = typename K::scalar_t;
+        forward_grid_tap_rows<K::kChannelsLast, scalar_t, typename K::acc_t>(
+            make_params<scalar_t, typename K::index_t, typename K::param_t>(t, cfg),
+            output.mutable_data_ptr<scalar_t>(), plan.avx2);
       });
       break;
     case CpuForwardKernel::kPixels:
-      EDSC_DISPATCH_CPU_CALL("deform_sepconv_forward_cpu", t, kernel_h, kernel_w, [&] {
-        const auto p = make_params<scalar_t, index_t, param_t>(t, cfg);
-        scalar_t* out = output.mutable_data_ptr<scalar_t>();
-        for_each_output_pixel<index_t>(
-            plan.avx2, p.batch, t.height_out, t.width_out, [&](index_t n, index_t y, index_t x) EDSC_CPU_INLINE {
-              for (index_t c0 = 0; c0 < p.channels; c0 += kCpuChannelBlock) {
-                // Strided for dense tensors too (their strides are the dense ones): one
-                // instantiation, a few index multiplies a pixel.
-                deform_sepconv_forward_pixel<kCpuChannelBlock, kKernelH, kKernelW, kChannelsLast, scalar_t, acc_t,
-                                             index_t, /*kBranchFree=*/false, /*kVectorLoads=*/false,
-                                             /*kStrided=*/true>(p, out, n, y, x, c0);
-              }
+      dispatch_kernel_types<KernelTypes<>, dispatch_axis::FrameAndParamTypes>(
+          kernel_call(t, cfg), "deform_sepconv_forward_cpu", [&](auto types) {
+            dispatch_cpu_loop_shape<decltype(types)>(t, cfg, "deform_sepconv_forward_cpu", [&](auto k) {
+              using K = std::decay_t<decltype(k)>;
+              using scalar_t = typename K::scalar_t;
+              using index_t = typename K::index_t;
+              const auto p = make_params<scalar_t, index_t, typename K::param_t>(t, cfg);
+              scalar_t* out = output.mutable_data_ptr<scalar_t>();
+              for_each_output_pixel<index_t>(
+                  plan.avx2, p.batch, t.height_out, t.width_out, [&](index_t n, index_t y, index_t x) EDSC_CPU_INLINE {
+                    for (index_t c0 = 0; c0 < p.channels; c0 += kCpuChannelBlock) {
+                      // Strided for dense tensors too (their strides are the dense ones): one
+                      // instantiation, a few index multiplies a pixel.
+                      deform_sepconv_forward_pixel<kCpuChannelBlock, K::kKernelH, K::kKernelW, K::kChannelsLast,
+                                                   scalar_t, typename K::acc_t, index_t, /*kBranchFree=*/false,
+                                                   /*kVectorLoads=*/false, /*kStrided=*/true>(p, out, n, y, x, c0);
+                    }
+                  });
             });
-      });
+          });
       break;
   }
   return output;

@@ -96,21 +96,25 @@ DeformSepconvBackwardResult deform_sepconv_backward_cuda(
   if (plan.kernel != CudaBackwardKernel::kNone) {
     FixedPointInputGrad fixed_point;
     if (plan.deterministic) fixed_point = prepare_fixed_point_input_grad(t, cfg);
-    EDSC_DISPATCH_FRAME_AND_PARAM_TYPES(input.scalar_type(), t.param_dtype, "deform_sepconv_backward_cuda", [&] {
-      // The kernels add the input gradient up in acc_t: into grads[0] where that is its dtype.
-      using acc_t = opmath_t<scalar_t>;
-      constexpr bool kSeparateAcc = !std::is_same_v<acc_t, scalar_t>;
-      Tensor grad_input_acc;
-      if (plan.kernel_input_grad && !plan.deterministic) {
-        if (kSeparateAcc) {
-          grad_input_acc = zeros_in(input, input.sizes(), t.memory_format(), scalar_type_of<acc_t>());
-        } else {
-          grad_input_acc = grads[0];
-        }
-      }
-      launch_deform_sepconv_backward<scalar_t, param_t>(t, cfg, plan, grads, grad_input_acc, fixed_point);
-      if (kSeparateAcc && grad_input_acc.defined()) torch::stable::copy_(grads[0], grad_input_acc);
-    });
+    dispatch_kernel_types<KernelTypes<>, dispatch_axis::FrameAndParamTypes>(
+        kernel_call(t, cfg), "deform_sepconv_backward_cuda", [&](auto k) {
+          using K = std::decay_t<decltype(k)>;
+          using scalar_t = typename K::scalar_t;
+          using param_t = typename K::param_t;
+          // The kernels add the input gradient up in acc_t: into grads[0] where that is its dtype.
+          using acc_t = typename K::acc_t;
+          constexpr bool kSeparateAcc = !std::is_same_v<acc_t, scalar_t>;
+          Tensor grad_input_acc;
+          if (plan.kernel_input_grad && !plan.deterministic) {
+            if (kSeparateAcc) {
+              grad_input_acc = zeros_in(input, input.sizes(), t.memory_format(), scalar_type_of<acc_t>());
+            } else {
+              grad_input_acc = grads[0];
+            }
+          }
+          launch_deform_sepconv_backward<scalar_t, param_t>(t, cfg, plan, grads, grad_input_acc, fixed_point);
+          if (kSeparateAcc && grad_input_acc.defined()) torch::stable::copy_(grads[0], grad_input_acc);
+        });
     if (plan.deterministic) torch::stable::copy_(grads[0], finish_fixed_point_input_grad(fixed_point));
   }
   return backward_result(std::move(grads));

@@ -119,21 +119,21 @@ void launch_staged_forward(const DeformSepconvTensors& t, const DeformSepconvCon
   const auto stream = current_cuda_stream(t.input.get_device_index());
   const int64_t hw = t.height_out * t.width_out;
   const unsigned int blocks = static_cast<unsigned int>(t.input.size(0) * ((hw + kStagedPixels - 1) / kStagedPixels));
-  EDSC_DISPATCH_FLOATING_TYPES(t.input.scalar_type(), "deform_sepconv_forward_staged_cuda", [&] {
-    if constexpr (sizeof(scalar_t) == kStagedElementSize) {
-      const auto p = make_params<scalar_t, int32_t>(t, cfg);
-      scalar_t* out = output.mutable_data_ptr<scalar_t>();
-      const size_t shared = kStagedSegments * kStagedPixels * sizeof(scalar_t);
-      if (plan.chunk_bytes == 16) {
-        deform_sepconv_forward_staged_cuda_kernel<kStagedChannelBlock, 16, scalar_t>
-            <<<blocks, kStagedPixels, shared, stream>>>(p, out);
-      } else {
-        deform_sepconv_forward_staged_cuda_kernel<kStagedChannelBlock, 4, scalar_t>
-            <<<blocks, kStagedPixels, shared, stream>>>(p, out);
-      }
-      EDSC_CUDA_KERNEL_LAUNCH_CHECK();
-    }
-  });
+  dispatch_kernel_types<KernelTypes<>, dispatch_axis::TwoByteTypes>(
+      kernel_call(t, cfg), "deform_sepconv_forward_staged_cuda", [&](auto k) {
+        using scalar_t = typename decltype(k)::scalar_t;
+        const auto p = make_params<scalar_t, int32_t>(t, cfg);
+        scalar_t* out = output.mutable_data_ptr<scalar_t>();
+        const size_t shared = kStagedSegments * kStagedPixels * sizeof(scalar_t);
+        if (plan.chunk_bytes == 16) {
+          deform_sepconv_forward_staged_cuda_kernel<kStagedChannelBlock, 16, scalar_t>
+              <<<blocks, kStagedPixels, shared, stream>>>(p, out);
+        } else {
+          deform_sepconv_forward_staged_cuda_kernel<kStagedChannelBlock, 4, scalar_t>
+              <<<blocks, kStagedPixels, shared, stream>>>(p, out);
+        }
+        EDSC_CUDA_KERNEL_LAUNCH_CHECK();
+      });
 }
 
 }  // namespace edsc_ext

@@ -121,42 +121,38 @@ Tensor fold_clamped(Tensor g, int64_t dim, int64_t before, int64_t size) {  // b
   return call_aten("aten::cat", "", parts, dim);
 }
 
-template <typename scalar_t>
+template <typename K>
 void launch_gather(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg, const CudaBackwardPlan& plan,
                    const Tensor& grad_input) {
-  if constexpr (sizeof(scalar_t) <= 4) {
-    using acc_t = opmath_t<scalar_t>;
-    const int64_t channels = t.input.size(1), height = t.input.size(2), width = t.input.size(3);
-    const GatherLayout layout = plan.gather_layout;
-    const VirtualDomain domain = plan.gather_domain;
-    const int64_t shared = plan.gather_shared_bytes;
-    const int64_t tile_rows = (domain.height + kGridTileHeight - 1) / kGridTileHeight;
-    Tensor virt = empty_in(t.input, {t.input.size(0), channels, domain.height, domain.width}, MemoryFormat::Contiguous,
-                           scalar_type_of<acc_t>());
-    const dim3 grid(static_cast<unsigned int>((domain.width + kGridTileWidth - 1) / kGridTileWidth),
-                    static_cast<unsigned int>(tile_rows), static_cast<unsigned int>(t.input.size(0)));
-    const auto p = make_params<scalar_t, int64_t>(t, cfg);
-    const scalar_t* go = t.grad_output->const_data_ptr<scalar_t>();
-    const auto stream = current_cuda_stream(t.input.get_device_index());
-    const auto launch = [&](auto kernel) {
-      opt_in_dynamic_shared(kernel, static_cast<size_t>(shared));
-      kernel<<<grid, kGridTileThreads, static_cast<size_t>(shared), stream>>>(p, go, virt.mutable_data_ptr<acc_t>(),
-                                                                              domain, layout);
-      EDSC_CUDA_KERNEL_LAUNCH_CHECK();
-    };
-    const auto with_channels = [&](auto channel_count) {
-      constexpr int kChannels = decltype(channel_count)::value;
-      EDSC_DISPATCH_LAYOUT(t.channels_last, [&] {
-        launch(deform_sepconv_input_grad_grid_taps_cuda_kernel<kChannels, kChannelsLast, scalar_t>);
-      });
-    };
-    dispatch_small_channels(channels, with_channels);
-    if (cfg.padding_mode == kPaddingBorder) {
-      virt = fold_clamped(fold_clamped(virt, 2, -domain.y0, height), 3, -domain.x0, width);
-    }
-    Tensor destination = grad_input;
-    torch::stable::copy_(destination, virt);
+  using scalar_t = typename K::scalar_t;
+  using acc_t = typename K::acc_t;
+  const int64_t channels = t.input.size(1), height = t.input.size(2), width = t.input.size(3);
+  const GatherLayout layout = plan.gather_layout;
+  const VirtualDomain domain = plan.gather_domain;
+  const int64_t shared = plan.gather_shared_bytes;
+  const int64_t tile_rows = (domain.height + kGridTileHeight - 1) / kGridTileHeight;
+  Tensor virt = empty_in(t.input, {t.input.size(0), channels, domain.height, domain.width}, MemoryFormat::Contiguous,
+                         scalar_type_of<acc_t>());
+  const dim3 grid(static_cast<unsigned int>((domain.width + kGridTileWidth - 1) / kGridTileWidth),
+                  static_cast<unsigned int>(tile_rows), static_cast<unsigned int>(t.input.size(0)));
+  const auto p = make_params<scalar_t, int64_t>(t, cfg);
+  const scalar_t* go = t.grad_output->const_data_ptr<scalar_t>();
+  const auto stream = current_cuda_stream(t.input.get_device_index());
+  const auto launch = [&](auto kernel) {
+    opt_in_dynamic_shared(kernel, static_cast<size_t>(shared));
+    kernel<<<grid, kGridTileThreads, static_cast<size_t>(shared), stream>>>(p, go, virt.mutable_data_ptr<acc_t>(),
+                                                                            domain, layout);
+    EDSC_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  dispatch_small_channels(channels, [&](auto channel_count) {
+    constexpr int kChannels = decltype(channel_count)::value;
+    launch(deform_sepconv_input_grad_grid_taps_cuda_kernel<kChannels, K::kChannelsLast, scalar_t>);
+  });
+  if (cfg.padding_mode == kPaddingBorder) {
+    virt = fold_clamped(fold_clamped(virt, 2, -domain.y0, height), 3, -domain.x0, width);
   }
+  Tensor destination = grad_input;
+  torch::stable::copy_(destination, virt);
 }
 
 }  // namespace
@@ -165,8 +161,9 @@ void launch_gather_input_grad(const DeformSepconvTensors& t, const DeformSepconv
                               const CudaBackwardPlan& plan, const Tensor& grad_input) {
   EDSC_CHECK(t.input.element_size() <= 4 && t.input.size(1) <= kSmallChannels && !t.mask.has_value(),
              "gathered input gradient: not planned for this call");
-  EDSC_DISPATCH_FLOATING_TYPES(t.input.scalar_type(), "deform_sepconv_grid_taps_input_grad",
-                               [&] { launch_gather<scalar_t>(t, cfg, plan, grad_input); });
+  dispatch_kernel_types<KernelTypes<>, dispatch_axis::UpTo4ByteTypes, dispatch_axis::FixedIndex<int64_t>,
+                        dispatch_axis::Layout>(kernel_call(t, cfg), "deform_sepconv_grid_taps_input_grad",
+                                               [&](auto k) { launch_gather<decltype(k)>(t, cfg, plan, grad_input); });
 }
 
 }  // namespace edsc_ext

@@ -2,6 +2,7 @@
 // (guard on the tensors' device, launch on that device's current stream, check the launch).
 #include "../backends.h"
 #include "cuda_host.cuh"
+#include "edsc_ext/kernel_dispatch.h"
 #include "launch.cuh"
 
 namespace edsc_ext {
@@ -24,7 +25,9 @@ Tensor vector_add_cuda(const Tensor& a, const Tensor& b) {
   Tensor out = empty_in(a, a.sizes(), MemoryFormat::Contiguous);
   if (out.numel() == 0) return out;
   const auto stream = current_cuda_stream(a.get_device_index());
-  EDSC_DISPATCH_ALL_TYPES(a.scalar_type(), "vector_add_cuda", [&] {
+  const KernelCall call{a.scalar_type(), a.scalar_type()};
+  dispatch_kernel_types<KernelTypes<>, dispatch_axis::AllTypes>(call, "vector_add_cuda", [&](auto k) {
+    using scalar_t = typename decltype(k)::scalar_t;
     vector_add_cuda_kernel<scalar_t><<<blocks_for(out.numel()), kThreadsPerBlock, 0, stream>>>(
         ac.const_data_ptr<scalar_t>(), bc.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(), out.numel());
     EDSC_CUDA_KERNEL_LAUNCH_CHECK();
