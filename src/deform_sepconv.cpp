@@ -184,6 +184,7 @@ DeformSepconvTensors prepare_deform_sepconv(const Tensor& input, const OptionalT
   const MemoryFormat format = channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
   DeformSepconvTensors t{contiguous_in(input, format)};
   t.channels_last = channels_last;
+  t.frame_dtype = input_dtype;
   t.height_out = input_sizes[2] + 2 * cfg.pad_h - cfg.dilation_h * (cfg.kernel_h - 1);
   t.width_out = input_sizes[3] + 2 * cfg.pad_w - cfg.dilation_w * (cfg.kernel_w - 1);
   EDSC_CHECK(t.height_out >= 0 && t.width_out >= 0, "output size (", t.height_out, ", ", t.width_out,
@@ -255,7 +256,7 @@ DeformSepconvCall describe_call(const DeformSepconvTensors& t, const DeformSepco
   c.height_out = t.height_out;
   c.width_out = t.width_out;
   c.cfg = cfg;
-  c.element_size = static_cast<int64_t>(t.input.element_size());
+  c.element_size = dtype_size(t.frame_dtype);
   c.param_element_size = dtype_size(t.param_dtype);
   c.channels_last = t.channels_last;
   c.use_32bit_indexing = t.use_32bit_indexing;

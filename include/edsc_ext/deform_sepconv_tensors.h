@@ -29,6 +29,7 @@ struct DeformSepconvTensors {
   // share one: the input's, or float16 / bfloat16 with a float32 input (mixed precision). The
   // input's when none is given.
   ScalarType param_dtype = ScalarType::Undefined;
+  ScalarType frame_dtype = ScalarType::Undefined;  // the input's, read once (a stable accessor is a call into torch)
   bool use_32bit_indexing = true;
   bool channels_last = false;   // the call's layout; kernels take it as KernelTypes::kChannelsLast
   bool dense_per_pixel = true;  // every present per-pixel tensor is dense in memory_format()
@@ -108,7 +109,7 @@ DeformSepconvParamGrads<scalar_t> make_param_grads(const DeformSepconvGrads& gra
 
 // What dispatch_kernel_types (edsc_ext/kernel_dispatch.h) reads of a prepared call.
 inline KernelCall kernel_call(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg) {
-  return {t.input.scalar_type(), t.param_dtype, t.use_32bit_indexing, t.channels_last, cfg.kernel_h, cfg.kernel_w};
+  return {t.frame_dtype, t.param_dtype, t.use_32bit_indexing, t.channels_last, cfg.kernel_h, cfg.kernel_w};
 }
 
 }  // namespace edsc_ext

@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, sizeof(scalar_t) == 4 ? 3 : 
 
 void launch_lane_pairs_forward(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
                                const CudaForwardPlan& plan, const Tensor& output) {
-  EDSC_CHECK(t.use_32bit_indexing && t.input.element_size() <= 4, "lane-pair forward: not planned for this call");
+  EDSC_CHECK(t.use_32bit_indexing, "lane-pair forward: not planned for this call");
   const auto stream = current_cuda_stream(t.input.get_device_index());
   const int64_t pixels = t.input.size(0) * t.height_out * t.width_out;
   dispatch_kernel_types<KernelTypes<>, dispatch_axis::UpTo4ByteTypes>(

@@ -114,8 +114,7 @@ __global__ void __launch_bounds__(kStagedPixels)
 
 void launch_staged_forward(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg, const CudaForwardPlan& plan,
                            const Tensor& output) {
-  EDSC_CHECK(t.use_32bit_indexing && t.input.element_size() == kStagedElementSize,
-             "staged forward: not planned for this call");
+  EDSC_CHECK(t.use_32bit_indexing, "staged forward: not planned for this call");
   const auto stream = current_cuda_stream(t.input.get_device_index());
   const int64_t hw = t.height_out * t.width_out;
   const unsigned int blocks = static_cast<unsigned int>(t.input.size(0) * ((hw + kStagedPixels - 1) / kStagedPixels));

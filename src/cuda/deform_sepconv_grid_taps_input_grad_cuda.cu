@@ -159,11 +159,10 @@ void launch_gather(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg
 
 void launch_gather_input_grad(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
                               const CudaBackwardPlan& plan, const Tensor& grad_input) {
-  EDSC_CHECK(t.input.element_size() <= 4 && t.input.size(1) <= kSmallChannels && !t.mask.has_value(),
+  EDSC_CHECK(t.input.size(1) <= kSmallChannels && !t.mask.has_value(),
              "gathered input gradient: not planned for this call");
-  dispatch_kernel_types<KernelTypes<>, dispatch_axis::UpTo4ByteTypes, dispatch_axis::FixedIndex<int64_t>,
-                        dispatch_axis::Layout>(kernel_call(t, cfg), "deform_sepconv_grid_taps_input_grad",
-                                               [&](auto k) { launch_gather<decltype(k)>(t, cfg, plan, grad_input); });
+  dispatch_grid_tap_types(t, cfg, "deform_sepconv_grid_taps_input_grad",
+                          [&](auto k) { launch_gather<std::decay_t<decltype(k)>>(t, cfg, plan, grad_input); });
 }
 
 }  // namespace edsc_ext

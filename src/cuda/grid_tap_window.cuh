@@ -9,6 +9,8 @@
 // neighbours (as 0 * inf, with weight 0); README.md says so.
 #pragma once
 
+#include <utility>
+
 #include "deform_sepconv_cuda.cuh"
 
 namespace edsc_ext {
@@ -60,6 +62,16 @@ __device__ __forceinline__ void load_grid_weights(acc_t (&w)[kGridTapChunk], con
   for (int k = 0; k < kGridTapChunk; ++k) {
     w[k] = k < valid ? load_param_or(tensor, first + k * stride, acc_t(1)) : acc_t(0);
   }
+}
+
+// Calls body(K) with the KernelTypes of a grid-tap call: the grid-tap kernels are compiled for
+// float32 and the 16-bit types with per-pixel tensors in the frame's dtype (grid_window in the
+// planner keeps float64 and mixed precision away), 64-bit indices, and both layouts.
+template <typename Body>
+void dispatch_grid_tap_types(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg, const char* name,
+                             Body&& body) {
+  dispatch_kernel_types<KernelTypes<>, dispatch_axis::UpTo4ByteTypes, dispatch_axis::FixedIndex<int64_t>,
+                        dispatch_axis::Layout>(kernel_call(t, cfg), name, std::forward<Body>(body));
 }
 
 // Calls body(std::integral_constant<int, C>) with C the call's channel count for the grid-tap
