@@ -1,8 +1,11 @@
-"""Builds edsc_ext._C: the CPU and (when a CUDA toolkit is found) CUDA kernels plus the pybind11
-module, as one binary, against the torch installed in the build environment.
+"""Builds edsc_ext._C: the CPU and (when a CUDA toolkit is found) CUDA kernels plus a small Python
+module, as one binary, with the headers of the torch installed in the build environment. The binary
+uses torch only through the LibTorch stable ABI (include/edsc_ext/torch_stable.h) and the Python
+module only the limited C API, so one wheel runs with every torch from _build_support.STABLE_ABI_FLOOR
+on, under every Python from PY_LIMITED_API on (an abi3 wheel).
 
-    pip install --no-build-isolation .          # from a checkout, against your torch
-    pip wheel --no-build-isolation --no-deps .  # a wheel, e.g. 0.1.0+cu130torch2.14
+    pip install --no-build-isolation .          # from a checkout, with your torch's headers
+    pip wheel --no-build-isolation --no-deps .  # a wheel, e.g. edsc_ext-0.1.0+cu130-cp310-abi3-linux_x86_64.whl
 
 Environment:
   EDSC_EXT_FORCE_CUDA=1     fail instead of falling back to a CPU-only build when CUDA is missing
@@ -11,7 +14,7 @@ Environment:
                             the wheels set _build_support.wheel_arch_list)
   CUDA_HOME                 toolkit root; detected when unset (see _build_support.find_cuda_home)
   MAX_JOBS                  parallel compile jobs (default: one per core, _build_support.default_jobs)
-  EDSC_EXT_LOCAL_VERSION    the wheel's local version label (default: e.g. cu130torch2.14; 'none': no label)
+  EDSC_EXT_LOCAL_VERSION    the wheel's local version label (default: cu130, cu128 or cpu; 'none': no label)
   EDSC_EXT_WHEEL_INDEX      the wheel index this build is published to (shown in import errors)
 
 pip shows a build's output only with -v, so what the build does, why, and about how long it takes are
@@ -19,7 +22,7 @@ also written to the terminal (/dev/tty) when there is one.
 
 The build records what it was built with twice: in the binary (_C.build_info()) and in a generated
 edsc_ext/_build_meta.py beside it, which the package reads before loading the binary, so that a
-mismatched torch gets an explanation instead of an undefined-symbol error.
+torch below the floor, or of another CUDA major, gets an explanation instead of a loader error.
 """
 
 import importlib.util
@@ -92,8 +95,9 @@ def _import_torch():
     except ImportError:
         sys.exit(
             "edsc-ext: torch is not installed in the build environment.\n"
-            "The extension is compiled against the torch it will run with, so install torch first and build\n"
-            "without build isolation:\n"
+            "The extension is compiled with the headers of the installed torch (any torch from "
+            f"{bs.STABLE_ABI_FLOOR[0]}.{bs.STABLE_ABI_FLOOR[1]} on),\n"
+            "so install torch first and build without build isolation:\n"
             "    pip install torch && pip install --no-build-isolation edsc-ext    (or `.` in a checkout)\n"
             "Prebuilt wheels for common torch/CUDA pairs need no compiler: see the README's Install section.")
     return torch
@@ -103,7 +107,7 @@ def _local_label(torch, with_cuda):
     label = os.environ.get("EDSC_EXT_LOCAL_VERSION")
     if label is not None:
         return None if label.strip().lower() in ("", "none") else label.strip()
-    return bs.local_version_label(torch.__version__, torch.version.cuda if with_cuda else None)
+    return bs.local_version_label(torch.version.cuda if with_cuda else None)
 
 
 class BuildPy(_build_py):
@@ -166,9 +170,12 @@ RUNTIME_REQUIREMENTS = ["numpy"]
 def configure():
     """(version, install_requires, ext_modules, cmdclass) for this build."""
     if SDIST_ONLY:
-        return BASE_VERSION, RUNTIME_REQUIREMENTS + ["torch>=2.4"], [], {"build_py": BuildPy}
+        return BASE_VERSION, RUNTIME_REQUIREMENTS + [bs.torch_requirement()], [], {"build_py": BuildPy}
 
     torch = _import_torch()
+    if bs.major_minor(torch.__version__) < bs.STABLE_ABI_FLOOR:
+        sys.exit("edsc-ext needs torch >= {}.{} to build (its stable ABI); the build environment has torch {}".format(
+            *bs.STABLE_ABI_FLOOR, torch.__version__))
     from torch.utils.cpp_extension import CppExtension, CUDAExtension
 
     with_cuda, why = bs.decide_cuda(torch.version.cuda, _cuda_home, CPU_ONLY)
@@ -179,11 +186,12 @@ def configure():
     label = _local_label(torch, with_cuda)
     version = BASE_VERSION + (f"+{label}" if label else "")
     sources = bs.source_files(ROOT, with_cuda)
-    if sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc":
+    _glibc_wheel = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+    if _glibc_wheel:
         sources.append(os.path.join("src", "compat", "manylinux_glibc.cpp"))  # see that file
     include_dirs = [os.path.join(ROOT, "include")]
     arch_list = None
-    macros = []
+    macros = bs.stable_abi_macros()
     n_archs = 0
     if with_cuda:
         arch_list = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
@@ -194,7 +202,7 @@ def configure():
             arch_list, arch_why = bs.source_arch_list(capabilities)
             os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list  # torch.utils.cpp_extension reads it from here
         try:
-            macros = bs.arch_macros(arch_list)
+            macros += bs.arch_macros(arch_list)
         except ValueError as exc:
             sys.exit(str(exc))
         n_archs = len(set(bs.encode_arch_list(arch_list)[0]))
@@ -218,18 +226,21 @@ def configure():
                            python="%d.%d" % sys.version_info[:2], wheel_index=WHEEL_INDEX,
                            sources_digest=bs.sources_digest(ROOT))
 
-    openmp = bs.openmp_flags()  # at::parallel_for is serial without it (see _build_support)
+    # py_limited_api: no libtorch_python, no pybind11 (torch.utils.cpp_extension leaves them out).
     if with_cuda:
         nvcc_flags = list(bs.NVCC_FLAGS)
         if bs.flag("EDSC_EXT_PTXAS_VERBOSE"):
             nvcc_flags.append("-Xptxas=-v")
         ext = CUDAExtension("edsc_ext._C", sources, include_dirs=include_dirs, define_macros=macros,
-                            extra_compile_args={"cxx": list(bs.CXX_FLAGS) + openmp, "nvcc": nvcc_flags})
+                            extra_compile_args={"cxx": list(bs.CXX_FLAGS), "nvcc": nvcc_flags}, py_limited_api=True)
+        ext.libraries = bs.cpu_loadable_libraries(ext.libraries)
+        if _glibc_wheel and platform.machine() == "x86_64":
+            ext.extra_link_args = bs.static_cuda_runtime_glibc_wraps(ROOT)  # see src/compat/manylinux_glibc.cpp
     else:
-        ext = CppExtension("edsc_ext._C", sources, include_dirs=include_dirs,
-                           extra_compile_args={"cxx": list(bs.CXX_FLAGS) + openmp})
+        ext = CppExtension("edsc_ext._C", sources, include_dirs=include_dirs, define_macros=macros,
+                           extra_compile_args={"cxx": list(bs.CXX_FLAGS)}, py_limited_api=True)
     cmdclass = {"build_py": BuildPy, "build_ext": make_build_ext(facts)}
-    return version, RUNTIME_REQUIREMENTS + [bs.torch_requirement(torch.__version__)], [ext], cmdclass
+    return version, RUNTIME_REQUIREMENTS + [bs.torch_requirement()], [ext], cmdclass
 
 
 VERSION, INSTALL_REQUIRES, EXT_MODULES, CMDCLASS = configure()
@@ -240,4 +251,5 @@ setup(
     packages=find_packages(include=["edsc_ext", "edsc_ext.*"]),
     ext_modules=EXT_MODULES,
     cmdclass=CMDCLASS,
+    options={"bdist_wheel": {"py_limited_api": bs.abi3_tag()}},
 )

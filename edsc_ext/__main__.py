@@ -130,9 +130,10 @@ def main(argv=None) -> int:
     say = (lambda line: None) if args.json else print
     say(f"edsc_ext {edsc_ext.__version__} ({info.get('binary')})")
     say(f"python {platform.python_version()}, torch {torch.__version__} (CUDA {torch.version.cuda})")
-    say("built with: torch {torch_version}, CUDA {cuda_version}, kernels for sm {sass}, PTX {ptx} "
-        "(build: {build})".format(
-        torch_version=info.get("torch_version"), cuda_version=info["cuda_version"] if info["with_cuda"] else "none",
+    say("built for: torch >= {floor} (headers of torch {torch_version}), CUDA {cuda_version}, kernels for sm {sass}, "
+        "PTX {ptx} (build: {build})".format(
+        floor=info.get("torch_floor"), torch_version=info.get("torch_version"),
+        cuda_version=info["cuda_version"] if info["with_cuda"] else "none",
         sass=",".join(info["cuda_sass_archs"]) or "-", ptx=",".join(info["cuda_ptx_archs"]) or "-",
         build=info.get("build", "?")))
     lines = []

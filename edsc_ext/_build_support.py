@@ -12,14 +12,13 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 
 # The extension's sources, relative to the folder holding src/ and include/ (the repository root,
 # or edsc_ext/_csrc inside an installed wheel). src/cuda/*.cpp is the CUDA backend's plain C++ (its
 # planner), compiled into every build so that CUDA plans can be made without a GPU.
 CPU_SOURCE_GLOBS = ("src/*.cpp", "src/cpu/*.cpp", "src/cuda/*.cpp")
 CUDA_SOURCE_GLOBS = ("src/cuda/*.cu",)
-HEADER_GLOBS = ("include/edsc_ext/*.h", "src/cpu/*.h", "src/cuda/*.h", "src/cuda/*.cuh")
+HEADER_GLOBS = ("include/edsc_ext/*.h", "src/*.h", "src/cpu/*.h", "src/cuda/*.h", "src/cuda/*.cuh")
 
 # Where an installed wheel keeps a copy of src/ and include/ for the JIT build.
 SHIPPED_SOURCES_DIR = "_csrc"
@@ -31,26 +30,49 @@ SHIPPED_SOURCES_DIR = "_csrc"
 CXX_FLAGS = ["-O3", "-g0"]
 NVCC_FLAGS = ["-O3", "-lineinfo"]
 
+# The oldest torch the binary runs with: the host code uses torch only through the LibTorch stable
+# ABI (include/edsc_ext/torch_stable.h), compiled for this version's stable API (TORCH_TARGET_VERSION).
+# 2.10 is the first whose stable API has what the op needs: torch_call_dispatcher (empty with a
+# memory format, contiguous, to, new_zeros, copy_, zero_, and any ATen op by name), parallel_for and
+# get_num_threads, typed data pointers, std::vector / std::string arguments (bool[5], int[], str[])
+# and torch_library_impl.
+STABLE_ABI_FLOOR = (2, 10)
+# The Python module (src/python_module.cpp) uses the limited C API of this Python on: one abi3 binary
+# for every Python from it on (torch 2.10 needs 3.10).
+PY_LIMITED_API = (3, 10)
 
-def openmp_flags():
-    """["-fopenmp"] when torch's CPU parallel backend is OpenMP (Linux), else [].
 
-    ATen's at::parallel_for is inline in its headers: with the OpenMP backend it is a
-    `#pragma omp parallel` that runs serially unless the extension itself is compiled and linked
-    with -fopenmp (measured: 1 and 2 threads took the same time without it). Compile only: the
-    GOMP_* calls are left for the dynamic linker to resolve in libtorch_cpu's own libgomp.so.1
-    (a dependency of the binary already), so no second OpenMP runtime is loaded and wheels stay
-    free of a system libgomp.
-    """
-    if not sys.platform.startswith("linux"):
-        return []
-    try:
-        import torch
+def stable_abi_macros():
+    """The preprocessor definitions of every build: the stable-ABI target and the limited Python API."""
+    major, minor = STABLE_ABI_FLOOR
+    return [("TORCH_TARGET_VERSION", f"0x{major:02x}{minor:02x}000000000000"),
+            ("Py_LIMITED_API", "0x{:02x}{:02x}0000".format(*PY_LIMITED_API))]
 
-        info = torch.__config__.parallel_info()
-    except Exception:  # noqa: BLE001 - no torch or an unusual build: stay serial
-        return []
-    return ["-fopenmp"] if "parallel backend: OpenMP" in info else []
+
+# torch's CUDA libraries and the shared CUDA runtime, which torch.utils.cpp_extension links a CUDA
+# extension to. The wheel links none of them: with the CUDA runtime linked statically and torch's
+# current stream looked up at run time (src/cuda/cuda_host.cuh), the CUDA wheel also loads, and runs
+# on the CPU, with a CPU-only torch.
+TORCH_CUDA_LIBRARIES = ("cudart", "c10_cuda", "torch_cuda")
+STATIC_CUDA_RUNTIME = ("cudart_static", "dl", "rt", "pthread")
+
+
+def static_cuda_runtime_glibc_wraps(root):
+    """The link flags that route the static CUDA runtime's glibc calls through the wrappers of
+    src/compat/manylinux_glibc.cpp (names from src/compat/static_cuda_runtime_glibc.def)."""
+    with open(os.path.join(root, "src", "compat", "static_cuda_runtime_glibc.def")) as f:
+        names = re.findall(r"^EDSC_EXT_GLIBC_\w+\((\w+)", f.read(), flags=re.MULTILINE)
+    return ["-Wl," + ",".join(f"--wrap={name}" for name in names)]
+
+
+def cpu_loadable_libraries(libraries):
+    """A CUDA extension's link libraries without TORCH_CUDA_LIBRARIES, with STATIC_CUDA_RUNTIME."""
+    return [lib for lib in libraries if lib not in TORCH_CUDA_LIBRARIES] + list(STATIC_CUDA_RUNTIME)
+
+
+def abi3_tag():
+    """The wheel's Python tag for the limited API: 'cp310'."""
+    return "cp{}{}".format(*PY_LIMITED_API)
 
 
 def flag(name, environ=None):
@@ -324,17 +346,27 @@ def cuda_tag(cuda_version):
     return f"cu{major}{minor}"
 
 
-def local_version_label(torch_version, cuda_version):
-    """The wheel's local version label, e.g. 'cu130torch2.14' or 'cputorch2.13': which torch
-    (major.minor) and CUDA the binary was built for, so several builds can share one index."""
-    major, minor = major_minor(torch_version)
-    return f"{cuda_tag(cuda_version)}torch{major}.{minor}"
+def local_version_label(cuda_version):
+    """The wheel's local version label, 'cu130', 'cu128' or 'cpu': the CUDA toolkit of its kernels.
+    No torch in it: the binary runs with every torch from STABLE_ABI_FLOOR on."""
+    return cuda_tag(cuda_version)
 
 
-def torch_requirement(torch_version):
-    """The dependency a binary wheel declares: the torch major.minor it was compiled against."""
-    major, minor = major_minor(torch_version)
-    return f"torch=={major}.{minor}.*"
+# What a release publishes: one wheel per CUDA major (.github/workflows/wheels.yml), plus cpu.
+RELEASE_LABELS = {"13": "cu130", "12": "cu128"}
+
+
+def release_label(cuda_version):
+    """The published wheel for a torch built with CUDA ``cuda_version`` (None: a CPU-only torch): its
+    CUDA major's build, so that a CUDA 12.6 torch is sent to cu128, not to a cu126 page nobody publishes."""
+    if not cuda_version:
+        return "cpu"
+    return RELEASE_LABELS.get(str(cuda_version).split(".")[0], local_version_label(cuda_version))
+
+
+def torch_requirement():
+    """The dependency a binary wheel declares: any torch from the stable-ABI floor on."""
+    return "torch>={}.{}".format(*STABLE_ABI_FLOOR)
 
 
 def build_meta_source(facts):
@@ -354,6 +386,7 @@ def build_facts(version, build, with_cuda, toolkit, arch_list, **extra):
         "version": version,
         "build": build,
         "torch_version": torch.__version__,
+        "torch_floor": "{}.{}".format(*STABLE_ABI_FLOOR),
         "torch_cuda_version": torch.version.cuda,
         "with_cuda": with_cuda,
         "cuda_version": toolkit,

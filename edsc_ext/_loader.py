@@ -1,10 +1,12 @@
-"""Finds and loads the compiled extension, and explains in words when it cannot.
+"""Finds and loads the compiled extension, and explains in one line when it cannot.
 
-A compiled PyTorch extension runs only with the torch major.minor (and CUDA major) it was built
-against; a mismatched binary typically fails with ``undefined symbol: _ZN3c10...``. So the build
-facts are read first from the generated ``_build_meta.py`` (plain Python, readable whatever torch
-is installed) and checked against the running torch before the binary is touched. Only then is the
-binary loaded; if loading still fails, the error says the same things and keeps the original one.
+The binary uses torch only through the LibTorch stable ABI, so it runs with every torch from the
+floor it targets (``_build_support.STABLE_ABI_FLOOR``) on; its CUDA kernels need a torch of the CUDA
+major they were compiled with (a CUDA build also runs, on the CPU, with a CPU-only torch). So the
+build facts are read first from the generated ``_build_meta.py`` (plain Python, readable whatever
+torch is installed) and checked against the running torch before the binary is touched: a torch
+below the floor and a CUDA-major mismatch are each refused in one line that says what to install.
+Only then is the binary loaded; if loading still fails, the error explains and keeps the original one.
 
 A source checkout that was not built itself (``pip install .`` puts the build into site-packages, but
 Python run from the checkout's root imports the checkout) uses the build installed from the same
@@ -40,56 +42,67 @@ def _describe_torch(version, cuda):
     return f"torch {version} ({'CUDA ' + cuda if cuda else 'CPU only'})"
 
 
-def mismatch(built_torch, built_cuda, with_cuda, running_torch=None, running_cuda=None):
-    """Why a binary built against torch `built_torch` (CUDA `built_cuda` when `with_cuda`) cannot run
-    with the running torch, or None when it can."""
+def _floor(facts):
+    """The oldest torch (major, minor) a build with these facts runs with."""
+    floor = (facts or {}).get("torch_floor")
+    return bs.major_minor(floor) if floor else bs.STABLE_ABI_FLOOR
+
+
+def mismatch(torch_floor, built_cuda, with_cuda, running_torch=None, running_cuda=None):
+    """Why a binary for torch >= `torch_floor` (CUDA kernels of CUDA `built_cuda` when `with_cuda`)
+    cannot run with the running torch, or None when it can."""
     running_torch = running_torch or torch.__version__
     running_cuda = running_cuda if running_cuda is not None else torch.version.cuda
-    if bs.major_minor(built_torch) != bs.major_minor(running_torch):
-        return "torch {}.{} vs {}.{}".format(*bs.major_minor(built_torch), *bs.major_minor(running_torch))
-    if with_cuda and built_cuda:
-        if not running_cuda:
-            return "it has CUDA kernels but the installed torch has no CUDA"
+    floor = bs.major_minor(torch_floor)
+    if bs.major_minor(running_torch) < floor:
+        return "torch {} is older than {}.{}, the oldest it runs with".format(running_torch, *floor)
+    if with_cuda and built_cuda and running_cuda:
         if bs.major_minor(built_cuda)[0] != bs.major_minor(running_cuda)[0]:
-            return f"CUDA {built_cuda} vs {running_cuda} (the CUDA major versions differ)"
+            return f"its kernels are for CUDA {built_cuda} but the installed torch uses CUDA {running_cuda}"
     return None
 
 
+def remedy(problem_floor, facts):
+    """The one command that fixes a mismatch: a newer torch, or the edsc-ext build of torch's CUDA."""
+    if problem_floor:
+        return 'pip install "torch>={}.{}"'.format(*_floor(facts))
+    wanted = bs.release_label(torch.version.cuda)
+    index = facts.get("wheel_index") or WHEEL_INDEX
+    if index:
+        return (f'pip install --force-reinstall --no-deps "{PYPI_NAME}=={BASE_VERSION}+{wanted}" '
+                f'-f {index}/{wanted}.html')
+    return "pip install --no-build-isolation --force-reinstall --no-deps .   (in the checkout, rebuilds it)"
+
+
+def refusal(problem, facts):
+    """The one-line ImportError text of a binary that does not fit the installed torch."""
+    below_floor = "older than" in problem
+    return (f"edsc_ext {facts.get('version', BASE_VERSION)} cannot run here: {problem}; install what fits: "
+            f"{remedy(below_floor, facts)}")
+
+
 def explain(problem, meta=None, binary_info=None, cause=None):
-    """The ImportError text: what was built, what is installed, and the exact fixes."""
+    """The ImportError text of a binary that does not load: what was built, what is installed, the fixes."""
     facts = dict(binary_info or {})
     facts.update({k: v for k, v in (meta or {}).items() if v is not None})
     built_torch = facts.get("torch_version")
     built_cuda = facts.get("torch_cuda_version") or facts.get("cuda_version")
     with_cuda = facts.get("with_cuda")
-    index = facts.get("wheel_index") or WHEEL_INDEX
-    wanted = bs.local_version_label(torch.__version__, torch.version.cuda)
     lines = [f"edsc_ext cannot load its compiled kernels: {problem}."]
     if built_torch:
         archs = ",".join(facts.get("cuda_sass_archs") or []) or "-"
-        lines.append(f"  built for: {_describe_torch(built_torch, built_cuda if with_cuda else None)}"
-                     + (f", kernels for sm {archs}" if with_cuda else "")
+        lines.append("  built for: torch >= {}.{}".format(*_floor(facts))
+                     + (f" with CUDA {built_cuda}, kernels for sm {archs}" if with_cuda else " (CPU kernels)")
+                     + f" (headers of torch {built_torch})"
                      + f"  [edsc-ext {facts.get('version', BASE_VERSION)}, {facts.get('build', 'unknown')} build]")
     lines.append(f"  installed: {_describe_torch(torch.__version__, torch.version.cuda)}, "
                  f"Python {platform.python_version()}")
     lines += [
-        "A compiled PyTorch extension only runs with the torch major.minor (and CUDA major) it was built against.",
         "Fix it with one of:",
         "  * rebuild it from source against the installed torch (C++ compiler; nvcc matching torch's CUDA "
         "for the GPU kernels), in the checkout it came from:",
         "      pip install --no-build-isolation --force-reinstall --no-deps .",
-    ]
-    if index:  # a wheel of a published release knows where its siblings are
-        lines += [f"  * or install the edsc-ext wheel built for your torch ({wanted}), where one is published "
-                  f"({index}/ lists them):",
-                  f'      pip install --force-reinstall --no-deps "{PYPI_NAME}=={BASE_VERSION}" '
-                  f'-f {index}/{wanted}.html']
-    if built_torch:
-        mm = "{}.{}".format(*bs.major_minor(built_torch))
-        tag = bs.cuda_tag(built_cuda if with_cuda else None)
-        lines += ["  * or install the torch this build is for:",
-                  f'      pip install "torch=={mm}.*" --index-url https://download.pytorch.org/whl/{tag}']
-    lines += [
+        f"  * or reinstall the published build for your torch: {remedy(False, facts)}",
         "  * or compile it on import: EDSC_EXT_JIT=1 python ...   (cached after the first time)",
         "See the README, sections 'Install' and 'Troubleshooting'.",
     ]
@@ -108,11 +121,12 @@ def _jit_mode():
 
 
 def _check_facts(meta):
-    """ImportError with the explanation when build facts say the binary is for another torch."""
+    """ImportError, one line, when build facts say the binary does not fit the installed torch."""
     if meta is not None and meta.get("torch_version"):
-        problem = mismatch(meta["torch_version"], meta.get("torch_cuda_version"), meta.get("with_cuda"))
+        floor = "{}.{}".format(*_floor(meta))
+        problem = mismatch(floor, meta.get("cuda_version") or meta.get("torch_cuda_version"), meta.get("with_cuda"))
         if problem:
-            raise ImportError(explain(f"it was built for another torch ({problem})", meta))
+            raise ImportError(refusal(problem, meta))
 
 
 def checkout_root():
@@ -217,9 +231,10 @@ def _load_prebuilt():
         raise ImportError(explain(problem, meta, cause=exc)) from exc
     info = dict(module.build_info())
     # Without _build_meta.py (another build path), check the facts the binary carries.
-    problem = mismatch(info["torch_version"], info.get("cuda_version"), info.get("with_cuda"))
+    problem = mismatch(info.get("torch_floor") or "{}.{}".format(*bs.STABLE_ABI_FLOOR), info.get("cuda_version"),
+                       info.get("with_cuda"))
     if problem:
-        raise ImportError(explain(f"it was built for another torch ({problem})", meta, info))
+        raise ImportError(refusal(problem, {**(meta or {}), **info}))
     return module, meta
 
 

@@ -1,5 +1,5 @@
-"""The kernel policy: which kernel families the planners may choose (src/cpu/deform_sepconv_plan.h,
-src/cuda/deform_sepconv_plan.h), and the CPU backward's scratch budget.
+"""The kernel policy: which kernel families the planners may choose (src/cpu/cpu_plan.h,
+src/cuda/cuda_plan.h), and the CPU backward's scratch budget.
 
     with edsc_ext.kernel_policy(grid_taps=False):
         out = edsc_ext.deform_sepconv(...)   # sepconv calls run the bilinear kernels
@@ -94,12 +94,18 @@ def current_kernel_policy() -> KernelPolicy:
     return _current
 
 
+def _op_arguments(policy: KernelPolicy) -> dict:
+    """The set_kernel_policy op's arguments, by name: the C++ switches (EDSC_KERNEL_POLICY_SWITCHES in
+    include/edsc_ext/kernel_policy.h, which makes the op's schema) are the bool fields here, so
+    neither side lists the other's; cpu_isa goes as its bool, cpu_baseline."""
+    arguments = {f.name: getattr(policy, f.name) for f in dataclasses.fields(policy) if f.name != "cpu_isa"}
+    arguments["cpu_baseline"] = policy.cpu_isa == "baseline"
+    return arguments
+
+
 def _set(policy: KernelPolicy) -> None:
     global _current
-    torch.ops.edsc_ext.set_kernel_policy(policy.grid_taps, policy.plain_forward, policy.prefetch,
-                                         policy.input_grad_tile, policy.warp_staging, policy.vector_loads,
-                                         policy.channel_lanes,
-                                         policy.cpu_isa == "baseline", policy.cpu_scratch_mb)
+    torch.ops.edsc_ext.set_kernel_policy(**_op_arguments(policy))
     _current = policy
 
 

@@ -114,7 +114,7 @@ def load(verbose=False):
     directory = build_directory(with_cuda, arch_list)
     os.makedirs(directory, exist_ok=True)
 
-    macros = bs.arch_macros(arch_list) if with_cuda else []
+    macros = bs.stable_abi_macros() + (bs.arch_macros(arch_list) if with_cuda else [])
     sources = [os.path.join(root, s) for s in bs.source_files(root, with_cuda)]
     include_dirs = [os.path.join(root, "include")] + (bs.pip_cuda_include_dirs() if with_cuda else [])
     saved = {k: os.environ.get(k) for k in ("TORCH_CUDA_ARCH_LIST", "CUDA_HOME")}
@@ -131,7 +131,7 @@ def load(verbose=False):
         module = cpp_extension.load(
             name=MODULE_NAME,
             sources=sources,
-            extra_cflags=list(bs.CXX_FLAGS) + bs.openmp_flags() + bs.macro_flags(macros),
+            extra_cflags=list(bs.CXX_FLAGS) + bs.macro_flags(macros),
             extra_cuda_cflags=list(bs.NVCC_FLAGS) + bs.macro_flags(macros),
             extra_include_paths=include_dirs,
             build_directory=directory,

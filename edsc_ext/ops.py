@@ -348,8 +348,8 @@ def _autocast_promote(input, *per_pixel):
 
 
 # --------------------------------------------------------------------------------------------
-# Kernel plans: which kernels a call runs (the planners in src/cpu/deform_sepconv_plan.h and
-# src/cuda/deform_sepconv_plan.h).
+# Kernel plans: which kernels a call runs (the planners in src/cpu/cpu_plan.h and
+# src/cuda/cuda_plan.h).
 
 
 class KernelPlans(NamedTuple):
@@ -418,7 +418,8 @@ def _plan(input: Tensor, vertical: Optional[Tensor] = None, horizontal: Optional
     output_mask[3] = output_mask[3] or (offset_dx is not None and offset_dx.requires_grad)
     detached = [None if t is None else t.detach() for t in tensors]
     names = torch.ops.edsc_ext.deform_sepconv_plan(*detached, *args.op_args()[5:], output_mask, cpu_facts, cuda_device,
-                                                   None if offset_dx is None else offset_dx.detach())
+                                                   None if offset_dx is None else offset_dx.detach(),
+                                                   torch.are_deterministic_algorithms_enabled())
     return KernelPlans(*names)
 
 
@@ -446,7 +447,7 @@ def _in_layout_of(input, result):
 @torch.library.register_fake("edsc_ext::deform_sepconv_backward")
 def _deform_sepconv_backward_fake(grad_output, input, vertical, horizontal, offset, mask,
                                   kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode,
-                                  output_mask, offset_dx=None):
+                                  output_mask, offset_dx=None, deterministic=False):
     def like(t, wanted):
         # Gradients that were not asked for come back as empty tensors (see src/deform_sepconv.cpp).
         return t.new_empty(t.shape) if (t is not None and wanted) else input.new_empty((0,))
@@ -477,8 +478,11 @@ def _backward(ctx, grad_output):
     output_mask[3] = output_mask[3] or dx_wanted
     grads = (None,) * 6
     if any(output_mask):
-        split = {} if offset_dx is None else {"offset_dx": offset_dx}
-        grads = torch.ops.edsc_ext.deform_sepconv_backward(grad_output, *tensors, *ctx.params, output_mask, **split)
+        extra = {} if offset_dx is None else {"offset_dx": offset_dx}
+        if torch.are_deterministic_algorithms_enabled():
+            # The compiled op cannot ask torch for the setting (the stable ABI has no call for it).
+            extra["deterministic"] = True
+        grads = torch.ops.edsc_ext.deform_sepconv_backward(grad_output, *tensors, *ctx.params, output_mask, **extra)
     wanted = [m and bool(need) for m, need in zip(output_mask, needs[:5])]
     result = tuple(g if w else None for g, w in zip(grads[:5], wanted)) + (None,) * len(ctx.params)
     result += ((grads[5] if dx_wanted else None),)

@@ -8,27 +8,25 @@
 namespace edsc_ext {
 namespace {
 
-// Bits 0-7: the switches; bits 32-62: cpu_scratch_mb.
+// Bits 0-7: the switches, in EDSC_KERNEL_POLICY_SWITCHES' order; bits 32-62: cpu_scratch_mb.
 constexpr int kScratchShift = 32;
 constexpr int64_t kMaxScratchMb = (int64_t(1) << 31) - 1;
 
 uint64_t pack(const KernelPolicy& p) {
-  const uint64_t scratch = static_cast<uint64_t>(std::clamp<int64_t>(p.cpu_scratch_mb, 0, kMaxScratchMb));
-  return uint64_t(p.grid_taps) | uint64_t(p.plain_forward) << 1 | uint64_t(p.prefetch) << 2 |
-         uint64_t(p.input_grad_tile) << 3 | uint64_t(p.warp_staging) << 4 | uint64_t(p.cpu_baseline) << 5 |
-         uint64_t(p.vector_loads) << 6 | uint64_t(p.channel_lanes) << 7 | scratch << kScratchShift;
+  uint64_t word = static_cast<uint64_t>(std::clamp<int64_t>(p.cpu_scratch_mb, 0, kMaxScratchMb)) << kScratchShift;
+  int bit = 0;
+#define EDSC_POLICY_PACK(name, default_value) word |= uint64_t(p.name) << bit++;
+  EDSC_KERNEL_POLICY_SWITCHES(EDSC_POLICY_PACK)
+#undef EDSC_POLICY_PACK
+  return word;
 }
 
 KernelPolicy unpack(uint64_t word) {
   KernelPolicy p;
-  p.grid_taps = word & 1;
-  p.plain_forward = (word >> 1) & 1;
-  p.prefetch = (word >> 2) & 1;
-  p.input_grad_tile = (word >> 3) & 1;
-  p.warp_staging = (word >> 4) & 1;
-  p.cpu_baseline = (word >> 5) & 1;
-  p.vector_loads = (word >> 6) & 1;
-  p.channel_lanes = (word >> 7) & 1;
+  int bit = 0;
+#define EDSC_POLICY_UNPACK(name, default_value) p.name = (word >> bit++) & 1;
+  EDSC_KERNEL_POLICY_SWITCHES(EDSC_POLICY_UNPACK)
+#undef EDSC_POLICY_UNPACK
   p.cpu_scratch_mb = static_cast<int64_t>(word >> kScratchShift);
   return p;
 }

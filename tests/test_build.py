@@ -35,16 +35,19 @@ run_build_tests = pytest.mark.skipif(os.environ.get("EDSC_EXT_BUILD_TESTS") != "
 
 def test_build_info_facts():
     info = edsc_ext.build_info()
-    for key in ("version", "build", "torch_version", "with_cuda", "cuda_version", "cuda_sass_archs",
+    for key in ("version", "build", "torch_version", "torch_floor", "with_cuda", "cuda_version", "cuda_sass_archs",
                 "cuda_ptx_archs"):
         assert key in info, key
     assert info["build"] in ("setuptools", "jit")
-    assert bs.major_minor(info["torch_version"]) == bs.major_minor(torch.__version__)
+    # One binary for every torch from the floor on: the torch it runs with may differ from its headers'.
+    assert bs.major_minor(info["torch_floor"]) == bs.STABLE_ABI_FLOOR
+    assert bs.major_minor(torch.__version__) >= bs.STABLE_ABI_FLOOR
     assert info["version"] == edsc_ext.__version__
     assert isinstance(info["cuda_sass_archs"], list) and isinstance(info["cuda_ptx_archs"], list)
     if info["with_cuda"]:
         assert info["cuda_sass_archs"], "a CUDA build records its architectures"
-        assert int(info["cuda_version"].split(".")[0]) == int(torch.version.cuda.split(".")[0])
+        if torch.version.cuda:  # a CUDA build also runs (on the CPU) with a CPU-only torch
+            assert int(info["cuda_version"].split(".")[0]) == int(torch.version.cuda.split(".")[0])
     else:
         assert info["cuda_sass_archs"] == [] and info["cuda_ptx_archs"] == []
 
@@ -56,6 +59,7 @@ def test_build_meta_matches_binary():
         pytest.skip("not a setuptools build with _build_meta.py")
     binary = edsc_ext._C.build_info()
     assert meta["torch_version"].split("+")[0] == binary["torch_version"]
+    assert meta["torch_floor"] == binary["torch_floor"]
     assert meta["with_cuda"] == binary["with_cuda"]
     if meta["with_cuda"]:
         assert bs.ARCH_SEPARATOR.join(meta["cuda_sass_archs"]) == binary["cuda_sass_archs"]
@@ -63,15 +67,19 @@ def test_build_meta_matches_binary():
 
 
 def test_version_label():
-    assert bs.local_version_label("2.14.1+cu130", "13.0") == "cu130torch2.14"
-    assert bs.local_version_label("2.13.0+cpu", None) == "cputorch2.13"
-    assert bs.local_version_label("2.9.1", "12.6") == "cu126torch2.9"
-    assert bs.torch_requirement("2.14.1+cu130") == "torch==2.14.*"
+    """Labels name the CUDA of the kernels, not a torch: the binary runs with every torch from the floor on."""
+    assert bs.local_version_label("13.0") == "cu130"
+    assert bs.local_version_label("12.8") == "cu128"
+    assert bs.local_version_label(None) == "cpu"
+    # The remedy points at what a release publishes: one wheel per CUDA major.
+    assert [bs.release_label(v) for v in ("13.0", "13.2", "12.6", "12.8", None)] == [
+        "cu130", "cu130", "cu128", "cu128", "cpu"]
+    assert bs.torch_requirement() == "torch>={}.{}".format(*bs.STABLE_ABI_FLOOR)
+    assert bs.STABLE_ABI_FLOOR <= (2, 11), "the H200 runs torch 2.11"
     meta = _loader.read_build_meta()
     if meta and meta.get("build") == "setuptools":
         label = edsc_ext.__version__.partition("+")[2]
-        expected = bs.local_version_label(meta["torch_version"], meta["torch_cuda_version"] if meta["with_cuda"]
-                                          else None)
+        expected = bs.local_version_label(meta["torch_cuda_version"] if meta["with_cuda"] else None)
         assert label in ("", expected)
 
 
@@ -106,27 +114,40 @@ def test_arch_runs_on():
 # --------------------------------------------------------------------------- the import-time explanation
 
 def test_mismatch_rules():
-    assert _loader.mismatch("2.14.1", "13.0", True, "2.14.0+cu130", "13.0") is None
-    assert _loader.mismatch("2.14.1", "12.6", True, "2.14.1+cu128", "12.8") is None  # same CUDA major
-    assert _loader.mismatch("2.14.1", None, False, "2.14.1+cu130", "13.0") is None  # CPU build, any CUDA
-    assert "torch 2.14 vs 2.13" in _loader.mismatch("2.14.1", "13.0", True, "2.13.0", "13.0")
-    assert "CUDA 12.6 vs 13.0" in _loader.mismatch("2.14.1", "12.6", True, "2.14.1+cu130", "13.0")
-    assert "no CUDA" in _loader.mismatch("2.14.1", "13.0", True, "2.14.1+cpu", "")
+    assert _loader.mismatch("2.10", "13.0", True, "2.14.0+cu130", "13.0") is None
+    assert _loader.mismatch("2.10", "13.0", True, "2.10.0+cu130", "13.0") is None  # the floor itself
+    assert _loader.mismatch("2.10", "12.8", True, "2.11.0+cu126", "12.6") is None  # same CUDA major
+    assert _loader.mismatch("2.10", None, False, "2.14.1+cu130", "13.0") is None  # CPU build, any CUDA
+    assert _loader.mismatch("2.10", "13.0", True, "2.13.0+cpu", "") is None  # CUDA build, on the CPU
+    assert "torch 2.9.1 is older than 2.10" in _loader.mismatch("2.10", None, False, "2.9.1", "")
+    assert ("its kernels are for CUDA 12.8 but the installed torch uses CUDA 13.0"
+            in _loader.mismatch("2.10", "12.8", True, "2.14.1+cu130", "13.0"))
+
+
+def test_refusal_is_one_line_that_says_what_to_install():
+    facts = {"version": "0.1.0+cu128", "torch_floor": "2.10", "wheel_index": "https://example.org/whl"}
+    below = _loader.refusal(_loader.mismatch("2.10", None, False, "2.9.1", ""), facts)
+    assert "\n" not in below
+    assert below.startswith("edsc_ext 0.1.0+cu128 cannot run here: torch 2.9.1 is older than 2.10")
+    assert below.endswith('pip install "torch>=2.10"')
+    other_cuda = _loader.refusal(_loader.mismatch("2.10", "12.8", True, "2.14.1+cu130", "13.0"), facts)
+    wanted = bs.release_label(torch.version.cuda)
+    assert "\n" not in other_cuda and "CUDA 12.8" in other_cuda
+    assert other_cuda.endswith(f'pip install --force-reinstall --no-deps "edsc-ext=={_loader.BASE_VERSION}'
+                               f'+{wanted}" -f https://example.org/whl/{wanted}.html')
 
 
 def test_explanation_says_what_and_how():
-    meta = {"version": "0.1.0+cu126torch2.9", "build": "setuptools", "torch_version": "2.9.1+cu126",
+    meta = {"version": "0.1.0+cu126", "build": "setuptools", "torch_version": "2.14.1+cu126", "torch_floor": "2.10",
             "torch_cuda_version": "12.6", "with_cuda": True, "cuda_version": "12.6",
             "cuda_sass_archs": ["75", "90"], "wheel_index": "https://example.org/whl"}
-    text = _loader.explain("it was built for another torch (torch 2.9 vs 2.14)", meta,
-                           cause=ImportError("undefined symbol: _ZN3c104impl3cow11cow_deleterEPv"))
-    wanted = bs.local_version_label(torch.__version__, torch.version.cuda)
-    assert "built for: torch 2.9.1+cu126 (CUDA 12.6)" in text
+    text = _loader.explain("the binary does not load", meta, cause=ImportError("libcuda.so.1: cannot open"))
+    wanted = bs.release_label(torch.version.cuda)
+    assert "built for: torch >= 2.10 with CUDA 12.6, kernels for sm 75,90 (headers of torch 2.14.1+cu126)" in text
     assert f"installed: torch {torch.__version__}" in text
-    assert f'pip install --force-reinstall --no-deps "edsc-ext==0.1.0" -f https://example.org/whl/{wanted}.html' in text
-    assert 'pip install "torch==2.9.*" --index-url https://download.pytorch.org/whl/cu126' in text
+    assert f"-f https://example.org/whl/{wanted}.html" in text
     assert "pip install --no-build-isolation" in text and "EDSC_EXT_JIT=1" in text
-    assert "Underlying error: ImportError: undefined symbol: _ZN3c104impl3cow11cow_deleterEPv" in text
+    assert "Underlying error: ImportError: libcuda.so.1: cannot open" in text
 
 
 def _package_copy(tmp_path, meta=None, binary_bytes=None):
@@ -151,19 +172,23 @@ def _import_in_subprocess(pythonpath, **env):
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environ, cwd=pythonpath)
 
 
-def test_import_explains_torch_mismatch(tmp_path):
-    """The facts are checked before the binary is touched: no binary is needed to get the message."""
-    meta = {"version": "0.1.0+cu126torch1.13", "build": "setuptools", "torch_version": "1.13.1+cu126",
-            "torch_cuda_version": "12.6", "with_cuda": True, "cuda_version": "12.6",
+@pytest.mark.parametrize("case", ["floor", "cuda"])
+def test_import_refuses_a_torch_that_does_not_fit(tmp_path, case):
+    """The facts are checked before the binary is touched: no binary is needed to get the one line."""
+    running = bs.major_minor(torch.__version__)
+    other_cuda = "12.8" if (torch.version.cuda or "13").startswith("13") else "13.0"
+    meta = {"version": "0.1.0+cu128", "build": "setuptools", "torch_version": "2.14.1+cu128",
+            "torch_floor": f"{running[0]}.{running[1] + 1}" if case == "floor" else "2.10",
+            "torch_cuda_version": other_cuda, "with_cuda": True, "cuda_version": other_cuda,
             "cuda_sass_archs": ["75"], "cuda_ptx_archs": ["75"]}
+    if case == "cuda" and not torch.version.cuda:
+        pytest.skip("a CUDA-major mismatch needs a CUDA torch (a CPU torch runs any CUDA build on the CPU)")
     result = _import_in_subprocess(_package_copy(tmp_path, meta))
     assert result.returncode != 0
-    err = result.stderr
-    assert ("ImportError: edsc_ext cannot load its compiled kernels: it was built for another torch "
-            "(torch 1.13 vs") in err
-    assert "built for: torch 1.13.1+cu126 (CUDA 12.6)" in err and f"installed: torch {torch.__version__}" in err
-    assert "pip install" in err and "EDSC_EXT_JIT=1" in err
-    assert "undefined symbol" not in err
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: edsc_ext 0.1.0+cu128 cannot run here: ")
+    assert ("older than" in last and 'pip install "torch>=' in last) if case == "floor" else \
+        (f"its kernels are for CUDA {other_cuda}" in last and "pip install" in last)
 
 
 def test_import_explains_a_binary_that_does_not_load(tmp_path):
@@ -407,7 +432,7 @@ def test_main_report_only(capsys):
 
     assert main.main(["--no-check"]) == 0
     out = capsys.readouterr().out
-    assert f"edsc_ext {edsc_ext.__version__}" in out and "built with: torch" in out
+    assert f"edsc_ext {edsc_ext.__version__}" in out and "built for: torch >= " in out
     assert "self-check" not in out and " ok " not in out
 
 

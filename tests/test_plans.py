@@ -1,5 +1,5 @@
 """Kernel plans and the kernel policy: which kernels a call runs (edsc_ext._plan, the planners in
-src/cpu/deform_sepconv_plan.h and src/cuda/deform_sepconv_plan.h) and how edsc_ext.kernel_policy
+src/cpu/cpu_plan.h and src/cuda/cuda_plan.h) and how edsc_ext.kernel_policy
 changes that. The table test lists the plans of representative calls, for this CPU build and for
 an H200, so that a change of selection shows in review; it describes the calls with meta tensors,
 so it needs neither the memory of the benchmark sizes nor a GPU."""
@@ -231,8 +231,55 @@ def test_channel_lanes_plans(channels, dtype, expected):
         assert plans(call, H200).backward.startswith("nchw_copies+")
 
 
+# A Turing-like device: 64 KB of shared memory a block, no cp.async.
+SM75 = CudaDeviceFacts(7, 5, 65536)
+
+
+def test_every_cuda_plan_names_a_variant_compiled_for_its_call():
+    """The CUDA planner picks the bilinear kernels' variant from the tables in cuda_plan.h and checks
+    that the row is compiled for the call (find_variant); the launchers instantiate only those rows.
+    Over dtypes, layouts, channel counts, kernel sizes, offsets or none, determinism, the policy's
+    extremes and two devices, no plan may name a row its launcher lacks (the planner raises)."""
+    dtypes = [(F64, None), (F32, None), (F16, None), (BF16, None), (F32, BF16), (F32, F16)]
+    policies = [{}, {f.name: False for f in dataclasses.fields(edsc_ext.KernelPolicy) if f.type in ("bool", bool)}]
+    seen = set()
+    for case in (TRAIN, SEPCONV):
+        for k in (1, 3, 5):
+            for channels in (1, 3, 4, 6, 8, 32):
+                for channels_last in (False, True):
+                    for dtype, param_dtype in dtypes:
+                        call = meta_call(case, dtype, channels_last=channels_last, channels=channels,
+                                         param_dtype=param_dtype, k=k, padding=k // 2)
+                        for policy in policies:
+                            with edsc_ext.kernel_policy(**policy):
+                                for device in (H200, SM75):
+                                    for deterministic in (False, True):
+                                        forward, backward = plans(call, device, deterministic)
+                                        assert forward and backward
+                                        seen.update((forward, backward))
+    # The sweep reached every variant of the tables (by name).
+    for name in ("pixels", "pixels_rgb", "pixels_rgb_prefetch", "pixels_prefetch", "pixels_vectorized",
+                 "pixels_vectorized8"):
+        assert name in seen, name
+    backward_parts = {part for plan in seen for part in plan.split("+")}
+    for name in ("pixels", "tiled", "tiled_rgb_prefetch", "tiled_warp_staged", "tiled_warp_staged_rgb",
+                 "tiled_prefetch"):
+        assert name in backward_parts, name
+
+
 def test_every_policy_keyword_has_a_plan_test():
     assert {f.name for f in dataclasses.fields(edsc_ext.KernelPolicy)} == {c[0] for c in POLICY_CASES}
+
+
+def test_policy_fields_are_the_ops_arguments():
+    """KernelPolicy's fields and the C++ switch list (EDSC_KERNEL_POLICY_SWITCHES, which makes the
+    set_kernel_policy schema) name the same switches: Python passes them by name."""
+    from edsc_ext import _policy
+
+    schema_names = [argument.name for argument in torch.ops.edsc_ext.set_kernel_policy.default._schema.arguments]
+    assert sorted(schema_names) == sorted(_policy._op_arguments(edsc_ext.KernelPolicy()))
+    returned = torch.ops.edsc_ext.get_kernel_policy.default._schema.returns
+    assert len(returned) == len(schema_names)
 
 
 def test_policy_reaches_the_op():

@@ -1,5 +1,5 @@
-// The facts about one deform_sepconv call that the planners (src/cpu/deform_sepconv_plan.h,
-// src/cuda/deform_sepconv_plan.h) choose its kernels from: shapes, dtype size, layout, which
+// The facts about one deform_sepconv call that the planners (src/cpu/cpu_plan.h,
+// src/cuda/cuda_plan.h) choose its kernels from: shapes, dtype size, layout, which
 // optional tensors are present, alignment, requested gradients, determinism. Plain values, so a
 // plan can be made for any call description, also for a CUDA device on a machine without one
 // (edsc_ext._plan, tests/test_plans.py).

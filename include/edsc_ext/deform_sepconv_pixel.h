@@ -556,29 +556,4 @@ EDSC_HOST_DEVICE void deform_sepconv_backward_pixel(const DeformSepconvParams<sc
                                             x);
 }
 
-// Instantiates `body` with the call's layout as a compile-time kChannelsLast.
-#define EDSC_DISPATCH_LAYOUT(channels_last, ...) \
-  [&] {                                          \
-    if (channels_last) {                         \
-      constexpr bool kChannelsLast = true;       \
-      return __VA_ARGS__();                      \
-    } else {                                     \
-      constexpr bool kChannelsLast = false;      \
-      return __VA_ARGS__();                      \
-    }                                            \
-  }()
-
-// Instantiates `body` with compile-time kernel sizes for the common 5x5 (EDSC, DSepConv, AdaCoF)
-// and run-time sizes otherwise.
-#define EDSC_DISPATCH_KERNEL_SIZE(kernel_h, kernel_w, ...) \
-  [&] {                                                    \
-    if ((kernel_h) == 5 && (kernel_w) == 5) {              \
-      constexpr int kKernelH = 5, kKernelW = 5;            \
-      return __VA_ARGS__();                                \
-    } else {                                               \
-      constexpr int kKernelH = 0, kKernelW = 0;            \
-      return __VA_ARGS__();                                \
-    }                                                      \
-  }()
-
 }  // namespace edsc_ext

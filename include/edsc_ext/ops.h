@@ -2,13 +2,13 @@
 // units take edsc_ext/deform_sepconv_tensors.h).
 #pragma once
 
-#include <ATen/core/Tensor.h>
-
 #include <array>
 #include <cstdint>
 #include <limits>
 #include <optional>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "edsc_ext/deform_sepconv_tensors.h"
 
@@ -23,23 +23,16 @@ namespace edsc_ext {
 // given, and checked) makes them dense, since its gradients share the values' indexing.
 // With offset_dx (split offsets), offset and offset_dx are the dy and dx of every tap, (N, KH*KW, H_out, W_out) each;
 // else offset is (N, 2*KH*KW, H_out, W_out).
-DeformSepconvTensors prepare_deform_sepconv(const at::Tensor& input, const std::optional<at::Tensor>& vertical,
-                                            const std::optional<at::Tensor>& horizontal,
-                                            const std::optional<at::Tensor>& offset,
-                                            const std::optional<at::Tensor>& mask, const DeformSepconvConfig& cfg,
-                                            const at::Tensor* grad_output = nullptr,
-                                            const std::optional<at::Tensor>& offset_dx = std::nullopt);
-
-// The gradients of input, vertical, horizontal, offset, mask and offset_dx (split offsets).
-using DeformSepconvGrads = std::array<at::Tensor, 6>;
-inline DeformSepconvGradBuffers grad_buffers(const DeformSepconvGrads& g) {
-  return {g[0], g[1], g[2], g[3], g[4], g[5]};
-}
+DeformSepconvTensors prepare_deform_sepconv(const Tensor& input, const OptionalTensor& vertical,
+                                            const OptionalTensor& horizontal, const OptionalTensor& offset,
+                                            const OptionalTensor& mask, const DeformSepconvConfig& cfg,
+                                            const Tensor* grad_output = nullptr,
+                                            const OptionalTensor& offset_dx = std::nullopt);
 
 // What the backward op returns: DeformSepconvGrads as a tuple.
-using DeformSepconvBackwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-inline DeformSepconvBackwardResult backward_result(const DeformSepconvGrads& g) {
-  return {g[0], g[1], g[2], g[3], g[4], g[5]};
+using DeformSepconvBackwardResult = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
+inline DeformSepconvBackwardResult backward_result(DeformSepconvGrads g) {
+  return {std::move(g[0]), std::move(g[1]), std::move(g[2]), std::move(g[3]), std::move(g[4]), std::move(g[5])};
 }
 
 // Allocates the gradient outputs in the call's memory format: zero-filled where requested (the
@@ -50,6 +43,9 @@ DeformSepconvGrads allocate_deform_sepconv_grads(const DeformSepconvTensors& t, 
 // A channels_last input (and not also contiguous) makes the call channels_last: its output and
 // gradients come back in channels_last, as PyTorch's own convolutions do. edsc_ext/ops.py's fake
 // kernels apply the same rule.
-bool wants_channels_last(const at::Tensor& input);
+bool wants_channels_last(const Tensor& input);
+
+// The backward op's bool[5] output_mask (input, vertical, horizontal, offset, mask), checked.
+std::array<bool, 5> output_mask_array(const std::vector<bool>& mask);
 
 }  // namespace edsc_ext

@@ -23,6 +23,10 @@
 
 namespace edsc_ext {
 
+// The widest horizontal kernel (KW) the ops take: the backward keeps one accumulator per horizontal
+// tap; edsc_ext/ops.py has the same bound.
+constexpr int64_t kMaxKernelWidth = 128;
+
 // Integer codes of padding_mode; edsc_ext/ops.py (PADDING_MODES) holds the names.
 enum PaddingMode : int64_t {
   kPaddingZeros = 0,   // outside pixels are 0

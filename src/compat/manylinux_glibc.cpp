@@ -10,3 +10,27 @@
 extern "C" {
 __attribute__((visibility("hidden"))) char __libc_single_threaded = 0;
 }
+
+// The CUDA runtime is linked statically (_build_support.py: STATIC_CUDA_RUNTIME), and glibc 2.34 moved
+// the thread, semaphore, shared-memory and dl functions it calls into libc under version GLIBC_2.34:
+// linked on such a glibc, its references would bind to those. The link wraps each of them (--wrap,
+// _build_support.static_cuda_runtime_glibc_wraps), and the wrappers below jump to the version every
+// glibc since 2.28 still exports: the same functions.
+#if defined(__x86_64__)  // setup.py compiles this file on glibc systems only
+#define EDSC_EXT_GLIBC_VERSIONED(name, version)                  \
+  __asm__(".symver edsc_ext_glibc_" #name ", " #name "@" version \
+          "\n"                                                   \
+          ".globl __wrap_" #name                                 \
+          "\n"                                                   \
+          ".hidden __wrap_" #name                                \
+          "\n"                                                   \
+          ".type __wrap_" #name                                  \
+          ", @function\n"                                        \
+          "__wrap_" #name                                        \
+          ":\n"                                                  \
+          "  jmp edsc_ext_glibc_" #name "@PLT\n");
+#define EDSC_EXT_GLIBC_225(name) EDSC_EXT_GLIBC_VERSIONED(name, "GLIBC_2.2.5")
+#include "static_cuda_runtime_glibc.def"
+#undef EDSC_EXT_GLIBC_225
+#undef EDSC_EXT_GLIBC_VERSIONED
+#endif

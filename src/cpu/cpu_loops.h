@@ -1,47 +1,32 @@
 // Shared by the CPU backend's translation units (deform_sepconv_forward_cpu.cpp,
-// deform_sepconv_backward_loops_cpu.h): the dispatch of a call to its compiled variant, the
+// deform_sepconv_backward_loops_cpu.h): the dispatch of a call to its compiled loop shape, the
 // instruction-set switch their parallel loops run under, and the loop constants.
 #pragma once
 
-#include <ATen/Dispatch.h>
-#include <ATen/OpMathType.h>
-#include <ATen/Parallel.h>
-
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 
-#include "deform_sepconv_plan.h"
+#include "cpu_plan.h"
 #include "edsc_ext/ops.h"
 
 namespace edsc_ext {
 namespace {
 
-// Runs `body` (a lambda) instantiated for the call's memory layout (kChannelsLast), index width
-// (index_t) and kernel size (kKernelH, kKernelW; 0 for run-time sizes); `t` is the call's
-// DeformSepconvTensors. Only 32-bit-index calls get the static 5x5 variant: calls past 2^31 elements
-// are rare on the CPU, and each variant is another compile of every kernel.
-#define EDSC_DISPATCH_CPU_SHAPE(t, kernel_h, kernel_w, ...)              \
-  EDSC_DISPATCH_LAYOUT((t).channels_last, [&] {                          \
-    if ((t).use_32bit_indexing) {                                        \
-      using index_t = int32_t;                                           \
-      return EDSC_DISPATCH_KERNEL_SIZE(kernel_h, kernel_w, __VA_ARGS__); \
-    }                                                                    \
-    using index_t = int64_t;                                             \
-    constexpr int kKernelH = 0, kKernelW = 0;                            \
-    return __VA_ARGS__();                                                \
-  })
-
-// As EDSC_DISPATCH_CPU_SHAPE, and for the call's dtypes too (the frame's scalar_t, the per-pixel
-// tensors' param_t, accumulating in acc_t).
-#define EDSC_DISPATCH_CPU_CALL(name, t, kernel_h, kernel_w, ...)                            \
-  EDSC_DISPATCH_FRAME_AND_PARAM_TYPES((t).input.scalar_type(), (t).param_dtype, name, [&] { \
-    using acc_t = at::opmath_type<scalar_t>;                                                \
-    EDSC_DISPATCH_CPU_SHAPE(t, kernel_h, kernel_w, __VA_ARGS__);                            \
-  })
+// The shape axes of the CPU's bilinear loops (after the dtypes): index width, layout, and the static
+// 5x5 for 32-bit-index calls only (calls past 2^31 elements are rare on the CPU, and each variant is
+// another compile of every kernel).
+template <typename Seed, typename Body>
+void dispatch_cpu_loop_shape(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg, const char* name,
+                             Body&& body) {
+  dispatch_kernel_types<Seed, dispatch_axis::IndexWidth, dispatch_axis::Layout,
+                        dispatch_axis::KernelSize5x5</*kOnlyWith32bitIndex=*/true>>(kernel_call(t, cfg), name,
+                                                                                    std::forward<Body>(body));
+}
 
 // Instruction sets: the wheels target the x86-64 baseline (SSE2), which leaves the sampling math
 // without FMA or vector rounding. On x86-64 the loops are also compiled for AVX2 + FMA (x86 CPUs
-// since 2013) and run that way where the plan says (deform_sepconv_plan.h: the CPU and torch's
+// since 2013) and run that way where the plan says (cpu_plan.h: the CPU and torch's
 // capability have them, the policy does not ask for the baseline), which is faster (BENCHMARKS.md,
 // "CPU"). Only run_avx2 is compiled for AVX2, with the loop bodies and the per-pixel code
 // force-inlined into it, so no out-of-line AVX2 code can be reached on an older CPU.
@@ -74,7 +59,7 @@ constexpr int64_t kPixelGrain = 1024;
 template <typename index_t, typename Pixel>
 void for_each_output_pixel(bool avx2, int64_t batch, int64_t height, int64_t width, const Pixel& pixel) {
   const int64_t hw = height * width;
-  at::parallel_for(0, batch * hw, kPixelGrain, [&](int64_t begin, int64_t end) {
+  torch::stable::parallel_for(0, batch * hw, kPixelGrain, [&](int64_t begin, int64_t end) {
     run_for_cpu(avx2, [&]() EDSC_CPU_INLINE {
       for (int64_t k = begin; k < end; ++k) {
         pixel(static_cast<index_t>(k / hw), static_cast<index_t>((k % hw) / width), static_cast<index_t>(k % width));

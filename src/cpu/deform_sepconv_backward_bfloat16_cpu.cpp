@@ -3,9 +3,8 @@
 
 namespace edsc_ext {
 
-template void run_deform_sepconv_backward_cpu<c10::BFloat16, c10::BFloat16>(const DeformSepconvTensors&,
-                                                                            const DeformSepconvConfig&,
-                                                                            const CpuBackwardPlan&,
-                                                                            DeformSepconvGrads&);
+template void run_deform_sepconv_backward_cpu<BFloat16, BFloat16>(const DeformSepconvTensors&,
+                                                                  const DeformSepconvConfig&, const CpuBackwardPlan&,
+                                                                  DeformSepconvGrads&);
 
 }  // namespace edsc_ext

@@ -3,7 +3,7 @@
 // (deform_sepconv_backward_<frame>[_<per-pixel>]_cpu.cpp), so that a build compiles them in parallel.
 #pragma once
 
-#include "deform_sepconv_plan.h"
+#include "cpu_plan.h"
 #include "edsc_ext/ops.h"
 
 namespace edsc_ext {

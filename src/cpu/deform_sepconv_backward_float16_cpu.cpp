@@ -3,8 +3,7 @@
 
 namespace edsc_ext {
 
-template void run_deform_sepconv_backward_cpu<c10::Half, c10::Half>(const DeformSepconvTensors&,
-                                                                    const DeformSepconvConfig&, const CpuBackwardPlan&,
-                                                                    DeformSepconvGrads&);
+template void run_deform_sepconv_backward_cpu<Half, Half>(const DeformSepconvTensors&, const DeformSepconvConfig&,
+                                                          const CpuBackwardPlan&, DeformSepconvGrads&);
 
 }  // namespace edsc_ext

@@ -3,10 +3,6 @@
 // (deform_sepconv_backward_cpu.h says why).
 #pragma once
 
-#include <ATen/OpMathType.h>
-#include <ATen/Parallel.h>
-#include <ATen/ops/zeros.h>
-
 #include <optional>
 #include <vector>
 
@@ -174,18 +170,21 @@ template <typename scalar_t, typename param_t>
 void run_deform_sepconv_backward_cpu(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
                                      const CpuBackwardPlan& plan, DeformSepconvGrads& grads) {
   using namespace cpu_backward;
-  using acc_t = at::opmath_type<scalar_t>;
+  using acc_t = opmath_t<scalar_t>;
   const int64_t kernel_h = cfg.kernel_h, kernel_w = cfg.kernel_w;
-  EDSC_DISPATCH_CPU_SHAPE(t, kernel_h, kernel_w, [&] {
+  dispatch_cpu_loop_shape<KernelTypes<scalar_t, param_t>>(t, cfg, "deform_sepconv_backward_cpu", [&](auto k) {
+    using K = std::decay_t<decltype(k)>;
+    using index_t = typename K::index_t;
+    constexpr bool kChannelsLast = K::kChannelsLast;
+    constexpr int kKernelH = K::kKernelH, kKernelW = K::kKernelW;
     const auto p = make_params<scalar_t, index_t, param_t>(t, cfg);
-    const scalar_t* go = t.grad_output.const_data_ptr<scalar_t>();
+    const scalar_t* go = t.grad_output->const_data_ptr<scalar_t>();
     const auto param_grads = make_param_grads<param_t>(grads);
     // Half types accumulate the input gradient in a float plane, rounded once at the end.
-    at::Tensor acc;
-    if (grads[0].numel() > 0) {
-      acc = std::is_same_v<acc_t, scalar_t> ? grads[0] : grads[0].to(c10::CppTypeToScalarType<acc_t>::value);
-    }
-    acc_t* gin = acc.defined() ? acc.mutable_data_ptr<acc_t>() : nullptr;
+    constexpr bool kSeparateAcc = !std::is_same_v<acc_t, scalar_t>;
+    OptionalTensor acc;
+    if (grads[0].numel() > 0) acc = kSeparateAcc ? torch::stable::to(grads[0], scalar_type_of<acc_t>()) : grads[0];
+    acc_t* gin = acc.has_value() ? acc->mutable_data_ptr<acc_t>() : nullptr;
     const bool avx2 = plan.avx2;
     // Calls without offsets: the row-wise backward (deform_sepconv_backward_grid_taps_row), with
     // one scratch a task.
@@ -193,18 +192,18 @@ void run_deform_sepconv_backward_cpu(const DeformSepconvTensors& t, const Deform
     // The parameter gradients alone: no adds to share, so parallel over pixels (rows for grid taps).
     const auto parameter_grad_pass = [&] {
       if (grid_taps) {
-        at::parallel_for(0, p.batch * t.height_out, std::max<int64_t>(1, kPixelGrain / p.width_out),
-                         [&](int64_t begin, int64_t end) {
-                           GridTapRowScratch<acc_t> scratch(kernel_h, kernel_w, p.channels, p.width_out, p.width_in);
-                           run_for_cpu(avx2, [&]() EDSC_CPU_INLINE {
-                             for (int64_t row = begin; row < end; ++row) {
-                               deform_sepconv_backward_grid_taps_row<kChannelsLast>(
-                                   p, go, param_grads, static_cast<acc_t*>(nullptr),
-                                   static_cast<index_t>(row / t.height_out), static_cast<index_t>(row % t.height_out),
-                                   scratch);
-                             }
-                           });
-                         });
+        torch::stable::parallel_for(
+            0, p.batch * t.height_out, std::max<int64_t>(1, kPixelGrain / p.width_out),
+            [&](int64_t begin, int64_t end) {
+              GridTapRowScratch<acc_t> scratch(kernel_h, kernel_w, p.channels, p.width_out, p.width_in);
+              run_for_cpu(avx2, [&]() EDSC_CPU_INLINE {
+                for (int64_t row = begin; row < end; ++row) {
+                  deform_sepconv_backward_grid_taps_row<kChannelsLast>(
+                      p, go, param_grads, static_cast<acc_t*>(nullptr), static_cast<index_t>(row / t.height_out),
+                      static_cast<index_t>(row % t.height_out), scratch);
+                }
+              });
+            });
         return;
       }
       NoInputGrad<acc_t> no_input_grad;
@@ -225,10 +224,10 @@ void run_deform_sepconv_backward_cpu(const DeformSepconvTensors& t, const Deform
                                         input_pixel_stride<kChannelsLast>(p)};
       };
       if (plan.kernel != CpuBackwardKernel::kPixelsTwoPass) {
-        at::Tensor scratch;
-        if (bands > 1) scratch = at::zeros({p.batch * (bands - 1) * image}, acc.options());
-        acc_t* extra = scratch.defined() ? scratch.mutable_data_ptr<acc_t>() : nullptr;
-        at::parallel_for(0, p.batch * bands, 1, [&](int64_t begin, int64_t end) {
+        OptionalTensor scratch;
+        if (bands > 1) scratch = zeros_in(*acc, {p.batch * (bands - 1) * image}, MemoryFormat::Contiguous);
+        acc_t* extra = scratch.has_value() ? scratch->mutable_data_ptr<acc_t>() : nullptr;
+        torch::stable::parallel_for(0, p.batch * bands, 1, [&](int64_t begin, int64_t end) {
           std::optional<GridTapRowScratch<acc_t>> scratch;
           if (grid_taps) scratch.emplace(kernel_h, kernel_w, p.channels, p.width_out, p.width_in);
           run_for_cpu(avx2, [&]() EDSC_CPU_INLINE {
@@ -256,7 +255,7 @@ void run_deform_sepconv_backward_cpu(const DeformSepconvTensors& t, const Deform
         });
         if (extra != nullptr) {
           // grad_input[n] += band 1 + band 2 + ..., in that order for every element.
-          at::parallel_for(0, p.batch * image, kPixelGrain * 16, [&](int64_t begin, int64_t end) {
+          torch::stable::parallel_for(0, p.batch * image, kPixelGrain * 16, [&](int64_t begin, int64_t end) {
             for (int64_t k = begin; k < end; ++k) {
               const int64_t n = k / image, e = k % image;
               acc_t v = gin[k];
@@ -274,7 +273,7 @@ void run_deform_sepconv_backward_cpu(const DeformSepconvTensors& t, const Deform
           constexpr int kBlock = decltype(channel_block)::value;
           const DeformSepconvParamGrads<param_t> none{};
           const index_t blocks = (p.channels + kBlock - 1) / kBlock;
-          at::parallel_for(0, p.batch * blocks, 1, [&](int64_t begin, int64_t end) {
+          torch::stable::parallel_for(0, p.batch * blocks, 1, [&](int64_t begin, int64_t end) {
             run_for_cpu(avx2, [&]() EDSC_CPU_INLINE {
               for (int64_t task = begin; task < end; ++task) {
                 const index_t n = static_cast<index_t>(task / blocks);
@@ -298,7 +297,7 @@ void run_deform_sepconv_backward_cpu(const DeformSepconvTensors& t, const Deform
         }
       }
     }
-    if (acc.defined() && !acc.is_same(grads[0])) grads[0].copy_(acc);
+    if (kSeparateAcc && acc.has_value()) torch::stable::copy_(grads[0], *acc);
   });
 }
 

@@ -1,16 +1,11 @@
-// CPU forward of deform_sepconv: at::parallel_for over output pixels, per-pixel work from
+// CPU forward of deform_sepconv: torch's parallel_for over output pixels, per-pixel work from
 // include/edsc_ext/deform_sepconv_pixel.h; calls without offsets (sepconv) by rows instead.
-#include <ATen/Dispatch.h>
-#include <ATen/OpMathType.h>
-#include <ATen/Parallel.h>
-#include <ATen/ops/empty.h>
-#include <torch/library.h>
-
 #include <algorithm>
 #include <vector>
 
+#include "../backends.h"
 #include "cpu_loops.h"
-#include "deform_sepconv_plan.h"
+#include "cpu_plan.h"
 #include "edsc_ext/deform_sepconv_call.h"
 #include "edsc_ext/kernel_policy.h"
 #include "edsc_ext/ops.h"
@@ -84,73 +79,73 @@ EDSC_CPU_INLINE inline void deform_sepconv_forward_grid_taps_row(
 template <bool kChannelsLast, typename scalar_t, typename acc_t, typename index_t, typename param_t>
 void forward_grid_tap_rows(const DeformSepconvParams<scalar_t, index_t, param_t>& p, scalar_t* out, bool avx2) {
   const int64_t height = p.height_out, width = p.width_out;
-  at::parallel_for(0, p.batch * height, std::max<int64_t>(1, kPixelGrain / std::max<int64_t>(1, width)),
-                   [&](int64_t begin, int64_t end) {
-                     std::vector<acc_t> scratch((p.kernel_h + p.kernel_w + 2) * width + p.width_in);
-                     acc_t* weights = scratch.data();
-                     acc_t* sum = weights + (p.kernel_h + p.kernel_w) * width;
-                     acc_t* acc = sum + width;
-                     acc_t* in_row = acc + width;
-                     run_for_cpu(avx2, [&]() EDSC_CPU_INLINE {
-                       for (int64_t row = begin; row < end; ++row) {
-                         deform_sepconv_forward_grid_taps_row<kChannelsLast>(p, out, static_cast<index_t>(row / height),
-                                                                             static_cast<index_t>(row % height),
-                                                                             weights, in_row, sum, acc);
-                       }
-                     });
-                   });
+  torch::stable::parallel_for(0, p.batch * height, std::max<int64_t>(1, kPixelGrain / std::max<int64_t>(1, width)),
+                              [&](int64_t begin, int64_t end) {
+                                std::vector<acc_t> scratch((p.kernel_h + p.kernel_w + 2) * width + p.width_in);
+                                acc_t* weights = scratch.data();
+                                acc_t* sum = weights + (p.kernel_h + p.kernel_w) * width;
+                                acc_t* acc = sum + width;
+                                acc_t* in_row = acc + width;
+                                run_for_cpu(avx2, [&]() EDSC_CPU_INLINE {
+                                  for (int64_t row = begin; row < end; ++row) {
+                                    deform_sepconv_forward_grid_taps_row<kChannelsLast>(
+                                        p, out, static_cast<index_t>(row / height), static_cast<index_t>(row % height),
+                                        weights, in_row, sum, acc);
+                                  }
+                                });
+                              });
 }
 
-at::Tensor deform_sepconv_forward_cpu(const at::Tensor& input, const std::optional<at::Tensor>& vertical,
-                                      const std::optional<at::Tensor>& horizontal,
-                                      const std::optional<at::Tensor>& offset, const std::optional<at::Tensor>& mask,
-                                      int64_t kernel_h, int64_t kernel_w, int64_t pad_h, int64_t pad_w,
-                                      int64_t dilation_h, int64_t dilation_w, int64_t padding_mode,
-                                      const std::optional<at::Tensor>& offset_dx) {
+}  // namespace
+
+Tensor deform_sepconv_forward_cpu(const Tensor& input, const OptionalTensor& vertical, const OptionalTensor& horizontal,
+                                  const OptionalTensor& offset, const OptionalTensor& mask, int64_t kernel_h,
+                                  int64_t kernel_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
+                                  int64_t dilation_w, int64_t padding_mode, const OptionalTensor& offset_dx) {
   const DeformSepconvConfig cfg{kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode};
   // Per-pixel tensors that are views (channel slices of wider tensors, expanded ones) are read in
   // place: the per-pixel loops take their strides (GlobalPixelValues<..., kStrided>).
   const DeformSepconvTensors t =
       prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg, nullptr, offset_dx);
-  at::Tensor output = at::empty({input.size(0), input.size(1), t.height_out, t.width_out},
-                                input.options().memory_format(t.memory_format()));
+  Tensor output = empty_in(input, {input.size(0), input.size(1), t.height_out, t.width_out}, t.memory_format());
   const CpuForwardPlan plan = plan_cpu_forward(describe_call(t, cfg, {}, false), this_cpu(), kernel_policy());
   switch (plan.kernel) {
     case CpuForwardKernel::kEmpty:
       break;
     case CpuForwardKernel::kGridTapRows:
-      EDSC_DISPATCH_FRAME_AND_PARAM_TYPES(input.scalar_type(), t.param_dtype, "deform_sepconv_forward_cpu", [&] {
-        using acc_t = at::opmath_type<scalar_t>;
-        EDSC_DISPATCH_INDEX_TYPE(t.use_32bit_indexing, [&] {
-          EDSC_DISPATCH_LAYOUT(t.channels_last, [&] {
-            forward_grid_tap_rows<kChannelsLast, scalar_t, acc_t>(make_params<scalar_t, index_t, param_t>(t, cfg),
-                                                                  output.mutable_data_ptr<scalar_t>(), plan.avx2);
-          });
-        });
+      dispatch_kernel_types<KernelTypes<>, dispatch_axis::FrameAndParamTypes, dispatch_axis::IndexWidth,
+                            dispatch_axis::Layout>(kernel_call(t, cfg), "deform_sepconv_forward_cpu", [&](auto k) {
+        using K = std::decay_t<decltype(k)>;
+        using scalar_t = typename K::scalar_t;
+        forward_grid_tap_rows<K::kChannelsLast, scalar_t, typename K::acc_t>(
+            make_params<scalar_t, typename K::index_t, typename K::param_t>(t, cfg),
+            output.mutable_data_ptr<scalar_t>(), plan.avx2);
       });
       break;
     case CpuForwardKernel::kPixels:
-      EDSC_DISPATCH_CPU_CALL("deform_sepconv_forward_cpu", t, kernel_h, kernel_w, [&] {
-        const auto p = make_params<scalar_t, index_t, param_t>(t, cfg);
-        scalar_t* out = output.mutable_data_ptr<scalar_t>();
-        for_each_output_pixel<index_t>(
-            plan.avx2, p.batch, t.height_out, t.width_out, [&](index_t n, index_t y, index_t x) EDSC_CPU_INLINE {
-              for (index_t c0 = 0; c0 < p.channels; c0 += kCpuChannelBlock) {
-                // Strided for dense tensors too (their strides are the dense ones): one
-                // instantiation, a few index multiplies a pixel.
-                deform_sepconv_forward_pixel<kCpuChannelBlock, kKernelH, kKernelW, kChannelsLast, scalar_t, acc_t,
-                                             index_t, /*kBranchFree=*/false, /*kVectorLoads=*/false,
-                                             /*kStrided=*/true>(p, out, n, y, x, c0);
-              }
+      dispatch_kernel_types<KernelTypes<>, dispatch_axis::FrameAndParamTypes>(
+          kernel_call(t, cfg), "deform_sepconv_forward_cpu", [&](auto types) {
+            dispatch_cpu_loop_shape<decltype(types)>(t, cfg, "deform_sepconv_forward_cpu", [&](auto k) {
+              using K = std::decay_t<decltype(k)>;
+              using scalar_t = typename K::scalar_t;
+              using index_t = typename K::index_t;
+              const auto p = make_params<scalar_t, index_t, typename K::param_t>(t, cfg);
+              scalar_t* out = output.mutable_data_ptr<scalar_t>();
+              for_each_output_pixel<index_t>(
+                  plan.avx2, p.batch, t.height_out, t.width_out, [&](index_t n, index_t y, index_t x) EDSC_CPU_INLINE {
+                    for (index_t c0 = 0; c0 < p.channels; c0 += kCpuChannelBlock) {
+                      // Strided for dense tensors too (their strides are the dense ones): one
+                      // instantiation, a few index multiplies a pixel.
+                      deform_sepconv_forward_pixel<kCpuChannelBlock, K::kKernelH, K::kKernelW, K::kChannelsLast,
+                                                   scalar_t, typename K::acc_t, index_t, /*kBranchFree=*/false,
+                                                   /*kVectorLoads=*/false, /*kStrided=*/true>(p, out, n, y, x, c0);
+                    }
+                  });
             });
-      });
+          });
       break;
   }
   return output;
 }
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(edsc_ext, CPU, m) { m.impl("deform_sepconv_forward", &deform_sepconv_forward_cpu); }
 
 }  // namespace edsc_ext

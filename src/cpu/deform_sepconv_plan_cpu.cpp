@@ -1,10 +1,10 @@
-// The CPU planners (deform_sepconv_plan.h). Named *_cpu.cpp: the JIT build names objects by base name.
-#include <ATen/Parallel.h>
-#include <ATen/Version.h>
-
+// The CPU planners (cpu_plan.h). Named *_cpu.cpp: the JIT build names objects by base name.
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
-#include "deform_sepconv_plan.h"
+#include "cpu_plan.h"
+#include "edsc_ext/torch_stable.h"
 
 namespace edsc_ext {
 namespace {
@@ -29,15 +29,17 @@ const char* isa_name(bool avx2) { return avx2 ? "/avx2" : "/baseline"; }
 CpuFacts this_cpu() {
   CpuFacts facts;
 #ifdef EDSC_CPU_AVX2
-  // torch's capability is fixed for the process (ATen reads it once); so is the CPU's.
+  // torch's capability is fixed for the process (ATen reads it once); so is the CPU's. The stable
+  // ABI does not report torch's, so it is derived the way ATen derives it on x86-64: the CPU's, unless
+  // ATEN_CPU_CAPABILITY=default asks for the baseline (read once, like ATen does).
   static const bool avx2 = [] {
-    const std::string torch_isa = at::get_cpu_capability();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           (torch_isa == "AVX2" || torch_isa == "AVX512");
+    const char* requested = std::getenv("ATEN_CPU_CAPABILITY");
+    const bool baseline_requested = requested != nullptr && std::strcmp(requested, "default") == 0;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && !baseline_requested;
   }();
   facts.avx2 = avx2;
 #endif
-  facts.threads = at::get_num_threads();
+  facts.threads = static_cast<int64_t>(torch::stable::get_num_threads());
   return facts;
 }
 

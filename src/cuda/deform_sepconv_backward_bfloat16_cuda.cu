@@ -3,8 +3,9 @@
 
 namespace edsc_ext {
 
-template void launch_deform_sepconv_backward<c10::BFloat16, c10::BFloat16>(
-    const DeformSepconvTensors&, const DeformSepconvConfig&, const CudaBackwardPlan&, const DeformSepconvGradBuffers&,
-    const at::TensorBase&, const FixedPointInputGrad&);
+template void launch_deform_sepconv_backward<BFloat16, BFloat16>(const DeformSepconvTensors&,
+                                                                 const DeformSepconvConfig&, const CudaBackwardPlan&,
+                                                                 const DeformSepconvGrads&, const Tensor&,
+                                                                 const FixedPointInputGrad&);
 
 }  // namespace edsc_ext

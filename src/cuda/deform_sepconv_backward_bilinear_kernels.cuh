@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
                                         const scalar_t* __restrict__ grad_output,
                                         const DeformSepconvParamGrads<param_t> param_grads, const InputGrad input_grad,
                                         bool with_input_grad, int64_t work_items) {
-  using acc_t = at::opmath_type<scalar_t>;
+  using acc_t = opmath_t<scalar_t>;
   const index_t hw = p.height_out * p.width_out;
   for (int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < work_items;
        k += int64_t(blockDim.x) * gridDim.x) {
@@ -131,12 +131,13 @@ struct ChannelLanePixelValues : GlobalPixelValues<true, scalar_t, index_t, param
 // grid-stride loop: the planner bounds the grid), its channel blocks as ChannelLanePixelValues
 // says; the input gradient (with_input_grad) into acc_t global memory.
 template <int kBlock, int kKernelH, int kKernelW, int kMaxWidth, typename scalar_t, typename index_t, typename param_t>
-__global__ void __launch_bounds__(kThreadsPerBlock) deform_sepconv_backward_channel_lanes_cuda_kernel(
-    const DeformSepconvParams<scalar_t, index_t, param_t> p, const scalar_t* __restrict__ grad_output,
-    const DeformSepconvParamGrads<param_t> param_grads,
-    const GlobalAtomicAdd<at::opmath_type<scalar_t>, index_t> input_grad, bool with_input_grad, int lanes_log2,
-    int64_t pixels) {
-  using acc_t = at::opmath_type<scalar_t>;
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    deform_sepconv_backward_channel_lanes_cuda_kernel(const DeformSepconvParams<scalar_t, index_t, param_t> p,
+                                                      const scalar_t* __restrict__ grad_output,
+                                                      const DeformSepconvParamGrads<param_t> param_grads,
+                                                      const GlobalAtomicAdd<opmath_t<scalar_t>, index_t> input_grad,
+                                                      bool with_input_grad, int lanes_log2, int64_t pixels) {
+  using acc_t = opmath_t<scalar_t>;
   const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   // A warp wholly past the last pixel has nothing to do (its lanes leave together).
   if (((k & ~int64_t(kWarpSize - 1)) >> lanes_log2) >= pixels) return;
@@ -184,7 +185,7 @@ __global__ void __launch_bounds__(kTileThreads, 2)
                                               index_t pass_capacity, bool prefetch) {
   decltype(auto) p = with_exact_block<kExactBlock, kChannelBlock>(params);
   const index_t channels_per_pass = kExactBlock ? index_t(kChannelBlock) : pass_capacity;
-  using acc_t = at::opmath_type<scalar_t>;
+  using acc_t = opmath_t<scalar_t>;
   constexpr bool kFixedPoint = std::is_same_v<acc_t, float>;
   extern __shared__ __align__(16) unsigned char shared_raw[];
   __shared__ float bound_scratch[kTileThreads / 32];

@@ -3,9 +3,8 @@
 
 namespace edsc_ext {
 
-template void launch_deform_sepconv_backward<c10::Half, c10::Half>(const DeformSepconvTensors&,
-                                                                   const DeformSepconvConfig&, const CudaBackwardPlan&,
-                                                                   const DeformSepconvGradBuffers&,
-                                                                   const at::TensorBase&, const FixedPointInputGrad&);
+template void launch_deform_sepconv_backward<Half, Half>(const DeformSepconvTensors&, const DeformSepconvConfig&,
+                                                         const CudaBackwardPlan&, const DeformSepconvGrads&,
+                                                         const Tensor&, const FixedPointInputGrad&);
 
 }  // namespace edsc_ext

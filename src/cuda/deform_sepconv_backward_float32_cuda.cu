@@ -4,7 +4,7 @@
 namespace edsc_ext {
 
 template void launch_deform_sepconv_backward<float, float>(const DeformSepconvTensors&, const DeformSepconvConfig&,
-                                                           const CudaBackwardPlan&, const DeformSepconvGradBuffers&,
-                                                           const at::TensorBase&, const FixedPointInputGrad&);
+                                                           const CudaBackwardPlan&, const DeformSepconvGrads&,
+                                                           const Tensor&, const FixedPointInputGrad&);
 
 }  // namespace edsc_ext

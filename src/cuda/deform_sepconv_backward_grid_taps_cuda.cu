@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(kGridTileThreads, 2)  // at most 128 registers
                                                   const scalar_t* __restrict__ grad_output,
                                                   const DeformSepconvParamGrads<scalar_t> grads,
                                                   const GridWindow window) {
-  using acc_t = at::opmath_type<scalar_t>;
+  using acc_t = opmath_t<scalar_t>;
   extern __shared__ __align__(16) unsigned char window_raw[];
   acc_t* staged = reinterpret_cast<acc_t*>(window_raw);     // [kChannels][window.rows][window.cols]
   acc_t* grad_h_sums = staged + kChannels * window.size();  // [KW][kGridTileThreads], if wanted
@@ -131,47 +131,29 @@ __global__ void __launch_bounds__(kGridTileThreads, 2)  // at most 128 registers
 }  // namespace
 
 void launch_grid_taps_param_grads(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
-                                  const CudaBackwardPlan& plan, const DeformSepconvGradBuffers& grads) {
-  TORCH_INTERNAL_ASSERT(t.input.element_size() <= 4 && t.input.size(1) <= kSmallChannels,
-                        "grid-tap backward: not planned for this call");
-  const auto stream = c10::cuda::getCurrentCUDAStream(t.input.device().index());
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, t.input.scalar_type(), "deform_sepconv_backward_grid_taps_cuda", [&] {
-        if constexpr (sizeof(scalar_t) <= 4) {
-          const auto param_grads = make_param_grads<scalar_t>(grads);
-          const auto p = make_params<scalar_t, int64_t>(t, cfg);
-          const scalar_t* go = t.grad_output.const_data_ptr<scalar_t>();
-          const GridWindow window = plan.window;
-          const size_t shared = static_cast<size_t>(plan.grid_tap_shared_bytes);
-          const auto launch = [&](auto kernel) {
-            opt_in_dynamic_shared(kernel, shared);
-            kernel<<<grid_taps_grid(t), kGridTileThreads, shared, stream>>>(p, go, param_grads, window);
-            C10_CUDA_KERNEL_LAUNCH_CHECK();
-          };
-          const auto with_channels = [&](auto channel_count) {
-            constexpr int kChannels = decltype(channel_count)::value;
-            EDSC_DISPATCH_LAYOUT(t.channels_last, [&] {
-              t.mask.defined()
-                  ? launch(deform_sepconv_backward_grid_taps_cuda_kernel<kChannels, kChannelsLast, true, scalar_t>)
-                  : launch(deform_sepconv_backward_grid_taps_cuda_kernel<kChannels, kChannelsLast, false, scalar_t>);
-            });
-          };
-          switch (t.input.size(1)) {
-            case 1:
-              with_channels(std::integral_constant<int, 1>{});
-              break;
-            case 2:
-              with_channels(std::integral_constant<int, 2>{});
-              break;
-            case 3:
-              with_channels(std::integral_constant<int, 3>{});
-              break;
-            default:
-              with_channels(std::integral_constant<int, 4>{});
-              break;
-          }
-        }
-      });
+                                  const CudaBackwardPlan& plan, const DeformSepconvGrads& grads) {
+  EDSC_CHECK(t.input.size(1) <= kSmallChannels, "grid-tap backward: not planned for this call");
+  const auto stream = current_cuda_stream(t.input.get_device_index());
+  dispatch_grid_tap_types(t, cfg, "deform_sepconv_backward_grid_taps_cuda", [&](auto k) {
+    using K = std::decay_t<decltype(k)>;
+    using scalar_t = typename K::scalar_t;
+    const auto param_grads = make_param_grads<scalar_t>(grads);
+    const auto p = make_params<scalar_t, typename K::index_t>(t, cfg);
+    const scalar_t* go = t.grad_output->const_data_ptr<scalar_t>();
+    const GridWindow window = plan.window;
+    const size_t shared = static_cast<size_t>(plan.grid_tap_shared_bytes);
+    const auto launch = [&](auto kernel) {
+      opt_in_dynamic_shared(kernel, shared);
+      kernel<<<grid_taps_grid(t), kGridTileThreads, shared, stream>>>(p, go, param_grads, window);
+      EDSC_CUDA_KERNEL_LAUNCH_CHECK();
+    };
+    dispatch_small_channels(t.input.size(1), [&](auto channel_count) {
+      constexpr int kChannels = decltype(channel_count)::value;
+      t.mask.has_value()
+          ? launch(deform_sepconv_backward_grid_taps_cuda_kernel<kChannels, K::kChannelsLast, true, scalar_t>)
+          : launch(deform_sepconv_backward_grid_taps_cuda_kernel<kChannels, K::kChannelsLast, false, scalar_t>);
+    });
+  });
 }
 
 }  // namespace edsc_ext

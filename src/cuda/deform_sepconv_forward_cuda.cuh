@@ -1,21 +1,21 @@
 // Declarations shared by the translation units of the CUDA forward: the host entry point
-// (deform_sepconv_forward_cuda.cu), which plans a call (deform_sepconv_plan.h), and one unit per
+// (deform_sepconv_forward_cuda.cu), which plans a call (cuda_plan.h), and one unit per
 // kernel family, each launching the plan's variant of its kernel.
 #pragma once
 
+#include "cuda_plan.h"
 #include "deform_sepconv_cuda.cuh"
-#include "deform_sepconv_plan.h"
 
 namespace edsc_ext {
 
 // Each writes `output` (allocated in the call's memory format) on the current stream.
 void launch_grid_taps_forward(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
-                              const CudaForwardPlan& plan, const at::TensorBase& output);
+                              const CudaForwardPlan& plan, const Tensor& output);
 void launch_staged_forward(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg, const CudaForwardPlan& plan,
-                           const at::TensorBase& output);
+                           const Tensor& output);
 void launch_lane_pairs_forward(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
-                               const CudaForwardPlan& plan, const at::TensorBase& output);
+                               const CudaForwardPlan& plan, const Tensor& output);
 void launch_pixels_forward(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg, const CudaForwardPlan& plan,
-                           const at::TensorBase& output);
+                           const Tensor& output);
 
 }  // namespace edsc_ext

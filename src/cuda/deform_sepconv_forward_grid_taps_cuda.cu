@@ -43,7 +43,7 @@ template <int kPassChannels, bool kChannelsLast, bool kMask, typename scalar_t>
 __global__ void __launch_bounds__(kGridTileThreads)
     deform_sepconv_forward_grid_taps_cuda_kernel(const DeformSepconvParams<scalar_t, int64_t> p,
                                                  scalar_t* __restrict__ output, const GridWindow window) {
-  using acc_t = at::opmath_type<scalar_t>;
+  using acc_t = opmath_t<scalar_t>;
   extern __shared__ __align__(16) unsigned char window_raw[];
   acc_t* staged = reinterpret_cast<acc_t*>(window_raw);  // [kPassChannels][window.rows][window.cols]
   const int window_size = window.size();
@@ -101,43 +101,28 @@ __global__ void __launch_bounds__(kGridTileThreads)
 }  // namespace
 
 void launch_grid_taps_forward(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
-                              const CudaForwardPlan& plan, const at::TensorBase& output) {
-  TORCH_INTERNAL_ASSERT(t.input.element_size() <= 4, "grid-tap forward: not planned for this call");
-  const auto stream = c10::cuda::getCurrentCUDAStream(t.input.device().index());
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, t.input.scalar_type(), "deform_sepconv_forward_grid_taps_cuda", [&] {
-        if constexpr (sizeof(scalar_t) <= 4) {
-          const auto p = make_params<scalar_t, int64_t>(t, cfg);
-          scalar_t* out = output.mutable_data_ptr<scalar_t>();
-          const GridWindow window = plan.window;
-          const size_t shared =
-              static_cast<size_t>(plan.pass_channels) * window.size() * sizeof(at::opmath_type<scalar_t>);
-          const dim3 grid = grid_taps_grid(t);
-          const auto launch = [&](auto kernel) {
-            opt_in_dynamic_shared(kernel, shared);
-            kernel<<<grid, kGridTileThreads, shared, stream>>>(p, out, window);
-            C10_CUDA_KERNEL_LAUNCH_CHECK();
-          };
-          // A mask is a load a tap; sepconv has none, and then the taps are loads from shared memory only.
-          const auto dispatch_mask = [&](auto pass) {
-            constexpr int kPass = decltype(pass)::value;
-            EDSC_DISPATCH_LAYOUT(t.channels_last, [&] {
-              p.mask ? launch(deform_sepconv_forward_grid_taps_cuda_kernel<kPass, kChannelsLast, true, scalar_t>)
-                     : launch(deform_sepconv_forward_grid_taps_cuda_kernel<kPass, kChannelsLast, false, scalar_t>);
-            });
-          };
-          switch (plan.pass_channels) {
-            case 4:
-              return dispatch_mask(std::integral_constant<int, 4>{});
-            case 3:
-              return dispatch_mask(std::integral_constant<int, 3>{});
-            case 2:
-              return dispatch_mask(std::integral_constant<int, 2>{});
-            default:
-              return dispatch_mask(std::integral_constant<int, 1>{});
-          }
-        }
-      });
+                              const CudaForwardPlan& plan, const Tensor& output) {
+  const auto stream = current_cuda_stream(t.input.get_device_index());
+  dispatch_grid_tap_types(t, cfg, "deform_sepconv_forward_grid_taps_cuda", [&](auto k) {
+    using K = std::decay_t<decltype(k)>;
+    using scalar_t = typename K::scalar_t;
+    const auto p = make_params<scalar_t, typename K::index_t>(t, cfg);
+    scalar_t* out = output.mutable_data_ptr<scalar_t>();
+    const GridWindow window = plan.window;
+    const size_t shared = static_cast<size_t>(plan.pass_channels) * window.size() * sizeof(typename K::acc_t);
+    const dim3 grid = grid_taps_grid(t);
+    const auto launch = [&](auto kernel) {
+      opt_in_dynamic_shared(kernel, shared);
+      kernel<<<grid, kGridTileThreads, shared, stream>>>(p, out, window);
+      EDSC_CUDA_KERNEL_LAUNCH_CHECK();
+    };
+    // A mask is a load a tap; sepconv has none, and then the taps are loads from shared memory only.
+    dispatch_small_channels(plan.pass_channels, [&](auto pass) {  // 4, 3, 2 or 1 (the planner's)
+      constexpr int kPass = decltype(pass)::value;
+      p.mask ? launch(deform_sepconv_forward_grid_taps_cuda_kernel<kPass, K::kChannelsLast, true, scalar_t>)
+             : launch(deform_sepconv_forward_grid_taps_cuda_kernel<kPass, K::kChannelsLast, false, scalar_t>);
+    });
+  });
 }
 
 }  // namespace edsc_ext

@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, sizeof(scalar_t) == 4 ? 3 : 
   constexpr int kSteps = (kTaps + kLanesPerPixel - 1) / kLanesPerPixel;
   constexpr int kChannelBlock = kExactBlock ? 3 : 4;
   decltype(auto) p = with_exact_block<kExactBlock, kChannelBlock>(params);
-  using acc_t = at::opmath_type<scalar_t>;
+  using acc_t = opmath_t<scalar_t>;
   using Staged = LanePairStagedValues<scalar_t>;
   __shared__ std::conditional_t<kStaged, Staged[kThreadsPerBlock / kWarpSize], char[1]> staged_all;
   const int lane = threadIdx.x % kWarpSize, q = lane % kLanesPerPixel, local = lane / kLanesPerPixel;
@@ -136,27 +136,25 @@ __global__ void __launch_bounds__(kThreadsPerBlock, sizeof(scalar_t) == 4 ? 3 : 
 }  // namespace
 
 void launch_lane_pairs_forward(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
-                               const CudaForwardPlan& plan, const at::TensorBase& output) {
-  TORCH_INTERNAL_ASSERT(t.use_32bit_indexing && t.input.element_size() <= 4,
-                        "lane-pair forward: not planned for this call");
-  const auto stream = c10::cuda::getCurrentCUDAStream(t.input.device().index());
+                               const CudaForwardPlan& plan, const Tensor& output) {
+  EDSC_CHECK(t.use_32bit_indexing, "lane-pair forward: not planned for this call");
+  const auto stream = current_cuda_stream(t.input.get_device_index());
   const int64_t pixels = t.input.size(0) * t.height_out * t.width_out;
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, t.input.scalar_type(), "deform_sepconv_forward_lane_pairs_cuda", [&] {
-        if constexpr (sizeof(scalar_t) <= 4) {
-          const auto p = make_params<scalar_t, int32_t>(t, cfg);
-          scalar_t* out = output.mutable_data_ptr<scalar_t>();
-          const auto launch = [&](auto kernel) {
-            kernel<<<blocks_for(pixels * kLanesPerPixel), kThreadsPerBlock, 0, stream>>>(p, out, pixels);
-            C10_CUDA_KERNEL_LAUNCH_CHECK();
-          };
-          if (plan.exact_rgb) {
-            return plan.staged_values ? launch(deform_sepconv_forward_lane_pairs_cuda_kernel<true, true, scalar_t>)
-                                      : launch(deform_sepconv_forward_lane_pairs_cuda_kernel<true, false, scalar_t>);
-          }
-          plan.staged_values ? launch(deform_sepconv_forward_lane_pairs_cuda_kernel<false, true, scalar_t>)
-                             : launch(deform_sepconv_forward_lane_pairs_cuda_kernel<false, false, scalar_t>);
+  dispatch_kernel_types<KernelTypes<>, dispatch_axis::UpTo4ByteTypes>(
+      kernel_call(t, cfg), "deform_sepconv_forward_lane_pairs_cuda", [&](auto k) {
+        using scalar_t = typename decltype(k)::scalar_t;
+        const auto p = make_params<scalar_t, int32_t>(t, cfg);
+        scalar_t* out = output.mutable_data_ptr<scalar_t>();
+        const auto launch = [&](auto kernel) {
+          kernel<<<blocks_for(pixels * kLanesPerPixel), kThreadsPerBlock, 0, stream>>>(p, out, pixels);
+          EDSC_CUDA_KERNEL_LAUNCH_CHECK();
+        };
+        if (plan.exact_rgb) {
+          return plan.staged_values ? launch(deform_sepconv_forward_lane_pairs_cuda_kernel<true, true, scalar_t>)
+                                    : launch(deform_sepconv_forward_lane_pairs_cuda_kernel<true, false, scalar_t>);
         }
+        plan.staged_values ? launch(deform_sepconv_forward_lane_pairs_cuda_kernel<false, true, scalar_t>)
+                           : launch(deform_sepconv_forward_lane_pairs_cuda_kernel<false, false, scalar_t>);
       });
 }
 

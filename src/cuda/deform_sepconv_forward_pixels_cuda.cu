@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, (min_blocks_per_multiprocess
       "prefetch: NCHW, static square kernels, 32-bit indices");
   static_assert(!kVectorLoads || (kChannelsLast && !kExactBlock), "vector loads: channels_last, whole blocks");
   decltype(auto) p = with_exact_block<kExactBlock, kChannelBlock>(params);
-  using acc_t = at::opmath_type<scalar_t>;
+  using acc_t = opmath_t<scalar_t>;
   const index_t hw = p.height_out * p.width_out;
   const index_t channel_blocks = (p.channels + kChannelBlock - 1) / kChannelBlock;
   for (int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < work_items;
@@ -78,59 +78,35 @@ __global__ void __launch_bounds__(kThreadsPerBlock, (min_blocks_per_multiprocess
 }  // namespace
 
 void launch_pixels_forward(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg, const CudaForwardPlan& plan,
-                           const at::TensorBase& output) {
-  const auto stream = c10::cuda::getCurrentCUDAStream(t.input.device().index());
+                           const Tensor& output) {
+  const auto stream = current_cuda_stream(t.input.get_device_index());
+  const int channel_block = kPixelsForwardVariants[plan.variant].channel_block;
+  const int64_t work_items =
+      t.input.size(0) * ((t.input.size(1) + channel_block - 1) / channel_block) * t.height_out * t.width_out;
   // Mixed precision (per-pixel tensors in a half type, a float32 frame) is read here as it is.
-  EDSC_DISPATCH_FRAME_AND_PARAM_TYPES(t.input.scalar_type(), t.param_dtype, "deform_sepconv_forward_pixels_cuda", [&] {
-    EDSC_DISPATCH_INDEX_TYPE(t.use_32bit_indexing, [&] {
-      EDSC_DISPATCH_KERNEL_SIZE(cfg.kernel_h, cfg.kernel_w, [&] {
+  dispatch_kernel_types<KernelTypes<>, dispatch_axis::FrameAndParamTypes, dispatch_axis::IndexWidth,
+                        dispatch_axis::KernelSize5x5<>, dispatch_axis::Layout>(
+      kernel_call(t, cfg), "deform_sepconv_forward_pixels_cuda", [&](auto k) {
+        using K = std::decay_t<decltype(k)>;
+        using scalar_t = typename K::scalar_t;
+        using index_t = typename K::index_t;
+        using param_t = typename K::param_t;
         const auto p = make_params<scalar_t, index_t, param_t>(t, cfg);
         scalar_t* out = output.mutable_data_ptr<scalar_t>();
-        const int64_t work_items = t.input.size(0) * ((t.input.size(1) + plan.channel_block - 1) / plan.channel_block) *
-                                   t.height_out * t.width_out;
-        EDSC_DISPATCH_LAYOUT(t.channels_last, [&] {
-          const auto launch = [&](auto kernel) {
-            kernel<<<blocks_for(work_items), kThreadsPerBlock, 0, stream>>>(p, out, work_items);
-            C10_CUDA_KERNEL_LAUNCH_CHECK();
-          };
-          constexpr bool kSpecialized =
-              kKernelH == kSpecializedKernel && kKernelW == kSpecializedKernel && std::is_same_v<index_t, int32_t>;
-          if constexpr (kSpecialized && !kChannelsLast) {
-            if (plan.exact_rgb) {  // RGB: the channel count as a constant
-              return plan.prefetch
-                         ? launch(deform_sepconv_forward_cuda_kernel<3, kKernelH, kKernelW, kChannelsLast, true, true,
-                                                                     false, scalar_t, index_t, param_t>)
-                         : launch(deform_sepconv_forward_cuda_kernel<3, kKernelH, kKernelW, kChannelsLast, false, true,
-                                                                     false, scalar_t, index_t, param_t>);
-            }
-            if (plan.prefetch) {
-              return launch(deform_sepconv_forward_cuda_kernel<kPixelChannelBlock, kKernelH, kKernelW, kChannelsLast,
-                                                               true, false, false, scalar_t, index_t, param_t>);
-            }
+        dispatch_variant_row<kPixelsForwardVariants>(plan.variant, [&](auto variant) {
+          using V = std::decay_t<decltype(variant)>;
+          constexpr PixelsForwardVariant v = V::row;
+          if constexpr (v.scope.admits(variant_facts<K>())) {
+            // Channel blocks of 3: exactly RGB, the channel count a constant.
+            deform_sepconv_forward_cuda_kernel<v.channel_block, K::kKernelH, K::kKernelW, K::kChannelsLast, v.prefetch,
+                                               v.channel_block == 3, v.vector_loads, scalar_t, index_t, param_t>
+                <<<blocks_for(work_items), kThreadsPerBlock, 0, stream>>>(p, out, work_items);
+            EDSC_CUDA_KERNEL_LAUNCH_CHECK();
+          } else {
+            variant_not_compiled("deform_sepconv_forward_pixels_cuda", v.name);
           }
-          if constexpr (kSpecialized && kChannelsLast) {
-            if (plan.exact_rgb) {
-              return launch(deform_sepconv_forward_cuda_kernel<3, kKernelH, kKernelW, kChannelsLast, false, true, false,
-                                                               scalar_t, index_t, param_t>);
-            }
-          }
-          // Vector loads of at most 16 bytes: float32 and the half types (the planner's condition).
-          if constexpr (kChannelsLast && std::is_same_v<index_t, int32_t> && sizeof(scalar_t) <= 4) {
-            if (plan.vector_loads && plan.channel_block == kPixelVectorBlock) {
-              return launch(deform_sepconv_forward_cuda_kernel<kPixelVectorBlock, kKernelH, kKernelW, kChannelsLast,
-                                                               false, false, true, scalar_t, index_t, param_t>);
-            }
-            if (plan.vector_loads) {
-              return launch(deform_sepconv_forward_cuda_kernel<kPixelChannelBlock, kKernelH, kKernelW, kChannelsLast,
-                                                               false, false, true, scalar_t, index_t, param_t>);
-            }
-          }
-          launch(deform_sepconv_forward_cuda_kernel<kPixelChannelBlock, kKernelH, kKernelW, kChannelsLast, false, false,
-                                                    false, scalar_t, index_t, param_t>);
         });
       });
-    });
-  });
 }
 
 }  // namespace edsc_ext

@@ -39,7 +39,7 @@ template <int kChannelBlock, int kChunk, typename scalar_t>
 __global__ void __launch_bounds__(kStagedPixels)
     deform_sepconv_forward_staged_cuda_kernel(const DeformSepconvParams<scalar_t, int32_t> p,
                                               scalar_t* __restrict__ output) {
-  using acc_t = at::opmath_type<scalar_t>;
+  using acc_t = opmath_t<scalar_t>;
   constexpr int K = kStagedKernel;
   extern __shared__ __align__(16) unsigned char staged_raw[];
   scalar_t* staged = reinterpret_cast<scalar_t*>(staged_raw);
@@ -113,28 +113,26 @@ __global__ void __launch_bounds__(kStagedPixels)
 }  // namespace
 
 void launch_staged_forward(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg, const CudaForwardPlan& plan,
-                           const at::TensorBase& output) {
-  TORCH_INTERNAL_ASSERT(t.use_32bit_indexing && t.input.element_size() == kStagedElementSize,
-                        "staged forward: not planned for this call");
-  const auto stream = c10::cuda::getCurrentCUDAStream(t.input.device().index());
+                           const Tensor& output) {
+  EDSC_CHECK(t.use_32bit_indexing, "staged forward: not planned for this call");
+  const auto stream = current_cuda_stream(t.input.get_device_index());
   const int64_t hw = t.height_out * t.width_out;
   const unsigned int blocks = static_cast<unsigned int>(t.input.size(0) * ((hw + kStagedPixels - 1) / kStagedPixels));
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, t.input.scalar_type(), "deform_sepconv_forward_staged_cuda",
-                                  [&] {
-                                    if constexpr (sizeof(scalar_t) == kStagedElementSize) {
-                                      const auto p = make_params<scalar_t, int32_t>(t, cfg);
-                                      scalar_t* out = output.mutable_data_ptr<scalar_t>();
-                                      const size_t shared = kStagedSegments * kStagedPixels * sizeof(scalar_t);
-                                      if (plan.chunk_bytes == 16) {
-                                        deform_sepconv_forward_staged_cuda_kernel<kStagedChannelBlock, 16, scalar_t>
-                                            <<<blocks, kStagedPixels, shared, stream>>>(p, out);
-                                      } else {
-                                        deform_sepconv_forward_staged_cuda_kernel<kStagedChannelBlock, 4, scalar_t>
-                                            <<<blocks, kStagedPixels, shared, stream>>>(p, out);
-                                      }
-                                      C10_CUDA_KERNEL_LAUNCH_CHECK();
-                                    }
-                                  });
+  dispatch_kernel_types<KernelTypes<>, dispatch_axis::TwoByteTypes>(
+      kernel_call(t, cfg), "deform_sepconv_forward_staged_cuda", [&](auto k) {
+        using scalar_t = typename decltype(k)::scalar_t;
+        const auto p = make_params<scalar_t, int32_t>(t, cfg);
+        scalar_t* out = output.mutable_data_ptr<scalar_t>();
+        const size_t shared = kStagedSegments * kStagedPixels * sizeof(scalar_t);
+        if (plan.chunk_bytes == 16) {
+          deform_sepconv_forward_staged_cuda_kernel<kStagedChannelBlock, 16, scalar_t>
+              <<<blocks, kStagedPixels, shared, stream>>>(p, out);
+        } else {
+          deform_sepconv_forward_staged_cuda_kernel<kStagedChannelBlock, 4, scalar_t>
+              <<<blocks, kStagedPixels, shared, stream>>>(p, out);
+        }
+        EDSC_CUDA_KERNEL_LAUNCH_CHECK();
+      });
 }
 
 }  // namespace edsc_ext

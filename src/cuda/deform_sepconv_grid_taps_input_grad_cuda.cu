@@ -10,9 +10,6 @@
 // so that a thread's KW taps are contiguous (16-byte loads), and dL/dout_c(o) V_i(o) for each tile
 // row's i. No atomics, one write per element, so it is deterministic too. The bilinear backward
 // scattered this with global float atomics, most of sepconv's forward+backward time (BENCHMARKS.md).
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/cat.h>
-#include <ATen/ops/empty.h>
 
 #include <vector>
 
@@ -23,15 +20,15 @@
 namespace edsc_ext {
 namespace {
 
-// VirtualDomain and GatherLayout, which the planner sizes, are in deform_sepconv_plan.h.
+// VirtualDomain and GatherLayout, which the planner sizes, are in cuda_plan.h.
 
 template <int kChannels, bool kChannelsLast, typename scalar_t>
 __global__ void __launch_bounds__(kGridTileThreads)
     deform_sepconv_input_grad_grid_taps_cuda_kernel(const DeformSepconvParams<scalar_t, int64_t> p,
                                                     const scalar_t* __restrict__ grad_output,
-                                                    at::opmath_type<scalar_t>* __restrict__ grad_virtual,
+                                                    opmath_t<scalar_t>* __restrict__ grad_virtual,
                                                     const VirtualDomain domain, const GatherLayout layout) {
-  using acc_t = at::opmath_type<scalar_t>;
+  using acc_t = opmath_t<scalar_t>;
   extern __shared__ __align__(16) unsigned char gather_raw[];
   acc_t* h_staged = reinterpret_cast<acc_t*>(gather_raw);         // [kGridTileWidth][h_stride]
   acc_t* a_staged = h_staged + kGridTileWidth * layout.h_stride;  // [kChannels][kGridTileHeight][a_row]
@@ -114,74 +111,58 @@ __global__ void __launch_bounds__(kGridTileThreads)
 
 // Virtual index v of dimension `dim` is image index clamp(v - before, 0, size - 1): sums the
 // slices that clamp to the first and the last index into them.
-at::Tensor fold_clamped(const at::Tensor& g, int64_t dim, int64_t before, int64_t size) {
-  if (size == 1) return g.sum(dim, /*keepdim=*/true);
+Tensor fold_clamped(Tensor g, int64_t dim, int64_t before, int64_t size) {  // by value: stable narrow takes Tensor&
+  const auto sum_along = [&](const Tensor& v) { return torch::stable::sum(v, std::vector<int64_t>{dim}, true); };
+  if (size == 1) return sum_along(g);
   const int64_t after = g.size(dim) - before - size;
-  std::vector<at::Tensor> parts{g.narrow(dim, 0, before + 1).sum(dim, true)};
-  if (size > 2) parts.push_back(g.narrow(dim, before + 1, size - 2));
-  parts.push_back(g.narrow(dim, before + size - 1, after + 1).sum(dim, true));
-  return at::cat(parts, dim);
+  std::vector<Tensor> parts{sum_along(torch::stable::narrow(g, dim, 0, before + 1))};
+  if (size > 2) parts.push_back(torch::stable::narrow(g, dim, before + 1, size - 2));
+  parts.push_back(sum_along(torch::stable::narrow(g, dim, before + size - 1, after + 1)));
+  return call_aten("aten::cat", "", parts, dim);
 }
 
-template <typename scalar_t>
+template <typename K>
 void launch_gather(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg, const CudaBackwardPlan& plan,
-                   const at::TensorBase& grad_input) {
-  if constexpr (sizeof(scalar_t) <= 4) {
-    using acc_t = at::opmath_type<scalar_t>;
-    const int64_t channels = t.input.size(1), height = t.input.size(2), width = t.input.size(3);
-    const GatherLayout layout = plan.gather_layout;
-    const VirtualDomain domain = plan.gather_domain;
-    const int64_t shared = plan.gather_shared_bytes;
-    const int64_t tile_rows = (domain.height + kGridTileHeight - 1) / kGridTileHeight;
-    at::Tensor virt = at::empty({t.input.size(0), channels, domain.height, domain.width},
-                                t.input.options().dtype(c10::CppTypeToScalarType<acc_t>::value));
-    const dim3 grid(static_cast<unsigned int>((domain.width + kGridTileWidth - 1) / kGridTileWidth),
-                    static_cast<unsigned int>(tile_rows), static_cast<unsigned int>(t.input.size(0)));
-    const auto p = make_params<scalar_t, int64_t>(t, cfg);
-    const scalar_t* go = t.grad_output.const_data_ptr<scalar_t>();
-    const auto stream = c10::cuda::getCurrentCUDAStream(t.input.device().index());
-    const auto launch = [&](auto kernel) {
-      opt_in_dynamic_shared(kernel, static_cast<size_t>(shared));
-      kernel<<<grid, kGridTileThreads, static_cast<size_t>(shared), stream>>>(p, go, virt.mutable_data_ptr<acc_t>(),
-                                                                              domain, layout);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    };
-    const auto with_channels = [&](auto channel_count) {
-      constexpr int kChannels = decltype(channel_count)::value;
-      EDSC_DISPATCH_LAYOUT(t.channels_last, [&] {
-        launch(deform_sepconv_input_grad_grid_taps_cuda_kernel<kChannels, kChannelsLast, scalar_t>);
-      });
-    };
-    switch (channels) {
-      case 1:
-        with_channels(std::integral_constant<int, 1>{});
-        break;
-      case 2:
-        with_channels(std::integral_constant<int, 2>{});
-        break;
-      case 3:
-        with_channels(std::integral_constant<int, 3>{});
-        break;
-      default:
-        with_channels(std::integral_constant<int, 4>{});
-        break;
-    }
-    if (cfg.padding_mode == kPaddingBorder) {
-      virt = fold_clamped(fold_clamped(virt, 2, -domain.y0, height), 3, -domain.x0, width);
-    }
-    at::Tensor(grad_input).copy_(virt);
+                   const Tensor& grad_input) {
+  using scalar_t = typename K::scalar_t;
+  using acc_t = typename K::acc_t;
+  const int64_t channels = t.input.size(1), height = t.input.size(2), width = t.input.size(3);
+  const GatherLayout layout = plan.gather_layout;
+  const VirtualDomain domain = plan.gather_domain;
+  const int64_t shared = plan.gather_shared_bytes;
+  const int64_t tile_rows = (domain.height + kGridTileHeight - 1) / kGridTileHeight;
+  Tensor virt = empty_in(t.input, {t.input.size(0), channels, domain.height, domain.width}, MemoryFormat::Contiguous,
+                         scalar_type_of<acc_t>());
+  const dim3 grid(static_cast<unsigned int>((domain.width + kGridTileWidth - 1) / kGridTileWidth),
+                  static_cast<unsigned int>(tile_rows), static_cast<unsigned int>(t.input.size(0)));
+  const auto p = make_params<scalar_t, int64_t>(t, cfg);
+  const scalar_t* go = t.grad_output->const_data_ptr<scalar_t>();
+  const auto stream = current_cuda_stream(t.input.get_device_index());
+  const auto launch = [&](auto kernel) {
+    opt_in_dynamic_shared(kernel, static_cast<size_t>(shared));
+    kernel<<<grid, kGridTileThreads, static_cast<size_t>(shared), stream>>>(p, go, virt.mutable_data_ptr<acc_t>(),
+                                                                            domain, layout);
+    EDSC_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  dispatch_small_channels(channels, [&](auto channel_count) {
+    constexpr int kChannels = decltype(channel_count)::value;
+    launch(deform_sepconv_input_grad_grid_taps_cuda_kernel<kChannels, K::kChannelsLast, scalar_t>);
+  });
+  if (cfg.padding_mode == kPaddingBorder) {
+    virt = fold_clamped(fold_clamped(virt, 2, -domain.y0, height), 3, -domain.x0, width);
   }
+  Tensor destination = grad_input;
+  torch::stable::copy_(destination, virt);
 }
 
 }  // namespace
 
 void launch_gather_input_grad(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
-                              const CudaBackwardPlan& plan, const at::TensorBase& grad_input) {
-  TORCH_INTERNAL_ASSERT(t.input.element_size() <= 4 && t.input.size(1) <= kSmallChannels && !t.mask.defined(),
-                        "gathered input gradient: not planned for this call");
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, t.input.scalar_type(),
-                                  "deform_sepconv_grid_taps_input_grad",
-                                  [&] { launch_gather<scalar_t>(t, cfg, plan, grad_input); });
+                              const CudaBackwardPlan& plan, const Tensor& grad_input) {
+  EDSC_CHECK(t.input.size(1) <= kSmallChannels && !t.mask.has_value(),
+             "gathered input gradient: not planned for this call");
+  dispatch_grid_tap_types(t, cfg, "deform_sepconv_grid_taps_input_grad",
+                          [&](auto k) { launch_gather<std::decay_t<decltype(k)>>(t, cfg, plan, grad_input); });
 }
 
 }  // namespace edsc_ext

@@ -1,10 +1,13 @@
-// The CUDA planners (deform_sepconv_plan.h), plain C++ compiled into every build. The conditions
+// The CUDA planners (cuda_plan.h), plain C++ compiled into every build. The conditions
 // below are the kernels' requirements (what they were written and measured for); BENCHMARKS.md has
 // the measurements behind the choices. Named *_cuda.cpp: the JIT build names objects by base name.
 #include <algorithm>
+#include <cstddef>
 #include <limits>
+#include <stdexcept>
+#include <string>
 
-#include "deform_sepconv_plan.h"
+#include "cuda_plan.h"
 
 namespace edsc_ext {
 namespace {
@@ -51,6 +54,23 @@ TileFootprint tile_footprint(const DeformSepconvConfig& cfg, int64_t channels) {
   f.cols = kTileW + cfg.dilation_w * (cfg.kernel_w - 1) + 1 + 2 * kTileMargin;
   f.channels_per_pass = std::min<int64_t>(channels, kTileSharedBytes / (f.rows * f.cols * kTileElementBytes));
   return f;
+}
+
+// The row of `table` that `wanted` picks, which must be compiled for the call: a planner that asks
+// for a variant the launcher does not instantiate for it is a bug, caught here (the planner tests
+// sweep the calls) rather than by a launcher running another kernel than the plan names.
+template <typename Variant, size_t kRows, typename Wanted>
+int find_variant(const Variant (&table)[kRows], const DeformSepconvCall& c, const Wanted& wanted) {
+  for (size_t row = 0; row < kRows; ++row) {
+    if (wanted(table[row])) {
+      if (!table[row].scope.admits(variant_facts(c))) {
+        throw std::logic_error(std::string("edsc_ext CUDA planner: variant ") + table[row].name +
+                               " is not compiled for this call");
+      }
+      return static_cast<int>(row);
+    }
+  }
+  throw std::logic_error("edsc_ext CUDA planner: no variant matches the plan");
 }
 
 }  // namespace
@@ -100,23 +120,24 @@ CudaForwardPlan plan_cuda_forward(const DeformSepconvCall& c, const CudaDeviceFa
     return plan;
   }
   plan.kernel = CudaForwardKernel::kPixels;
-  if (specialized) plan.exact_rgb = c.channels == 3;
-  if (specialized && !c.channels_last) {
-    // With more channel blocks the warps of different blocks would prefetch the same lines.
-    // The prefetch addresses dense planes.
-    plan.prefetch = policy.prefetch && c.channels <= kPixelChannelBlock && c.dense_per_pixel;
-  }
+  const bool exact_rgb = specialized && c.channels == 3;
+  // With more channel blocks the warps of different blocks would prefetch the same lines.
+  // The prefetch addresses dense planes.
+  const bool prefetch =
+      specialized && !c.channels_last && policy.prefetch && c.channels <= kPixelChannelBlock && c.dense_per_pixel;
   // In channels_last a pixel's channels are adjacent: whole blocks of them, aligned (every block
   // starts a multiple of kPixelChannelBlock elements into the frame), load as one vector of at most
   // 16 bytes; the many-channel forward was bound by the L1 load instructions (BENCHMARKS.md).
-  plan.vector_loads = policy.vector_loads && c.channels_last && c.channels % kPixelChannelBlock == 0 &&
-                      c.element_size <= 4 && c.use_32bit_indexing &&
-                      c.input_alignment >= kPixelChannelBlock * c.element_size;
+  const bool vector_loads = policy.vector_loads && c.channels_last && c.channels % kPixelChannelBlock == 0 &&
+                            c.element_size <= 4 && c.use_32bit_indexing &&
+                            c.input_alignment >= kPixelChannelBlock * c.element_size;
   // Blocks of 8 load in pieces of at most 16 bytes, each aligned to its size.
-  if (plan.vector_loads && c.channels % kPixelVectorBlock == 0 &&
-      c.input_alignment >= std::min<int64_t>(16, kPixelVectorBlock * c.element_size)) {
-    plan.channel_block = kPixelVectorBlock;
-  }
+  const bool blocks_of_8 = vector_loads && c.channels % kPixelVectorBlock == 0 &&
+                           c.input_alignment >= std::min<int64_t>(16, kPixelVectorBlock * c.element_size);
+  const int channel_block = exact_rgb ? 3 : blocks_of_8 ? kPixelVectorBlock : kPixelChannelBlock;
+  plan.variant = find_variant(kPixelsForwardVariants, c, [&](const PixelsForwardVariant& v) {
+    return v.channel_block == channel_block && v.prefetch == prefetch && v.vector_loads == vector_loads;
+  });
   return plan;
 }
 
@@ -187,7 +208,7 @@ CudaBackwardPlan plan_cuda_backward(const DeformSepconvCall& c, const CudaDevice
   if (!plan.kernel_input_grad && !plan.kernel_param_grads) return plan;
   plan.deterministic = plan.kernel_input_grad && c.deterministic;
   const bool fixed5 = c.square_kernel(kSpecializedKernel);
-  plan.channel_block = fixed5 && c.channels % 3 == 0 && c.channels % 4 != 0 ? 3 : 4;
+  const int channel_block = fixed5 && c.channels % 3 == 0 && c.channels % 4 != 0 ? 3 : 4;
 
   // The tile needs shared memory for at least one channel, 32-bit indices, at most
   // kFixedPointMaxTaps taps for the fixed point (float32 and the half types), and, when
@@ -201,6 +222,9 @@ CudaBackwardPlan plan_cuda_backward(const DeformSepconvCall& c, const CudaDevice
                      tiles <= std::numeric_limits<int32_t>::max();
   if (!tiled) {
     plan.kernel = CudaBackwardKernel::kPixels;
+    plan.variant = find_variant(kBackwardVariants, c, [&](const BackwardVariant& v) {
+      return v.kernel == CudaBackwardKernel::kPixels && v.channel_block == channel_block;
+    });
     return plan;
   }
   plan.kernel = CudaBackwardKernel::kTiled;
@@ -209,10 +233,14 @@ CudaBackwardPlan plan_cuda_backward(const DeformSepconvCall& c, const CudaDevice
   const bool rgb = c.channels == 3 && footprint.channels_per_pass >= 3;
   // Static buffers plus the tile can exceed the 48 KB a block gets without opting in, which Hopper
   // and Ampere allow and Turing (64 KB) may not.
-  plan.warp_staged = policy.warp_staging && c.channels_last && fixed_point_tile && fixed5 && c.offset_pairs_aligned &&
-                     !c.split_offsets && !c.mixed_precision() &&
-                     warp_staged_static_bytes(c.element_size) + plan.tile_shared_bytes <= shared_limit;
-  plan.exact_rgb = rgb && plan.channel_block == 3 && (plan.warp_staged || (fixed5 && !c.channels_last));
+  const bool warp_staged = policy.warp_staging && c.channels_last && fixed_point_tile && fixed5 &&
+                           c.offset_pairs_aligned && !c.split_offsets && !c.mixed_precision() &&
+                           warp_staged_static_bytes(c.element_size) + plan.tile_shared_bytes <= shared_limit;
+  const bool exact_rgb = rgb && channel_block == 3 && (warp_staged || (fixed5 && !c.channels_last));
+  plan.variant = find_variant(kBackwardVariants, c, [&](const BackwardVariant& v) {
+    return v.kernel == CudaBackwardKernel::kTiled && v.channel_block == channel_block && v.warp_staged == warp_staged &&
+           v.exact_rgb == exact_rgb;
+  });
   plan.prefetch = policy.prefetch && fixed5 && !c.channels_last;
   return plan;
 }
@@ -228,8 +256,7 @@ std::string plan_name(const CudaForwardPlan& plan) {
     case CudaForwardKernel::kLanePairs:
       return std::string("lane_pairs") + (plan.exact_rgb ? "_rgb" : "") + (plan.staged_values ? "_staged" : "");
     case CudaForwardKernel::kPixels:
-      return std::string("pixels") + (plan.exact_rgb ? "_rgb" : "") + (plan.vector_loads ? "_vectorized" : "") +
-             (plan.channel_block == kPixelVectorBlock ? "8" : "") + (plan.prefetch ? "_prefetch" : "");
+      return kPixelsForwardVariants[plan.variant].name;
   }
   return "unknown";
 }
@@ -244,11 +271,10 @@ std::string plan_name(const CudaBackwardPlan& plan) {
     case CudaBackwardKernel::kNone:
       break;
     case CudaBackwardKernel::kTiled:
-      part(std::string("tiled") + (plan.warp_staged ? "_warp_staged" : "") + (plan.exact_rgb ? "_rgb" : "") +
-           (plan.prefetch ? "_prefetch" : ""));
+      part(std::string(kBackwardVariants[plan.variant].name) + (plan.prefetch ? "_prefetch" : ""));
       break;
     case CudaBackwardKernel::kPixels:
-      part("pixels");
+      part(kBackwardVariants[plan.variant].name);
       break;
     case CudaBackwardKernel::kChannelLanes:
       part("channel_lanes" + std::to_string(1 << plan.lanes_log2));

@@ -123,7 +123,7 @@ struct FloatTileAdd {
 // the order of the adds, so the tile is deterministic too. A tile whose bound is not finite (NaN
 // or inf data) or vanishingly small is disabled: its adds all go to `fallback`.
 constexpr int kFixedPointBits = 37;
-// (kFixedPointMaxTaps, deform_sepconv_plan.h, keeps the adds per element within 2^16.)
+// (kFixedPointMaxTaps, cuda_plan.h, keeps the adds per element within 2^16.)
 
 template <typename index_t, typename GlobalAdd>
 struct FixedPointTileAdd {

@@ -1,5 +1,5 @@
 // Opting kernels in to more dynamic shared memory than the kDefaultSharedBytes a block gets by
-// default (how much they need and whether the device has it is the planner's: deform_sepconv_plan.h).
+// default (how much they need and whether the device has it is the planner's: cuda_plan.h).
 #pragma once
 
 #include <map>
@@ -14,7 +14,8 @@ namespace edsc_ext {
 template <typename Kernel>
 void opt_in_dynamic_shared(Kernel kernel, size_t shared) {
   if (shared > static_cast<size_t>(kDefaultSharedBytes)) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
+    EDSC_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
   }
 }
 
@@ -28,22 +29,23 @@ void opt_in_dynamic_shared_once(Kernel kernel, size_t dynamic) {
   // Per (device, kernel): its static shared memory, and the dynamic size it is opted in to.
   static std::map<std::pair<int, const void*>, std::pair<size_t, size_t>> known;
   const std::lock_guard<std::mutex> lock(mutex);
-  const auto key = std::make_pair(static_cast<int>(c10::cuda::current_device()), reinterpret_cast<const void*>(kernel));
+  const int device = current_cuda_device();
+  const auto key = std::make_pair(device, reinterpret_cast<const void*>(kernel));
   auto found = known.find(key);
   if (found == known.end()) {
     cudaFuncAttributes attributes{};
-    C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+    EDSC_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
     found = known
                 .emplace(key, std::make_pair(attributes.sharedSizeBytes,
                                              static_cast<size_t>(kDefaultSharedBytes) - attributes.sharedSizeBytes))
                 .first;
   }
   auto& [static_bytes, opted_in] = found->second;
-  TORCH_INTERNAL_ASSERT(static_bytes + dynamic <= at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin,
-                        "planned shared memory (", static_bytes, " static + ", dynamic,
-                        " dynamic bytes) exceeds the device's");
+  EDSC_CHECK(static_cast<int64_t>(static_bytes + dynamic) <=
+                 cuda_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+             "planned shared memory (", static_bytes, " static + ", dynamic, " dynamic bytes) exceeds the device's");
   if (dynamic > opted_in) {
-    C10_CUDA_CHECK(
+    EDSC_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dynamic)));
     opted_in = dynamic;
   }

@@ -203,7 +203,7 @@ struct WarpStagedPixelValues {
     buf.offset[row][lane * kKernel + j] = Pair{dy, dx};
   }
 
-  // This lane's share of the warp's input_grad_bound (deform_sepconv_backward_kernels.cuh): the
+  // This lane's share of the warp's input_grad_bound (deform_sepconv_backward_bilinear_kernels.cuh): the
   // sum over the warp's pixels of max_c |dL/dout| * sum_t |V_i H_j M_t|, with the mask read in
   // consecutive runs. `grad_output` is the whole (N, H_out, W_out, C) tensor. Every lane, in step,
   // after construction.

@@ -22,7 +22,7 @@ using ForwardFn = at::Tensor(const at::Tensor&, const OptTensor&, const OptTenso
                              int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, const OptTensor&);
 using BackwardFn = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const OptTensor&, const OptTensor&, const OptTensor&, const OptTensor&,
-    int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, std::array<bool, 5>, const OptTensor&);
+    int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, std::array<bool, 5>, const OptTensor&, bool);
 using AddFn = at::Tensor(const at::Tensor&, const at::Tensor&);
 
 int failures = 0;
@@ -77,7 +77,8 @@ void run_cases(const at::Device device) {
   // d/dV[0] at (0,0) = in[0][0] + 3*in[0][1] = 7; d/dH[1] at (0,0) = in[0][1] + 2*in[1][1] = 12.
   const at::Tensor ones = at::ones({1, 1, 2, 2}, o);
   const std::array<bool, 5> mask5 = {true, true, true, false, false};
-  auto grads = backward.call(ones, input, v, h, std::nullopt, std::nullopt, 2, 2, 0, 0, 1, 1, 0, mask5, std::nullopt);
+  auto grads = backward.call(ones, input, v, h, std::nullopt, std::nullopt, 2, 2, 0, 0, 1, 1, 0, mask5, std::nullopt,
+                             /*deterministic=*/false);
   expect_close("separable grad input" + on, std::get<0>(grads), {1, 4, 3, 3, 12, 9, 2, 8, 6});
   expect_close("separable grad vertical[0]" + on, std::get<1>(grads).select(1, 0), {7, 11, 19, 23});
   expect_close("separable grad horizontal[1]" + on, std::get<2>(grads).select(1, 1), {12, 15, 21, 24});

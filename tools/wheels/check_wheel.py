@@ -1,9 +1,11 @@
-"""Checks a built edsc-ext wheel: its local version label, the build facts and sources inside, the
+"""Checks a built edsc-ext wheel: its local version label (cu130, cu128 or cpu: the CUDA of its kernels,
+no torch version, since one stable-ABI binary runs with every torch from the floor on) against the build
+facts inside, its tags (cp310-abi3) and torch requirement (torch>=floor, no pin), the sources inside, the
 CUDA machine code in the binary (cuobjdump), and what auditwheel says about its portability: the
 glibc/libstdc++ symbols must fit the manylinux tag, and the only external libraries left must be
 torch's and CUDA's own (they come with torch; repair leaves them out on purpose).
 
-    python tools/wheels/check_wheel.py WHEEL [--label cu130torch2.14] [--sass 90 ...]
+    python tools/wheels/check_wheel.py WHEEL [--label cu130|cu128|cpu] [--sass 90 ...] [--recorded-sass]
                                        [--plat manylinux_2_28_x86_64] [--cuobjdump PATH]
 
 Needs auditwheel (and patchelf for repair) on PATH; cuobjdump from PATH, --cuobjdump, or the
@@ -57,20 +59,40 @@ def find_cuobjdump(explicit):
     return None
 
 
+# A label names the CUDA of the kernels only: cu130, cu128, cpu (_build_support.local_version_label).
+LABEL_PATTERN = re.compile(r"cu\d{3}|cpu")
+
+
+def label_of_meta(meta):
+    """The label the build facts call for: cuXYZ of the torch CUDA it was built with, or cpu."""
+    if not meta.get("WITH_CUDA"):
+        return "cpu"
+    cuda = str(meta.get("TORCH_CUDA_VERSION") or meta.get("CUDA_VERSION") or "")
+    match = re.match(r"(\d+)\.(\d+)", cuda)
+    return f"cu{match.group(1)}{match.group(2)}" if match else None
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("wheel")
-    parser.add_argument("--label", help="expected local version label, e.g. cu130torch2.14")
+    parser.add_argument("--label", help="expected local version label: cu130, cu128 or cpu")
     parser.add_argument("--sass", nargs="*", default=[], help="architectures that must have machine code, e.g. 90")
+    parser.add_argument("--recorded-sass", action="store_true",
+                        help="the architectures the build recorded (_build_meta.py) must have machine code")
     parser.add_argument("--plat", default="manylinux_2_28_x86_64", help="manylinux tag the wheel must fit")
     parser.add_argument("--cuobjdump")
     args = parser.parse_args()
 
     name = os.path.basename(args.wheel)
     print(f"check_wheel: {name}")
-    version = name.split("-")[1]
+    parts = name[:-len(".whl")].split("-")
+    version = parts[1]
     if args.label:
+        if not LABEL_PATTERN.fullmatch(args.label):
+            parser.error(f"--label {args.label}: labels are cuXYZ (the kernels' CUDA, e.g. cu130, cu128) or cpu; "
+                         "a torch version (cu130torch2.14) is no longer part of it")
         check(version.endswith("+" + args.label), f"version {version} has the local label +{args.label}")
+    check(parts[-3:-1] == ["cp310", "abi3"], f"tags {'-'.join(parts[-3:-1])} are cp310-abi3 (one wheel per platform)")
 
     with tempfile.TemporaryDirectory() as tmp:
         with zipfile.ZipFile(args.wheel) as zf:
@@ -86,6 +108,20 @@ def main():
             exec(open(os.path.join(tmp, "edsc_ext", "_build_meta.py")).read(), meta)
             print(f"       built with torch {meta.get('TORCH_VERSION')}, CUDA {meta.get('CUDA_VERSION')}, "
                   f"archs {meta.get('CUDA_ARCH_LIST')}")
+            wanted = label_of_meta(meta)
+            check(version.endswith("+" + str(wanted)), f"label +{version.partition('+')[2]} fits the build facts "
+                  f"(with_cuda {meta.get('WITH_CUDA')}, torch CUDA {meta.get('TORCH_CUDA_VERSION')}: +{wanted})")
+        metadata = [n for n in names if n.endswith(".dist-info/METADATA")]
+        if metadata:
+            with open(os.path.join(tmp, metadata[0])) as f:
+                torch_reqs = [line.split(":", 1)[1].strip() for line in f
+                              if line.startswith("Requires-Dist:") and re.match(r"Requires-Dist:\s*torch\b", line)]
+            floor = meta.get("TORCH_FLOOR")
+            good = len(torch_reqs) == 1 and re.fullmatch(r"torch\s*>=\s*" + re.escape(str(floor)), torch_reqs[0])
+            check(bool(good), f"requires torch>={floor} only, no pin (Requires-Dist: {torch_reqs or 'none'})")
+        if args.recorded_sass:
+            args.sass = list(args.sass) + [a for a in meta.get("CUDA_SASS_ARCHS", []) if a not in args.sass]
+            check(bool(meta.get("CUDA_SASS_ARCHS")), "the build recorded its CUDA architectures")
 
         if args.sass:
             tool = find_cuobjdump(args.cuobjdump)

@@ -26,11 +26,11 @@ constexpr int64_t kCpuTasks = 16;
 
 struct CpuFacts {
   bool avx2 = false;    // AVX2 + FMA loops are compiled, and the CPU and torch's capability have them
-  int64_t threads = 1;  // at::get_num_threads()
+  int64_t threads = 1;  // torch's thread count (torch.get_num_threads())
 };
 
-// This machine's facts: the instruction set as torch reports it (at::get_cpu_capability, which
-// honours ATEN_CPU_CAPABILITY), checked against the CPU, and the current thread count.
+// This machine's facts: the instruction set (the CPU's, unless ATEN_CPU_CAPABILITY=default asks torch
+// for the baseline) and torch's current thread count.
 CpuFacts this_cpu();
 
 enum class CpuForwardKernel {

@@ -57,7 +57,7 @@ constexpr int kStagedPixels = 128;
 constexpr int64_t kStagedElementSize = 2;
 constexpr int64_t kStagedMinMajor = 8;
 
-// Backward tile (deform_sepconv_backward_tiled.cuh): a warp spans 32 consecutive x, so per-pixel
+// Backward tile (deform_sepconv_backward_bilinear_kernels.cuh): a warp spans 32 consecutive x, so per-pixel
 // loads and stores stay coalesced; offsets up to kTileMargin pixels beyond the kernel's reach still
 // land in the shared-memory footprint of kTileSharedBytes (the default per-block limit, no opt-in).
 constexpr int kTileW = 32;
@@ -72,7 +72,7 @@ constexpr int64_t kTileElementBytes = 8;
 constexpr int64_t kFixedPointMaxTaps = (int64_t(1) << 16) / kTileThreads;
 
 // Static shared memory of the warp-staged backward tile (WarpStagedBuffers<scalar_t, 5> per warp
-// and the bound's per-warp sums; deform_sepconv_backward_tiled.cuh checks it against the kernel).
+// and the bound's per-warp sums; deform_sepconv_backward_bilinear_kernels.cuh checks it against the kernel).
 constexpr int64_t warp_staged_static_bytes(int64_t element_size) {
   const int64_t k = kSpecializedKernel, row = int64_t(kWarpSize) * k;
   const int64_t per_warp = 2 * row * element_size + 2 * row * 2 * element_size + 2 * row * element_size + 4 * kWarpSize;
@@ -115,24 +115,86 @@ struct GatherLayout {
 
 // ---- Plans
 
+// ---- Kernel variants: how a plan names the instantiation it runs
+//
+// The bilinear kernels (one thread per pixel, forward and backward; the backward tile) are compiled in
+// variants: channels a thread, exactly RGB, the L2 prefetch, vector loads, warp staging. Each family
+// lists its variants in one table: a row holds the template arguments of one instantiation and the
+// calls it is compiled for (VariantScope). The planner picks the row (a plan's `variant`), the
+// launcher instantiates each row for the call types its scope admits and runs the planned one, and
+// plan_name names it: nothing else maps a plan to an instantiation.
+
+// What decides which variants exist for a call: made at compile time from a launcher's KernelTypes
+// (variant_facts<K>() in deform_sepconv_cuda.cuh) and at run time from the call (variant_facts(call)).
+struct VariantFacts {
+  bool kernel_5x5 = false;   // a compile-time 5x5 kernel (kSpecializedKernel)
+  bool index_32bit = false;  // 32-bit indices
+  bool channels_last = false;
+  int64_t element_size = 0;  // the frame's dtype
+  bool same_dtypes = true;   // the per-pixel tensors in the frame's dtype (not mixed precision)
+};
+
+enum class VariantLayout { kAny, kNchw, kChannelsLast };
+
+// The calls a variant is compiled for.
+struct VariantScope {
+  bool kernel_5x5 = false;   // only with the compile-time 5x5
+  bool index_32bit = false;  // only with 32-bit indices
+  VariantLayout layout = VariantLayout::kAny;
+  int64_t max_element_size = 8;
+  bool same_dtypes = false;  // not with mixed precision
+
+  constexpr bool admits(const VariantFacts& f) const {
+    return (!kernel_5x5 || f.kernel_5x5) && (!index_32bit || f.index_32bit) &&
+           (layout == VariantLayout::kAny || (layout == VariantLayout::kChannelsLast) == f.channels_last) &&
+           f.element_size <= max_element_size && (!same_dtypes || f.same_dtypes);
+  }
+};
+
+inline VariantFacts variant_facts(const DeformSepconvCall& c) {
+  return {c.square_kernel(kSpecializedKernel), c.use_32bit_indexing, c.channels_last, c.element_size,
+          !c.mixed_precision()};
+}
+
+// The one-thread-per-(pixel, channel block) forward (deform_sepconv_forward_cuda_kernel).
+struct PixelsForwardVariant {
+  const char* name;
+  int channel_block;  // channels a thread; 3: exactly RGB, the channel count a compile-time constant
+  bool prefetch;      // each warp prefetches its per-pixel values into L2 first (dense NCHW planes)
+  bool vector_loads;  // a bilinear corner's block of channels in vector loads of <= 16 bytes
+  VariantScope scope;
+};
+
+// The RGB and prefetch variants: 5x5 with 32-bit indices; vector loads: channels_last, 32-bit
+// indices, float32 and the half types.
+inline constexpr VariantScope kSpecialized5x5Scope{true, true, VariantLayout::kAny, 8, false};
+inline constexpr VariantScope kSpecialized5x5NchwScope{true, true, VariantLayout::kNchw, 8, false};
+inline constexpr VariantScope kVectorLoadsScope{false, true, VariantLayout::kChannelsLast, 4, false};
+inline constexpr PixelsForwardVariant kPixelsForwardVariants[] = {
+    {"pixels", kPixelChannelBlock, false, false, VariantScope{}},
+    {"pixels_rgb", 3, false, false, kSpecialized5x5Scope},
+    {"pixels_rgb_prefetch", 3, true, false, kSpecialized5x5NchwScope},
+    {"pixels_prefetch", kPixelChannelBlock, true, false, kSpecialized5x5NchwScope},
+    {"pixels_vectorized", kPixelChannelBlock, false, true, kVectorLoadsScope},
+    {"pixels_vectorized8", kPixelVectorBlock, false, true, kVectorLoadsScope},
+};
+
 enum class CudaForwardKernel {
   kEmpty,      // no output elements: nothing runs
   kGridTaps,   // no offsets or dilation: each tile's input window in shared memory
   kStaged,     // NCHW 5x5, 2-byte types, <= 4 channels but not 3: per-pixel tensors staged by block
   kLanePairs,  // channels_last 5x5, <= 4 channels: two lanes a pixel
-  kPixels,     // one thread per (output pixel, block of kPixelChannelBlock channels)
+  kPixels,     // one thread per (output pixel, block of channels): a row of kPixelsForwardVariants
 };
 
 struct CudaForwardPlan {
   CudaForwardKernel kernel = CudaForwardKernel::kEmpty;
-  int pass_channels = 0;                   // kGridTaps: channels staged together (4, 3, 2 or 1)
-  GridWindow window{};                     // kGridTaps
-  int chunk_bytes = 0;                     // kStaged: bytes a cp.async copy moves (16 or 4)
-  bool staged_values = false;              // kLanePairs: each warp's per-pixel values through shared memory
-  bool exact_rgb = false;                  // kLanePairs, kPixels: exactly 3 channels, a compile-time constant
-  bool prefetch = false;                   // kPixels: each warp prefetches its per-pixel values into L2
-  bool vector_loads = false;               // kPixels, channels_last: a corner's channel block with vector loads
-  int channel_block = kPixelChannelBlock;  // kPixels: channels a thread (or kPixelVectorBlock)
+  int pass_channels = 0;       // kGridTaps: channels staged together (4, 3, 2 or 1)
+  GridWindow window{};         // kGridTaps
+  int chunk_bytes = 0;         // kStaged: bytes a cp.async copy moves (16 or 4)
+  bool staged_values = false;  // kLanePairs: each warp's per-pixel values through shared memory
+  bool exact_rgb = false;      // kLanePairs: exactly 3 channels, a compile-time constant
+  int variant = 0;             // kPixels: the row of kPixelsForwardVariants
 };
 
 enum class CudaBackwardKernel {
@@ -146,6 +208,32 @@ enum class CudaBackwardKernel {
 
 // The most threads the channel lanes give one pixel (a warp: they sum through shuffles).
 constexpr int kMaxChannelLanes = kWarpSize;
+
+// The bilinear backward kernels, kTiled (deform_sepconv_backward_tiled_cuda_kernel) and kPixels
+// (deform_sepconv_backward_cuda_kernel).
+struct BackwardVariant {
+  const char* name;
+  CudaBackwardKernel kernel;
+  int channel_block;  // channels a thread handles per step (3 for RGB-like counts with 5x5: no idle lane)
+  bool warp_staged;   // kTiled, channels_last 5x5: per-pixel values staged a warp at a time
+  bool exact_rgb;     // kTiled: exactly 3 channels in one pass, a compile-time constant
+  VariantScope scope;
+};
+
+// The tile needs 32-bit indices; blocks of 3 the 5x5; the warp-staged buffers hold the frame's dtype,
+// and their fixed-point tile needs a float accumulator.
+inline constexpr VariantScope kTiledScope{false, true, VariantLayout::kAny, 8, false};
+inline constexpr VariantScope kWarpStagedScope{true, true, VariantLayout::kChannelsLast, 4, true};
+inline constexpr BackwardVariant kBackwardVariants[] = {
+    {"pixels", CudaBackwardKernel::kPixels, 4, false, false, VariantScope{}},
+    {"pixels", CudaBackwardKernel::kPixels, 3, false, false, VariantScope{true, false, VariantLayout::kAny, 8, false}},
+    {"tiled", CudaBackwardKernel::kTiled, 4, false, false, kTiledScope},
+    {"tiled", CudaBackwardKernel::kTiled, 3, false, false, kSpecialized5x5Scope},
+    {"tiled_rgb", CudaBackwardKernel::kTiled, 3, false, true, kSpecialized5x5NchwScope},
+    {"tiled_warp_staged", CudaBackwardKernel::kTiled, 4, true, false, kWarpStagedScope},
+    {"tiled_warp_staged", CudaBackwardKernel::kTiled, 3, true, false, kWarpStagedScope},
+    {"tiled_warp_staged_rgb", CudaBackwardKernel::kTiled, 3, true, true, kWarpStagedScope},
+};
 
 struct CudaBackwardPlan {
   bool empty = false;  // no output pixels or no channels: the gradients as allocated
@@ -162,13 +250,11 @@ struct CudaBackwardPlan {
   bool kernel_input_grad = false;                         // ... adds the input gradient
   bool kernel_param_grads = false;                        // ... computes the per-pixel gradients
   bool deterministic = false;                             // ... adds the input gradient as fixed-point integers
-  int channel_block = 4;          // channels a thread handles per step (3 for 5x5 RGB-like counts)
-  TileFootprint footprint{};      // kTiled
-  int64_t tile_shared_bytes = 0;  // kTiled: dynamic shared memory
-  bool warp_staged = false;       // kTiled, channels_last 5x5: per-pixel values staged a warp at a time
-  bool exact_rgb = false;         // kTiled: exactly 3 channels in one pass, a compile-time constant
-  bool prefetch = false;          // kTiled, NCHW 5x5: the L2 prefetch
-  int lanes_log2 = 0;             // kChannelLanes: log2 of the threads a pixel
+  int variant = 0;                                        // kTiled, kPixels: the row of kBackwardVariants
+  TileFootprint footprint{};                              // kTiled
+  int64_t tile_shared_bytes = 0;                          // kTiled: dynamic shared memory
+  bool prefetch = false;                                  // kTiled, NCHW 5x5: the L2 prefetch (a kernel argument)
+  int lanes_log2 = 0;                                     // kChannelLanes: log2 of the threads a pixel
 };
 
 CudaForwardPlan plan_cuda_forward(const DeformSepconvCall& call, const CudaDeviceFacts& device,
