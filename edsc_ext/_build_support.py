@@ -27,8 +27,13 @@ SHIPPED_SOURCES_DIR = "_csrc"
 # Python's own CFLAGS, which setuptools passes to every C++ unit: the debug info of the templated
 # CPU kernels was 33 of the module's 50 MB and a third of their compile time (the CPU backward's, measured on
 # a 2-core machine: 110 s -> 77 s, object 36 -> 3.5 MB). nvcc units get no -g either way.
-CXX_FLAGS = ["-O3", "-g0"]
-NVCC_FLAGS = ["-O3", "-lineinfo"]
+# -fvisibility=hidden: the module exports PyInit__C alone. torch declares its stable API (torch::stable,
+# torch::headeronly) hidden so that extensions built against different torch headers cannot bind to each
+# other's inline copies; the extension's own symbols, and the weak and unique ones that the c10 and CCCL
+# headers instantiate, get the same protection (and gcc stops warning about default-visibility types
+# holding hidden stable Tensors).
+CXX_FLAGS = ["-O3", "-g0", "-fvisibility=hidden"]
+NVCC_FLAGS = ["-O3", "-lineinfo", "-Xcompiler=-fvisibility=hidden"]
 
 # The oldest torch the binary runs with: the host code uses torch only through the LibTorch stable
 # ABI (include/edsc_ext/torch_stable.h), compiled for this version's stable API (TORCH_TARGET_VERSION).

@@ -66,6 +66,22 @@ def test_build_meta_matches_binary():
         assert meta["cuda_version"] == binary["cuda_version"]
 
 
+def test_the_module_exports_its_init_and_no_header_copies():
+    """Built with -fvisibility=hidden (_build_support.CXX_FLAGS): of its own and its headers' code the module
+    exports PyInit__C alone, so its inline copies of c10, torch's stable API and CCCL cannot bind to, or be
+    bound by, another extension's built against other headers (libstdc++'s std:: stays default-visible)."""
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm (binutils) is not installed")
+    listing = subprocess.run([nm, "-D", "-C", "--defined-only", edsc_ext._C.__file__], capture_output=True, text=True,
+                             check=True).stdout
+    symbols = [line.split(" ", 2)[2] for line in listing.splitlines() if line.count(" ") >= 2]
+    assert "PyInit__C" in symbols
+    leaked = [s for s in symbols if any(ns in s for ns in ("edsc_ext::", "c10::", "torch::", "at::", "cuda::", "cub::",
+                                                             "thrust::"))]
+    assert not leaked, f"{len(leaked)} exported, e.g. {leaked[:5]}"
+
+
 def test_version_label():
     """Labels name the CUDA of the kernels, not a torch: the binary runs with every torch from the floor on."""
     assert bs.local_version_label("13.0") == "cu130"
