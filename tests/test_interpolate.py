@@ -946,8 +946,12 @@ def test_sigterm_and_sighup_remove_the_partial_output(tmp_path, weights, signum)
     source = make_clip(tmp_path / "long.mp4", frames=400, w=128, h=96, audio=False)
     out = tmp_path / "out"
     out.mkdir()
-    command = [sys.executable, "-m", "edsc_ext.apps.interpolate", *map(str, video_argv(weights, "EDSC_s", source,
-                                                                                         out / "x2.mp4"))]
+    # Started as a shell starts it, with both signals at their defaults: an ignored disposition is
+    # inherited, so under `nohup pytest` the tool would rightly keep ignoring SIGHUP and run to the end.
+    start = ("import runpy, signal, sys; signal.signal(signal.SIGHUP, signal.SIG_DFL); "
+             "signal.signal(signal.SIGTERM, signal.SIG_DFL); sys.argv[0] = 'interpolate'; "
+             "runpy.run_module('edsc_ext.apps.interpolate', run_name='__main__')")
+    command = [sys.executable, "-c", start, *map(str, video_argv(weights, "EDSC_s", source, out / "x2.mp4"))]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                cwd=Path(__file__).resolve().parents[1])
     try:
@@ -962,6 +966,26 @@ def test_sigterm_and_sighup_remove_the_partial_output(tmp_path, weights, signum)
     assert process.returncode == 128 + signum, err
     assert f"stopped by {signal.Signals(signum).name}" in err and "Traceback" not in err, err
     assert leftover_files(out) == []
+
+
+def test_an_ignored_sighup_stays_ignored_and_a_default_one_stops_the_run():
+    """nohup's SIGHUP (ignored) is left alone; at its default it raises Stopped; restored after."""
+    from edsc_ext.apps import common
+
+    before = signal.getsignal(signal.SIGHUP)
+    try:
+        for disposition, stops in ((signal.SIG_IGN, False), (signal.SIG_DFL, True)):
+            signal.signal(signal.SIGHUP, disposition)
+            with common.signals_stop_the_run():
+                handler = signal.getsignal(signal.SIGHUP)
+                assert (handler not in (signal.SIG_IGN, signal.SIG_DFL)) == stops
+                if stops:
+                    with pytest.raises(common.Stopped) as stopped:
+                        handler(signal.SIGHUP, None)
+                    assert stopped.value.name == "SIGHUP"
+            assert signal.getsignal(signal.SIGHUP) == disposition
+    finally:
+        signal.signal(signal.SIGHUP, before)
 
 
 @needs_apps
