@@ -9,6 +9,7 @@ The wheel itself (pip wheel, auditwheel, a fresh venv) and the CMake build + cte
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -77,8 +78,9 @@ def test_the_module_exports_its_init_and_no_header_copies():
                              check=True).stdout
     symbols = [line.split(" ", 2)[2] for line in listing.splitlines() if line.count(" ") >= 2]
     assert "PyInit__C" in symbols
-    leaked = [s for s in symbols if any(ns in s for ns in ("edsc_ext::", "c10::", "torch::", "at::", "cuda::", "cub::",
-                                                             "thrust::"))]
+    # A namespace at a name boundary: "at::" must not match libstdc++'s "...Format::".
+    header_namespace = re.compile(r"(?<![\w:])(edsc_ext|c10|torch|at|cuda|cub|thrust)::")
+    leaked = [s for s in symbols if header_namespace.search(s)]
     assert not leaked, f"{len(leaked)} exported, e.g. {leaked[:5]}"
 
 
