@@ -39,7 +39,7 @@ def test_main_cpu_quick_writes_json(tmp_path, capsys):
     assert fwd["floor_bytes"] == floor_bytes(benchmark.CPU_CASES[0], torch.float32, backward=False)
     assert bwd["floor_bytes"] > fwd["floor_bytes"]
     out = capsys.readouterr().out
-    assert "| case |" in out and "**floor**" in out and "python -m edsc_ext.benchmark --device cpu" in out
+    assert "| case |" in out and "**floor**" in out and "edsc-benchmark --device cpu" in out
     assert md.read_text() == out
 
 

@@ -1,4 +1,4 @@
-"""edsc_ext.compat (the EDSC repository's FunctionDSepconv) against a float64 transcription of the
+"""edsc_ext.models.compat (the EDSC repository's FunctionDSepconv) against a float64 transcription of the
 original layer written from its specification, values and all six gradients, on the CPU and (cases
 marked ``cuda``, skipped without a GPU) on CUDA."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from edsc_ext import compat
+from edsc_ext.models import compat
 
 from conftest import assert_close, off_grid_offset, per_device
 

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 import edsc_ext
-from edsc_ext import compat
 from edsc_ext import reference as R
+from edsc_ext.models import compat
 from edsc_ext.ops import H200, normalize_args
 
 from conftest import (

@@ -1,6 +1,6 @@
 """Deployment on the CPU and (with a GPU) on CUDA: torch.export (and save/load in a fresh process),
 AOTInductor packages run from Python and from the C++ program edsc_ext_aoti_run (the CMake build's), and
-ONNX (edsc_ext.onnx) run by onnxruntime, each against eager PyTorch.
+ONNX (edsc_ext.models.onnx) run by onnxruntime, each against eager PyTorch.
 
 Each model is exported once and compiled once per device (module-scoped fixtures): AOTInductor compiles
 C++, about a minute per EDSC model on two cores. The ONNX tests need the packages onnx, onnxscript and
@@ -499,10 +499,10 @@ def onnx_op_types(path) -> set:
 
 @pytest.mark.parametrize("present", ALL_PRESENT, ids=present_id)
 def test_onnx_op(ort, present, tmp_path):
-    import edsc_ext.onnx
+    import edsc_ext.models.onnx
     model = OpModule(present)
     path = tmp_path / "op.onnx"
-    edsc_ext.onnx.export(model, op_inputs(present), path)
+    edsc_ext.models.onnx.export(model, op_inputs(present), path)
     types = onnx_op_types(path)
     assert "GridSample" in types and not any("edsc" in t.lower() for t in types), types
     # One file, dynamic batch, height and width.
@@ -511,7 +511,7 @@ def test_onnx_op(ort, present, tmp_path):
 
 
 def test_onnx_op_non_finite_offset(ort, tmp_path):
-    import edsc_ext.onnx
+    import edsc_ext.models.onnx
     present = (True,) * 4
     model = OpModule(present)
     args = list(op_inputs(present))
@@ -519,7 +519,7 @@ def test_onnx_op_non_finite_offset(ort, tmp_path):
     args[3][0, 0, 1, 2] = float("inf")  # the first call's offset: pixel (1, 2) of image 0
     args[3][1, 3, 0, 0] = float("nan")
     path = tmp_path / "op.onnx"
-    edsc_ext.onnx.export(model, tuple(args), path)
+    edsc_ext.models.onnx.export(model, tuple(args), path)
     outs, expected = ort_run(ort, path, args), eager(model, args)
     for out, exp in zip(outs, expected):
         out = torch.as_tensor(out)
@@ -531,7 +531,7 @@ def test_onnx_op_non_finite_offset(ort, tmp_path):
 def test_onnx_compat_layer(ort, tmp_path):
     """The EDSC repository's calling convention (replicate-padded frame, border pixels counted twice
     past the frame)."""
-    import edsc_ext.onnx
+    import edsc_ext.models.onnx
     g = torch.Generator().manual_seed(5)
     k, n, h, w = 5, 2, 7, 9
 
@@ -542,17 +542,17 @@ def test_onnx_compat_layer(ort, tmp_path):
 
     model = compat.ModuleDSepconv().eval()
     path = tmp_path / "compat.onnx"
-    edsc_ext.onnx.export(model, inputs(n, h, w), path)
+    edsc_ext.models.onnx.export(model, inputs(n, h, w), path)
     for args in (inputs(n, h, w), inputs(1, 6, 11)):
         assert max_error(ort_run(ort, path, args), eager(model, args)) < ONNX_TOL
 
 
 @pytest.mark.parametrize("multiple", [False, True], ids=["EDSC_s", "EDSC_m"])
 def test_onnx_edsc(ort, multiple, tmp_path):
-    import edsc_ext.onnx
+    import edsc_ext.models.onnx
     model = edsc_model(multiple)
     path = tmp_path / "edsc.onnx"
-    edsc_ext.onnx.export(model, edsc_inputs(multiple, 2, 64, 64), path)
+    edsc_ext.models.onnx.export(model, edsc_inputs(multiple, 2, 64, 64), path)
     assert not (tmp_path / "edsc.onnx.data").exists()  # one file
     # Two resolutions (and batch sizes) from the one file.
     for args in (edsc_inputs(multiple, 1, 96, 64, seed=1), edsc_inputs(multiple, 2, 128, 160, seed=2)):
@@ -561,16 +561,18 @@ def test_onnx_edsc(ort, multiple, tmp_path):
 
 def test_onnx_translation_table_for_own_exports(ort, tmp_path):
     """translation_table() in a plain torch.onnx.export call."""
-    import edsc_ext.onnx
+    import edsc_ext.models.onnx
     model = edsc_ext.nn.DeformSepConv2d(3, padding=1, padding_mode="border").eval()
     args = op_inputs((True,) * 4)[:1] + (torch.randn(2, 3, 7, 8), torch.randn(2, 3, 7, 8), torch.randn(2, 18, 7, 8))
     path = tmp_path / "own.onnx"
-    torch.onnx.export(model, args, str(path), dynamo=True, opset_version=edsc_ext.onnx.OPSET, external_data=False,
-                      custom_translation_table=edsc_ext.onnx.translation_table(), verbose=False)
+    torch.onnx.export(model, args, str(path), dynamo=True, opset_version=edsc_ext.models.onnx.OPSET,
+                      external_data=False, custom_translation_table=edsc_ext.models.onnx.translation_table(),
+                      verbose=False)
     assert max_error(ort_run(ort, path, args), eager(model, args)) < ONNX_TOL
 
 
 def test_onnx_rejects_old_opset(ort, tmp_path):
-    import edsc_ext.onnx
+    import edsc_ext.models.onnx
     with pytest.raises(ValueError, match="opset_version must be >= 20"):
-        edsc_ext.onnx.export(OpModule((True,) * 4), op_inputs((True,) * 4), tmp_path / "x.onnx", opset_version=18)
+        edsc_ext.models.onnx.export(OpModule((True,) * 4), op_inputs((True,) * 4), tmp_path / "x.onnx",
+                                    opset_version=18)

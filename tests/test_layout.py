@@ -1,21 +1,31 @@
 """The package's layout says what depends on what (issue #37): the op at the top level, the models on it,
-the apps and the benchmarks on both; the first names of moved modules are aliases of the same modules."""
+the apps and the benchmarks on both. Each module has one name (issue #45): the benchmarks are console
+scripts and modules of their subpackage, and the first names of moved modules are gone."""
 
 from __future__ import annotations
 
 import ast
+import importlib
+import importlib.util
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, Iterator, Set
+from typing import Dict, Iterator, List, Set
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "edsc_ext"
-# The first names of moved modules: each replaces itself by its target (sys.modules) and is no layer's code.
-ALIASES = {"edsc_ext.compat": "edsc_ext.models.compat", "edsc_ext.onnx": "edsc_ext.models.onnx",
-           "edsc_ext.benchmark": "edsc_ext.benchmarks.op", "edsc_ext.model_benchmark": "edsc_ext.benchmarks.networks"}
+# Names that no release published, of modules that moved into the subpackages: no module answers to them.
+REMOVED_ALIASES = {"edsc_ext.compat": "edsc_ext.models.compat", "edsc_ext.onnx": "edsc_ext.models.onnx",
+                   "edsc_ext.benchmark": "edsc_ext.benchmarks.op",
+                   "edsc_ext.model_benchmark": "edsc_ext.benchmarks.networks"}
+# pyproject.toml's [project.scripts]: each command and the module whose main() it runs.
+SCRIPTS = {"edsc-interpolate": "edsc_ext.apps.interpolate", "edsc-benchmark": "edsc_ext.benchmarks.op",
+           "edsc-model-benchmark": "edsc_ext.benchmarks.networks", "edsc-video-benchmark": "edsc_ext.benchmarks.video"}
+BENCHMARKS = {script: module for script, module in SCRIPTS.items() if ".benchmarks." in module}
 SUBPACKAGES = ("edsc_ext.models", "edsc_ext.apps", "edsc_ext.benchmarks")
 # Layer -> the packages it must not import. The op is every module of edsc_ext outside the subpackages.
 FORBIDDEN = {
@@ -62,11 +72,8 @@ def imported_modules(name: str, path: Path) -> Iterator[str]:
 def violations() -> Set[str]:
     found = set()
     for name, path in modules().items():
-        if name in ALIASES:
-            continue
         forbidden = FORBIDDEN.get(layer_of(name), ())
         for target in imported_modules(name, path):
-            target = ALIASES.get(target, target)
             if any(target == f or target.startswith(f + ".") for f in forbidden):
                 found.add(f"{name} imports {target}")
     return found
@@ -88,7 +95,7 @@ def test_the_import_walk_sees_a_forbidden_import(monkeypatch):
         if path == PACKAGE / "reference.py":
             text += "\n\ndef _late():\n    from .apps import common\n"
         if path == PACKAGE / "models" / "networks.py":
-            text += "\n\nimport edsc_ext.model_benchmark\n"
+            text += "\n\nimport edsc_ext.benchmarks.networks\n"
         return text
 
     monkeypatch.setattr(Path, "read_text", with_a_late_import)
@@ -97,30 +104,50 @@ def test_the_import_walk_sees_a_forbidden_import(monkeypatch):
                             "edsc_ext.models.networks imports edsc_ext.benchmarks.networks"}
 
 
-def test_aliases_are_the_moved_modules():
-    import importlib
-
-    for alias, target in ALIASES.items():
-        assert importlib.import_module(alias) is importlib.import_module(target), alias
-    for name in ALIASES:  # each holds nothing but the alias
-        tree = ast.parse(modules()[name].read_text())
-        assert sum(isinstance(node, (ast.FunctionDef, ast.ClassDef)) for node in ast.walk(tree)) == 0, name
+def test_no_alias_module_is_importable():
+    for alias, target in REMOVED_ALIASES.items():
+        assert importlib.util.find_spec(alias) is None, f"{alias} still importable (the module is {target})"
+        assert not (REPO / (alias.replace(".", "/") + ".py")).exists(), alias
 
 
-@pytest.mark.parametrize("module,prog", [("edsc_ext.benchmark", "python -m edsc_ext.benchmark"),
-                                         ("edsc_ext.model_benchmark", "python -m edsc_ext.model_benchmark")])
-def test_benchmark_commands_keep_their_names(module, prog):
-    result = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120,
-                            cwd=REPO)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith(f"usage: {prog}"), result.stdout[:200]
-    assert "RuntimeWarning" not in result.stderr, result.stderr
-
-
-def test_the_command_points_straight_at_the_app_and_the_shims_are_gone():
+def scripts_table() -> Dict[str, str]:
     table = (REPO / "pyproject.toml").read_text().split("[project.scripts]\n", 1)[1].split("\n\n", 1)[0]
-    assert table.splitlines() == ['edsc-interpolate = "edsc_ext.apps.interpolate:main"']
+    return dict(re.fullmatch(r'([\w-]+) = "([\w.:]+)"', line).groups() for line in table.splitlines())
+
+
+def test_each_console_script_runs_its_modules_main():
+    table = scripts_table()
+    assert table == {script: f"{module}:main" for script, module in SCRIPTS.items()}
+    for script, target in table.items():
+        module, attr = target.split(":")
+        loaded = importlib.import_module(module)
+        assert getattr(loaded, attr) is loaded.main and callable(loaded.main), script
     assert not (PACKAGE / "interpolate.py").exists() and not (PACKAGE / "evaluate.py").exists()
+
+
+def run_help(command: List[str], tmp_path: Path) -> str:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    result = subprocess.run(command + ["--help"], capture_output=True, text=True, timeout=180, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "RuntimeWarning" not in result.stderr, result.stderr
+    return result.stdout
+
+
+@pytest.mark.parametrize("module", BENCHMARKS.values())
+def test_python_m_runs_each_benchmark_and_its_help_says_so(module, tmp_path):
+    out = run_help([sys.executable, "-m", module], tmp_path)
+    assert out.startswith(f"usage: python -m {module}"), out[:200]
+
+
+@pytest.mark.parametrize("script", BENCHMARKS)
+def test_each_benchmark_script_names_itself_in_its_help(script, tmp_path):
+    """The script as pip writes a console script (import the function, call it), under the command's name."""
+    module, attr = scripts_table()[script].split(":")
+    path = tmp_path / script
+    path.write_text(f"import sys\nfrom {module} import {attr}\nif __name__ == '__main__':\n    sys.exit({attr}())\n")
+    out = run_help([sys.executable, str(path)], tmp_path)
+    assert out.startswith(f"usage: {script}"), out[:200]
+    assert "python -m" not in out.split("\n\n")[0], out[:400]
 
 
 def test_the_wheel_ships_every_subpackage():

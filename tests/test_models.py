@@ -792,7 +792,7 @@ def test_model_benchmark_cpu_quick_table(tmp_path, capsys):
             model_benchmark.parse_variant(bad)
     captured = capsys.readouterr()
     out = captured.out
-    assert "| model | case | variant |" in out and "python -m edsc_ext.model_benchmark" in out
+    assert "| model | case | variant |" in out and "edsc-model-benchmark" in out
     for variant in variants:
         assert f"| {variant} |" in out
     profiled = [r for r in rows if r["status"] == "ok"]

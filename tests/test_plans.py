@@ -17,7 +17,7 @@ import torch
 
 import edsc_ext
 from edsc_ext import _policy
-from edsc_ext import benchmark as B
+from edsc_ext.benchmarks import op as B
 from edsc_ext.ops import H200, CpuFacts, CudaDeviceFacts
 
 F64, F32, F16, BF16 = torch.float64, torch.float32, torch.float16, torch.bfloat16

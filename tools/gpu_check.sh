@@ -121,13 +121,13 @@ fi
 if [ -n "$BENCH_ARGS" ]; then
   step "benchmark $BENCH_ARGS"
   # shellcheck disable=SC2086
-  python3 -m edsc_ext.benchmark --no-progress --json "$OUT/bench.json" $BENCH_ARGS 2>"$OUT/bench.err" \
+  python3 -m edsc_ext.benchmarks.op --no-progress --json "$OUT/bench.json" $BENCH_ARGS 2>"$OUT/bench.err" \
     | tee "$OUT/bench.md" || status=1
   tail -5 "$OUT/bench.err"; [ -s "$OUT/bench.err" ] || rm -f "$OUT/bench.err"
   for mode in ${BENCH_MODES:-}; do
     step "benchmark $BENCH_ARGS $mode"
     # shellcheck disable=SC2086
-    python3 -m edsc_ext.benchmark --no-progress $BENCH_ARGS $mode --no-baseline 2>&1 \
+    python3 -m edsc_ext.benchmarks.op --no-progress $BENCH_ARGS $mode --no-baseline 2>&1 \
       | tee "$OUT/bench${mode//-/_}.md" | grep "edsc_ext |" || status=1
   done
 fi

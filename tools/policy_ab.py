@@ -5,7 +5,7 @@ both plans, the medians, B / A, the floor, and how far apart the two runs' outpu
     python3 tools/policy_ab.py --cases feat feat64 --channels-last --a channel_lanes=true \
         --b channel_lanes=false [--dtypes float32 bfloat16 float16 float32+bfloat16] [--json PATH]
 
-The benchmark (python -m edsc_ext.benchmark --policy ...) times one policy a process; this is for
+The benchmark (edsc-benchmark --policy ...) times one policy a process; this is for
 the kernel choices themselves. On the CPU it takes the benchmark's scaled-down cases.
 """
 import argparse

@@ -19,11 +19,11 @@
 - **CUDA out of memory** on a whole frame switches to tiles (halving their size until they fit);
 - **fast paths** (CUDA): ``half`` runs the network under autocast in float16 (or ``"bf16"``:
   bfloat16) with the model and frames in channels_last (the fastest variant of
-  ``python -m edsc_ext.model_benchmark``; the sampling stays float32); ``cuda_graph`` replays the
+  ``edsc-model-benchmark``; the sampling stays float32); ``cuda_graph`` replays the
   network as a CUDA graph (:meth:`EDSC.capture`), one per frame size, partial batches padded to the
   captured batch; ``compile`` runs it through ``torch.compile``, and where graphs would be used
   (CUDA, whole frames) in mode "reduce-overhead": the compiled network replayed as CUDA graphs, the
-  fastest path (``python -m edsc_ext.model_benchmark``, variant compiledgraph). Where one is
+  fastest path (``edsc-model-benchmark``, variant compiledgraph). Where one is
   unavailable (no CUDA, no Triton, a failing compile or capture) the engine says so in one line and
   runs without it.
 """

@@ -3,7 +3,8 @@
 :func:`time_calls` is the one clock of :mod:`~edsc_ext.benchmarks.op`, :mod:`~edsc_ext.benchmarks.networks`
 and :mod:`~edsc_ext.benchmarks.video`: on CUDA each call is bracketed by CUDA events on the device's
 current stream (the stream the work runs on), recorded back to back and read after one synchronisation,
-so that no host wait between calls is timed; on the CPU by ``time.perf_counter``.
+so that no host wait between calls is timed; on the CPU by ``time.perf_counter``. :func:`command_name` is
+how a benchmark names itself in its help and its reports: the command the user typed.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import datetime
 import gc
 import platform
 import subprocess
+import sys
 import time
 from typing import Callable, List, Optional
 
@@ -19,9 +21,18 @@ import torch
 
 import edsc_ext
 
-__all__ = ["GB", "synchronize", "time_calls", "free_memory", "cpu_name", "device_description", "environment"]
+__all__ = ["GB", "command_name", "synchronize", "time_calls", "free_memory", "cpu_name", "device_description",
+           "environment"]
 
 GB = 1e9  # bandwidths are in GB/s = 1e9 bytes per second
+
+
+def command_name(script: str, module: str) -> str:
+    """The command that runs a benchmark as the user typed it: ``python -m MODULE`` where the process was
+    started that way, else its console script ``script`` (pyproject.toml's ``[project.scripts]``), the name
+    an installed package puts on PATH."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return f"python -m {module}" if spec is not None and spec.name == module else script
 
 
 def synchronize(device: torch.device) -> None:

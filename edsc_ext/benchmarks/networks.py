@@ -1,9 +1,11 @@
 """Times the EDSC networks end to end: inference and a training step of EDSC_s and EDSC_m in
 each execution variant, against the original code's composition in float32.
 
-    python -m edsc_ext.model_benchmark                      # the issue's sizes, every default variant
-    python -m edsc_ext.model_benchmark --models EDSC_s --variants fused-fp16-cl,graph-fp16-cl
-    python -m edsc_ext.model_benchmark --device cpu --quick # a smoke run: tiny sizes, eager variants
+    edsc-model-benchmark                      # the issue's sizes, every default variant
+    edsc-model-benchmark --models EDSC_s --variants fused-fp16-cl,graph-fp16-cl
+    edsc-model-benchmark --device cpu --quick # a smoke run: tiny sizes, eager variants
+
+(``python -m edsc_ext.benchmarks.networks`` or ``edsc-benchmark --model`` run it too.)
 
 A variant is ``PATH-PRECISION[-cl][-gr|-bd|-ph|-pd]``:
 
@@ -430,8 +432,13 @@ def render_profiles(meta: dict, rows: Sequence[Row]) -> List[str]:
     return lines
 
 
+def command() -> str:
+    """This benchmark's command as the user typed it: its console script (pyproject.toml) or ``python -m``."""
+    return harness.command_name("edsc-model-benchmark", "edsc_ext.benchmarks.networks")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m edsc_ext.model_benchmark", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog=command(), description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if available, else cpu)")
     parser.add_argument("--models", default=",".join(MODEL_NAMES), help="comma-separated (default: %(default)s)")
@@ -523,8 +530,7 @@ def _run(args, models, variants, cases, device, argv) -> int:
         loaded = load_checkpoint(path, sampling=args.sampling)
         checkpoints[loaded.name] = loaded
     meta = {"device": _device_line(device), "device_type": device.type,
-            "command": shlex.join(["python", "-m", "edsc_ext.model_benchmark", *(sys.argv[1:] if argv is None
-                                                                                  else argv)]),
+            "command": shlex.join([*command().split(), *(sys.argv[1:] if argv is None else argv)]),
             "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "weights": ", ".join(args.weights) if args.weights else f"random (seed {args.seed})",
             "sampling": args.sampling, "rounds": args.rounds, "warmup": args.warmup,

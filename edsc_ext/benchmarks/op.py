@@ -1,5 +1,5 @@
-"""`python -m edsc_ext.benchmark`: times ``edsc_ext.deform_sepconv`` against its peers and against the
-memory-bandwidth floor.
+"""`edsc-benchmark` (or `python -m edsc_ext.benchmarks.op`): times ``edsc_ext.deform_sepconv`` against its peers
+and against the memory-bandwidth floor.
 
 The peers, each first checked equal (forward and every gradient) at a tiny size of the case:
 
@@ -42,11 +42,11 @@ wrong baseline is never timed.
 
 Examples::
 
-    python -m edsc_ext.benchmark                                   # all cases, cuda, 4 precisions
-    python -m edsc_ext.benchmark --cases train feat --dtypes bfloat16 --json out.json --plot out.png
-    python -m edsc_ext.benchmark --device cpu --quick              # smoke test
-    python -m edsc_ext.benchmark --model --help                    # the EDSC networks (edsc_ext.benchmarks.networks)
-    python -m edsc_ext.benchmark --video --help                    # the video tool (edsc_ext.benchmarks.video)
+    edsc-benchmark                                   # all cases, cuda, 4 precisions
+    edsc-benchmark --cases train feat --dtypes bfloat16 --json out.json --plot out.png
+    edsc-benchmark --device cpu --quick              # smoke test
+    edsc-benchmark --model --help                    # the EDSC networks (edsc-model-benchmark)
+    edsc-benchmark --video --help                    # the video tool (edsc-video-benchmark)
 """
 
 from __future__ import annotations
@@ -786,8 +786,13 @@ def _parse_policy(parser: argparse.ArgumentParser, items: Sequence[str]) -> Dict
     return policy
 
 
+def command() -> str:
+    """This benchmark's command as the user typed it: its console script (pyproject.toml) or ``python -m``."""
+    return harness.command_name("edsc-benchmark", "edsc_ext.benchmarks.op")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m edsc_ext.benchmark", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog=command(), description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if available, else cpu); "
                                                    "cpu uses scaled-down cases")
@@ -876,8 +881,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.deterministic:
         torch.use_deterministic_algorithms(True)
         args.no_baseline = True
-    command = shlex.join(["python", "-m", "edsc_ext.benchmark", *raw])
-    env = harness.environment(device, command)
+    env = harness.environment(device, shlex.join([*command().split(), *raw]))
     bandwidth = measure_copy_bandwidth(device, nbytes=(2 ** 26 if args.quick and device.type == "cpu" else None),
                                        warmup=min(args.warmup, 3) or 1, reps=max(3, min(args.reps, 20)))
     with edsc_ext.kernel_policy(**args.policy):

@@ -1,9 +1,11 @@
 """Throughput of ``edsc-interpolate``'s video path (issue #21): x2 of a generated clip, against the
 network alone, in one run.
 
-    python -m edsc_ext.benchmarks.video                          # 1920x1080, 48 frames, random EDSC_s
-    python -m edsc_ext.benchmarks.video --half --batch 2 --json video.json
-    python -m edsc_ext.benchmarks.video --size 640x360 --frames 24 --device cpu --repeat 1
+    edsc-video-benchmark                          # 1920x1080, 48 frames, random EDSC_s
+    edsc-video-benchmark --half --batch 2 --json video.json
+    edsc-video-benchmark --size 640x360 --frames 24 --device cpu --repeat 1
+
+(``python -m edsc_ext.benchmarks.video`` or ``edsc-benchmark --video`` run it too.)
 
 Each figure is new (interpolated) frames per second, the median of ``--repeat`` runs:
 
@@ -114,7 +116,7 @@ def _parse_size(text: str):
 
 
 def build_parser() -> OneLineParser:
-    parser = OneLineParser(prog="python -m edsc_ext.benchmarks.video",
+    parser = OneLineParser(prog=harness.command_name("edsc-video-benchmark", "edsc_ext.benchmarks.video"),
                            description="Throughput of edsc-interpolate's video path against the network alone.")
     parser.add_argument("--size", type=_parse_size, default=(1920, 1080), help="WIDTHxHEIGHT (default 1920x1080)")
     parser.add_argument("--frames", type=int, default=48, help="frames of the generated clip (default 48)")
@@ -227,7 +229,8 @@ def run(args) -> dict:
         "network": ", ".join(sorted(engine.paths)), "blend": bool(args.blend), "encoding": io.encoding,
         "host_layout": layout.format, "setup_s": setup, "repeat": args.repeat, "rows": rows,
         "cudnn_benchmark": torch.backends.cudnn.benchmark,
-        "command": " ".join(["python -m edsc_ext.benchmarks.video", *sys.argv[1:]]) if sys.argv else "",
+        "command": " ".join([harness.command_name("edsc-video-benchmark", "edsc_ext.benchmarks.video"),
+                             *sys.argv[1:]]) if sys.argv else "",
     }
 
 
