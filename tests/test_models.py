@@ -1076,3 +1076,51 @@ def test_train_script_bad_path_exits_2_without_a_traceback(tmp_path, bad):
     assert "Traceback" not in result.stderr
     expected = tmp_path / "missing" if bad == "data" else not_a_checkpoint
     assert result.stderr.strip().splitlines()[-1].startswith(f"train.py: error: --{bad} {expected}: ")
+
+
+# ---------------------------------------------------------------------------------------------
+# What a new user of the API hit (issue #45, item 7): errors a person understands.
+
+
+def not_a_checkpoint(tmp_path: Path, kind: str) -> Path:
+    path = tmp_path / f"{kind.replace(' ', '_')}.pth"
+    if kind == "text":
+        path.write_text("hello, this is not a checkpoint\n")
+    elif kind == "random bytes":
+        path.write_bytes(bytes(torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(1),
+                                             dtype=torch.uint8).tolist()))
+    elif kind == "tensor":
+        torch.save(torch.randn(4), path)
+    elif kind == "dict of other keys":
+        torch.save({"weight": torch.zeros(2), "epoch": 3}, path)
+    elif kind == "model_state not a dict":
+        torch.save({"model_state": torch.zeros(2)}, path)
+    elif kind == "foreign pickle":
+        path.write_bytes(pickle.dumps(argparse.Namespace(model_state={})))
+    return path
+
+
+NOT_CHECKPOINTS = ["text", "random bytes", "tensor", "dict of other keys", "model_state not a dict", "foreign pickle"]
+
+
+@pytest.mark.parametrize("kind", NOT_CHECKPOINTS)
+def test_load_checkpoint_of_a_non_checkpoint_says_so_naming_the_file(tmp_path, kind):
+    """One line naming the file and what is wrong (was: KeyError: 101 for a text file); the same check
+    as edsc-interpolate's, whose message is ``--weights FILE:`` and the same problem."""
+    from edsc_ext.apps.common import UserError
+    from edsc_ext.apps.engine import load_model
+
+    path = not_a_checkpoint(tmp_path, kind)
+    with pytest.raises(ValueError) as info:
+        load_checkpoint(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: not ") and "EDSC checkpoint (" in message, message
+    assert "\n" not in message and len(message) < 240, message
+    with pytest.raises(UserError) as tool:
+        load_model(path)
+    assert str(tool.value) == f"--weights {message}"
+
+
+def test_load_checkpoint_of_a_dict_that_is_not_one_names_the_argument():
+    with pytest.raises(ValueError, match=r"^checkpoint: not an EDSC checkpoint \(no 'moduleVertical1\.0\.weight'"):
+        load_checkpoint({"weight": torch.zeros(2)})

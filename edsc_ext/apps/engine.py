@@ -40,7 +40,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from ..models import EDSC, SIZE_MULTIPLE, load_checkpoint
+from ..models import EDSC, SIZE_MULTIPLE, CheckpointError, load_checkpoint
 from .common import UserError, describe_os_error, note
 
 __all__ = ["load_model", "default_device", "Interpolator", "check_times", "is_dyadic", "tile_spans",
@@ -70,49 +70,23 @@ def default_device() -> str:
 def load_model(weights, model_name: Optional[str] = None, sampling: str = "compat", device="cpu") -> EDSC:
     """An EDSC network in eval mode on ``device`` with the checkpoint's weights. Any checkpoint that
     is not an EDSC one (missing, a folder, text, a bare tensor, a foreign pickle, truncated, other
-    keys) is a :class:`UserError` naming the file; so is ``model_name`` ("EDSC_s"/"EDSC_m") not
-    matching the weights."""
+    keys) is a :class:`UserError` naming the file, with :func:`load_checkpoint`'s words for what is
+    wrong; so is ``model_name`` ("EDSC_s"/"EDSC_m") not matching the weights."""
     path = Path(weights)
     what = f"--weights {path}"
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch's notes on pickle protocols of foreign files
-            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+            model = load_checkpoint(path, sampling=sampling)
     except OSError as e:
         raise UserError(f"{what}: {describe_os_error(e, path).split(': ', 1)[-1]}") from None
-    except Exception as e:  # noqa: BLE001 (text: KeyError, foreign pickle: UnpicklingError, truncated: RuntimeError)
-        reason = str(e).split("\n")[0].strip()
-        if not _starts_like_a_torch_file(path):  # an image, text, ...: torch's unpickler may say anything
-            reason = "not a PyTorch file"
-        elif "Weights only load failed" in reason or "Unsupported global" in str(e):
-            reason = "a pickle of other Python objects, not tensors"
-        elif isinstance(e, KeyError) or "invalid load key" in reason:
-            reason = "not a PyTorch file"
-        elif "central directory" in reason or isinstance(e, EOFError) or "truncated" in reason.lower():
-            reason = "truncated or damaged"
-        raise UserError(f"{what}: not a readable EDSC checkpoint ({reason[:120]})") from None
-    if not isinstance(checkpoint, dict):
-        raise UserError(f"{what}: not an EDSC checkpoint (it holds a {type(checkpoint).__name__}, not a dict of "
-                        "tensors)")
-    try:
-        model = load_checkpoint(checkpoint, sampling=sampling)
+    except CheckpointError as e:
+        raise UserError(f"{what}: {e.problem}") from None
     except Exception as e:  # noqa: BLE001 (other keys or shapes)
         raise UserError(f"{what}: not an EDSC checkpoint ({_checkpoint_problem(e)})") from None
     if model_name is not None and model.name != model_name:
         raise ValueError(f"--model {model_name} but the weights in {weights} are those of {model.name}")
     return model.to(device).eval()
-
-
-# A PyTorch file is a zip archive, or (the format before torch 1.6) a pickle, whose first opcode is PROTO.
-_TORCH_FILE_STARTS = (b"PK\x03\x04", b"\x80")
-
-
-def _starts_like_a_torch_file(path: Path) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return f.read(4).startswith(_TORCH_FILE_STARTS)
-    except OSError:
-        return True  # unreadable: torch.load's own error says why
 
 
 _SIZE_MISMATCH = re.compile(r"size mismatch for (\S+): copying a param with shape torch\.Size\(\[(.*?)\]\) from "
@@ -126,7 +100,7 @@ def _checkpoint_problem(error: Exception) -> str:
     if not lines:
         return type(error).__name__
     if not lines[0].startswith("Error(s) in loading state_dict"):
-        return lines[0].removeprefix("not an EDSC checkpoint: ")[:160]
+        return lines[0][:160]
     problems = lines[1:] or ["its tensors do not fit the network"]
     found = _SIZE_MISMATCH.match(problems[0])
     first = (f"{found[1]} has shape ({found[2]}), the network's is ({found[3]})" if found

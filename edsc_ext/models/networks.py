@@ -37,8 +37,8 @@ from ..ops import deform_sepconv, natively_supported
 from .compat import compat_deform_sepconv
 
 __all__ = ["HetConv2d", "EDSC", "EDSC_s", "EDSC_m", "CapturedEDSC", "load_checkpoint", "save_checkpoint",
-           "state_dict_of", "pad_to_multiple", "auto_head_layout", "upsample2x", "SAMPLINGS", "MODEL_NAMES",
-           "HEAD_LAYOUTS", "SIZE_MULTIPLE"]
+           "read_checkpoint", "CheckpointError", "state_dict_of", "pad_to_multiple", "auto_head_layout", "upsample2x",
+           "SAMPLINGS", "MODEL_NAMES", "HEAD_LAYOUTS", "SIZE_MULTIPLE"]
 
 SAMPLINGS = ("compat", "clean")
 # How the fused heads run: "grouped" (the first layers as one convolution, the others grouped),
@@ -687,9 +687,63 @@ def state_dict_of(model: nn.Module) -> "OrderedDict[str, Tensor]":
 
 
 def save_checkpoint(model: nn.Module, path, **extra) -> None:
-    """Saves ``{'model_state': state_dict, **extra}``, the released checkpoints' format."""
+    """Saves ``{'model_state': state_dict, **extra}``, the released checkpoints' format.
+
+    The weights are under ``'model_state'``, so the file is not a state dict itself: load it with
+    :func:`load_checkpoint` (``load_checkpoint(path)``, or ``load_checkpoint(path, model)`` into an
+    existing network), or pass ``torch.load(path)['model_state']`` to ``model.load_state_dict``;
+    ``model.load_state_dict(torch.load(path))`` raises a ValueError that says so.
+    """
     state = OrderedDict((k, v.detach().cpu()) for k, v in state_dict_of(model).items())
     torch.save({"model_state": state, **extra}, path)
+
+
+class CheckpointError(ValueError):
+    """A file (or object) that is not a readable EDSC checkpoint: ``source`` names it (the path, or
+    ``"checkpoint"`` for an object), ``problem`` says what is wrong in a few words; the message is
+    ``"SOURCE: PROBLEM"``, one line."""
+
+    def __init__(self, source, problem: str):
+        super().__init__(f"{source}: {problem}")
+        self.source, self.problem = str(source), problem
+
+
+# A PyTorch file is a zip archive, or (the format before torch 1.6) a pickle, whose first opcode is PROTO.
+_TORCH_FILE_STARTS = (b"PK\x03\x04", b"\x80")
+
+
+def _starts_like_a_torch_file(path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4).startswith(_TORCH_FILE_STARTS)
+    except OSError:
+        return True  # unreadable: torch.load's own error says why
+
+
+def read_checkpoint(path, map_location="cpu") -> dict:
+    """``torch.load(path, weights_only=True)`` of a checkpoint: a dict. An OSError (a missing file, a
+    folder, no permission) propagates as it is; anything else that is not a PyTorch file holding a dict
+    (text, an image, random bytes, a pickle of other objects, a truncated file, a bare tensor) is a
+    :class:`CheckpointError` naming the file and saying what it is instead."""
+    try:
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    except OSError:
+        raise
+    except Exception as e:  # noqa: BLE001 (text: KeyError, foreign pickle: UnpicklingError, truncated: RuntimeError)
+        reason = str(e).split("\n")[0].strip()
+        if not _starts_like_a_torch_file(path):  # an image, text, ...: torch's unpickler may say anything
+            reason = "not a PyTorch file"
+        elif "Weights only load failed" in reason or "Unsupported global" in str(e):
+            reason = "a pickle of other Python objects, not tensors"
+        elif isinstance(e, KeyError) or "invalid load key" in reason:
+            reason = "not a PyTorch file"
+        elif "central directory" in reason or isinstance(e, EOFError) or "truncated" in reason.lower():
+            reason = "truncated or damaged"
+        raise CheckpointError(path, f"not a readable EDSC checkpoint ({reason[:120]})") from None
+    if not isinstance(checkpoint, dict):
+        raise CheckpointError(path, f"not an EDSC checkpoint (it holds a {type(checkpoint).__name__}, not a dict "
+                                    "of tensors)")
+    return checkpoint
 
 
 def _strip_prefixes(state: dict) -> dict:
@@ -709,23 +763,31 @@ def load_checkpoint(checkpoint, model: Optional[EDSC] = None, *, map_location="c
 
     Accepts the released format (``{'model_state': ...}``), a bare state dict, and keys prefixed by
     ``module.`` (DistributedDataParallel) or ``_orig_mod.`` (torch.compile). Loads with
-    ``weights_only=True``: tensors and plain containers only, no arbitrary pickled objects.
+    ``weights_only=True``: tensors and plain containers only, no arbitrary pickled objects. A file or
+    dict that is not an EDSC checkpoint is a :class:`CheckpointError` (a ValueError) naming it and
+    saying what it is instead (:func:`read_checkpoint`); weights of another shape than ``model``'s, the
+    RuntimeError of ``load_state_dict``.
     """
+    source = "checkpoint"
     if isinstance(checkpoint, (str, os.PathLike)):
-        checkpoint = torch.load(checkpoint, map_location=map_location, weights_only=True)
+        source, checkpoint = checkpoint, read_checkpoint(checkpoint, map_location)
     if not isinstance(checkpoint, dict):
         raise TypeError(f"expected a checkpoint dict, got {type(checkpoint).__name__}")
     state = checkpoint.get("model_state", checkpoint)
+    if not isinstance(state, dict):
+        raise CheckpointError(source, f"not an EDSC checkpoint (its 'model_state' is a {type(state).__name__}, "
+                                      "not a dict of tensors)")
     for key in ("state_dict", "model"):
         if key in state and isinstance(state[key], dict):
             state = state[key]
     state = _strip_prefixes(state)
     if model is None:
-        try:
-            head = state["moduleVertical1.0.weight"]
-            kernel = state["moduleVertical1.7.weight"]
-        except KeyError as e:
-            raise ValueError(f"not an EDSC checkpoint: no {e.args[0]!r} in its state") from None
+        head, kernel = state.get("moduleVertical1.0.weight"), state.get("moduleVertical1.7.weight")
+        for key, value in (("moduleVertical1.0.weight", head), ("moduleVertical1.7.weight", kernel)):
+            if value is None:
+                raise CheckpointError(source, f"not an EDSC checkpoint (no {key!r} in its state)")
+            if not isinstance(value, Tensor) or value.dim() != 4:
+                raise CheckpointError(source, f"not an EDSC checkpoint (its {key!r} is not a 4-D weight)")
         model = EDSC(kernel_size=kernel.shape[0], multiple=head.shape[1] == 65, sampling=sampling)
     model.load_state_dict(state, strict=strict)
     return model
