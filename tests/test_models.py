@@ -1124,3 +1124,41 @@ def test_load_checkpoint_of_a_non_checkpoint_says_so_naming_the_file(tmp_path, k
 def test_load_checkpoint_of_a_dict_that_is_not_one_names_the_argument():
     with pytest.raises(ValueError, match=r"^checkpoint: not an EDSC checkpoint \(no 'moduleVertical1\.0\.weight'"):
         load_checkpoint({"weight": torch.zeros(2)})
+
+
+BAD_TIMES = {"1.5": 1.5, "-3": -3, "nan": float("nan"), "0": 0.0, "1": 1, "inf": float("inf"),
+             "tensor-1.5": torch.tensor([0.5, 1.5]), "tensor-nan": torch.tensor(float("nan")),
+             "tensor-neg": torch.tensor([[-0.25]])}
+
+
+@pytest.mark.parametrize("time", BAD_TIMES.values(), ids=BAD_TIMES.keys())
+def test_edsc_m_refuses_a_time_outside_0_1(models, gen, time):
+    model = models["EDSC_m"]
+    first, second = (torch.rand(2, 3, 32, 32, generator=gen) for _ in range(2))
+    shown = repr(float(time)) if not isinstance(time, torch.Tensor) else None
+    for call in (model.interpolate, model):
+        with pytest.raises(ValueError, match=r"^time must be in \(0, 1\)") as info:
+            call(first, second, time)
+        message = str(info.value)
+        assert "got" in message and (shown is None or f"got {shown}" in message), message
+
+
+def test_edsc_m_takes_times_inside_0_1(models, gen):
+    model = models["EDSC_m"]
+    first, second = (torch.rand(2, 3, 32, 32, generator=gen) for _ in range(2))
+    for time in (1e-6, 0.25, 1 - 1e-6, torch.tensor([0.1, 0.9]), torch.tensor(0.5, dtype=torch.float64)):
+        assert torch.isfinite(model.interpolate(first, second, time)).all()
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 32, 32), (2, 4, 32, 32), (1, 32, 32)], ids=str)
+def test_frames_of_another_channel_count_meet_the_models_shape_check(models, gen, shape):
+    """Not a raw convolution error: the check names the (N, 3, H, W) BGR frames and the actual shape."""
+    model = models["EDSC_s"]
+    first, second = (torch.rand(shape, generator=gen) for _ in range(2))
+    batched = shape if len(shape) == 4 else (1, *shape)
+    with pytest.raises(ValueError, match=r"\(N, 3, H, W\) BGR") as info:
+        model.interpolate(first, second)
+    assert str(tuple(batched)) in str(info.value)
+    if len(shape) == 4:
+        with pytest.raises(ValueError, match=r"\(N, 3, H, W\) BGR"):
+            model(first, second)

@@ -140,6 +140,31 @@ class HetConv2d(nn.Module):
         return self.forward_folded(x)
 
 
+def check_frames(first: Tensor, second: Tensor) -> None:
+    """The networks' input: two frames (N, 3, H, W) of one shape, BGR as the released weights expect."""
+    if first.shape != second.shape or first.dim() != 4 or first.shape[1] != 3:
+        raise ValueError(f"first and second must be (N, 3, H, W) BGR frames of one shape, got {tuple(first.shape)} "
+                         f"and {tuple(second.shape)}")
+
+
+def check_time(time, *, read_device_values: bool = False) -> None:
+    """Raises a ValueError naming ``time`` unless it (a number, or each value of a tensor) lies in (0, 1),
+    strictly between the two frames. A tensor's values are read where that costs no device sync (on the
+    CPU, outside torch.compile and export tracing); ``read_device_values`` reads a GPU tensor's too."""
+    if time is None:
+        return
+    if isinstance(time, Tensor):
+        if type(time) is not Tensor or _is_compiling() or (time.device.type != "cpu" and not read_device_values):
+            return
+        outside = ~((time > 0) & (time < 1))  # NaN compares False: outside
+        if bool(outside.any()):
+            first = time[outside][0].item()
+            raise ValueError(f"time must be in (0, 1) (strictly between the two frames), got {first!r} in a tensor "
+                             f"of shape {tuple(time.shape)}")
+    elif not 0 < time < 1:
+        raise ValueError(f"time must be in (0, 1) (strictly between the two frames), got {float(time)!r}")
+
+
 def _is_compiling() -> bool:
     is_compiling = getattr(torch.compiler, "is_compiling", None)  # torch >= 2.3
     return bool(is_compiling()) if is_compiling is not None else torch._dynamo.is_compiling()
@@ -541,11 +566,11 @@ class EDSC(nn.Module):
         """Interpolates between ``first`` and ``second`` (N, 3, H, W), H and W multiples of 32.
 
         ``time`` (EDSC_m only): a float, or a tensor with one value per batch element, in (0, 1);
-        default 0.5. Returns the (unclamped) interpolated frame, (N, 3, H, W).
+        default 0.5 (a value outside is a ValueError: always for a number, for a tensor where its values
+        are on the CPU, since reading a GPU tensor's would wait for the device). Returns the (unclamped)
+        interpolated frame, (N, 3, H, W).
         """
-        if first.shape != second.shape or first.dim() != 4:
-            raise ValueError(f"first and second must be (N, C, H, W) of one shape, got {tuple(first.shape)} and "
-                             f"{tuple(second.shape)}")
+        check_frames(first, second)
         h, w = first.shape[2:]
         if h % SIZE_MULTIPLE or w % SIZE_MULTIPLE:
             raise ValueError(f"frame height and width must be multiples of {SIZE_MULTIPLE}, got {h}x{w} "
@@ -553,6 +578,8 @@ class EDSC(nn.Module):
         if not self.multiple and time is not None and not (isinstance(time, (int, float)) and time == 0.5):
             raise ValueError("EDSC_s interpolates the midpoint only; use EDSC(multiple=True) (EDSC_m) for "
                              "other times")
+        if self.multiple:
+            check_time(time)
         combine = self.features(first, second)
         heads = self.fused_heads if self.fused else self.unfused_heads
         frame1, frame2, bias = heads(combine, time)
@@ -565,10 +592,14 @@ class EDSC(nn.Module):
     def interpolate(self, first: Tensor, second: Tensor, time: Union[float, Tensor, None] = None) -> Tensor:
         """Inference on frames of any size, (3, H, W) or (N, 3, H, W) in the model's channel order
         (BGR for the released weights): replicate-pads to a multiple of 32, runs the network,
-        crops back and clamps to [0, 1]."""
+        crops back and clamps to [0, 1]. ``time`` (EDSC_m): as in :meth:`forward`, in (0, 1), checked
+        on any device."""
         single = first.dim() == 3
         if single:
             first, second = first.unsqueeze(0), second.unsqueeze(0)
+        check_frames(first, second)
+        if self.multiple:
+            check_time(time, read_device_values=True)
         (first, second), (h, w) = pad_to_multiple((first, second), SIZE_MULTIPLE)
         out = self(first, second, time)[..., :h, :w].clamp(0, 1)
         return out[0] if single else out
@@ -612,6 +643,7 @@ class CapturedEDSC:
         self.second = second.detach().clone()
         self.time: Optional[Tensor] = None
         if model.multiple:
+            check_time(time)
             value = 0.5 if time is None else time
             self.time = torch.as_tensor(value, dtype=torch.float32, device=first.device).clone()
         elif time is not None and not (isinstance(time, (int, float)) and time == 0.5):
@@ -639,6 +671,7 @@ class CapturedEDSC:
             if given.shape != static.shape:
                 raise ValueError(f"{name} must have the captured shape {tuple(static.shape)}, got {tuple(given.shape)}")
         if self.time is not None:
+            check_time(time)
             value = torch.as_tensor(0.5 if time is None else time, dtype=torch.float32)
             if value.numel() not in (1, self.time.numel()):
                 raise ValueError(f"time must be one value or of the captured time's shape {tuple(self.time.shape)}, "
