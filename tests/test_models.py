@@ -1162,3 +1162,19 @@ def test_frames_of_another_channel_count_meet_the_models_shape_check(models, gen
     if len(shape) == 4:
         with pytest.raises(ValueError, match=r"\(N, 3, H, W\) BGR"):
             model(first, second)
+
+
+def test_load_state_dict_of_a_whole_checkpoint_says_what_to_do(models, tmp_path):
+    """save_checkpoint wraps the weights in {'model_state': ...}: a plain load_state_dict(torch.load(path))
+    is told to use load_checkpoint or ['model_state'] (with strict=False it would load nothing, silently)."""
+    path = tmp_path / "m.pth"
+    save_checkpoint(models["EDSC_m"], path, epoch=2)
+    model = EDSC_m()
+    checkpoint = torch.load(path, weights_only=True)
+    for strict in (True, False):
+        with pytest.raises(ValueError, match=r"load_checkpoint") as info:
+            model.load_state_dict(checkpoint, strict=strict)
+        assert "['model_state']" in str(info.value)
+    model.load_state_dict(checkpoint["model_state"])
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), models["EDSC_m"].state_dict().values()))
+    assert "load_state_dict" in save_checkpoint.__doc__ and "load_checkpoint" in save_checkpoint.__doc__

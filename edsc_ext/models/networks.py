@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Optional, Sequence, Tuple, Union
 
 import torch
@@ -389,6 +390,16 @@ class EDSC(nn.Module):
         for module in self.modules():
             if isinstance(module, HetConv2d):
                 module.fused = self._fused
+
+    def load_state_dict(self, state_dict, *args, **kwargs):
+        """``nn.Module.load_state_dict``, which refuses a whole checkpoint: :func:`save_checkpoint` and the
+        released files hold the weights under ``'model_state'``, which a plain ``load_state_dict`` would
+        report as every key missing (or, with ``strict=False``, load nothing at all, silently)."""
+        if isinstance(state_dict, Mapping) and isinstance(state_dict.get("model_state"), Mapping):
+            raise ValueError("load_state_dict got a whole EDSC checkpoint ({'model_state': ..., ...}), not a state "
+                             "dict: load the file with edsc_ext.models.load_checkpoint(path, model), or pass "
+                             "checkpoint['model_state']")
+        return super().load_state_dict(state_dict, *args, **kwargs)
 
     def extra_repr(self) -> str:
         return (f"kernel_size={self.kernel_size}, multiple={self.multiple}, sampling={self.sampling!r}, "
