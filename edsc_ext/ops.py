@@ -92,7 +92,7 @@ def _check_tensor(t, name: str, input: Tensor, optional: bool = True) -> None:
             return
         raise TypeError(f"{name} must be a Tensor, got None")
     if not isinstance(t, Tensor):
-        raise TypeError(f"{name} must be a Tensor or None, got {type(t).__name__}")
+        raise TypeError(f"{name} must be a Tensor{' or None' if optional else ''}, got {type(t).__name__}")
     if not t.dtype.is_floating_point:
         raise TypeError(
             f"{name} must have a floating dtype (float32, float64, float16 or bfloat16), got {t.dtype}")

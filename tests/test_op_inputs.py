@@ -57,8 +57,11 @@ def _bad_calls():
     off, m = torch.randn(2, 18, 4, 4), torch.rand(2, 9, 4, 4)
     return [
         ("input ndim", lambda: OP(x[0], v, h), ValueError, "input"),
-        ("input not a tensor", lambda: OP(x.tolist(), v, h), TypeError, "input"),
-        ("input None", lambda: OP(None, v, h), TypeError, "input"),
+        # input cannot be None: its message does not offer it (issue #45); the optional tensors' do.
+        ("input not a tensor", lambda: OP(x.tolist(), v, h), TypeError, r"^input must be a Tensor, got list$"),
+        ("input None", lambda: OP(None, v, h), TypeError, r"^input must be a Tensor, got None$"),
+        ("vertical not a tensor", lambda: OP(x, v.tolist(), h), TypeError,
+         r"^vertical must be a Tensor or None, got list$"),
         ("vertical ndim", lambda: OP(x, v[0], h), ValueError, "vertical"),
         ("mask ndim", lambda: OP(x, v, h, off, m.flatten(2)), ValueError, "mask"),
         ("offset not a tensor", lambda: OP(x, v, h, 0.5), TypeError, "offset"),
