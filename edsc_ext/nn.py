@@ -1,6 +1,6 @@
 """Module form of the op, for use inside networks."""
 
-from typing import Optional
+from typing import Optional, Tuple, Union
 
 from torch import Tensor, nn
 
@@ -21,7 +21,21 @@ class DeformSepConv2d(nn.Module):
         self.padding_mode = padding_mode
 
     def forward(self, input: Tensor, vertical: Optional[Tensor] = None, horizontal: Optional[Tensor] = None,
-                offset: Optional[Tensor] = None, mask: Optional[Tensor] = None) -> Tensor:
+                offset: Union[None, Tensor, Tuple[Tensor, Tensor]] = None, mask: Optional[Tensor] = None) -> Tensor:
+        """:func:`edsc_ext.deform_sepconv` of these tensors with the module's kernel size, padding, dilation
+        and padding mode; absent tensors cost nothing.
+
+        Args:
+            input: (N, C, H_in, W_in) frame or feature map.
+            vertical: (N, KH, H_out, W_out) per-pixel vertical kernels (absent: ones).
+            horizontal: (N, KW, H_out, W_out) per-pixel horizontal kernels (absent: ones).
+            offset: (N, 2*KH*KW, H_out, W_out), (dy, dx) per tap (absent: zeros); or a pair ``(dy, dx)``
+                of (N, KH*KW, H_out, W_out) tensors (split offsets), read where they are.
+            mask: (N, KH*KW, H_out, W_out) per-tap modulation (absent: ones).
+
+        Returns:
+            (N, C, H_out, W_out) of the input's dtype, channels_last where the input is.
+        """
         return deform_sepconv(input, vertical, horizontal, offset, mask, kernel_size=self.kernel_size,
                               padding=self.padding, dilation=self.dilation, padding_mode=self.padding_mode)
 

@@ -261,13 +261,13 @@ def deform_sepconv(input: Tensor, vertical: Optional[Tensor] = None, horizontal:
         mask: (N, KH*KW, H_out, W_out) per-tap modulation.
             The per-pixel tensors (vertical, horizontal, offset, mask) share one dtype: the input's,
             or float16 / bfloat16 with a float32 input (mixed precision, read as it is, computed in
-            float32; under autocast see :func:`autocast_dtypes`).
+            float32; under autocast see :func:`edsc_ext.ops.autocast_dtypes`).
         kernel_size: (KH, KW) when vertical or horizontal is absent and it cannot be inferred.
         padding: int or (pad_h, pad_w), virtual padding of the input (no padded copy is made).
         dilation: int or (dil_h, dil_w) spacing of the taps.
         padding_mode: ``"zeros"`` (outside pixels are 0), ``"border"`` (coordinates are clamped
             into the image, i.e. replicate padding; the offset gradient is 0 where clamped) or
-            ``"edsc"``, the sampling of the EDSC layer (:mod:`edsc_ext.compat`): border mode with
+            ``"edsc"``, the sampling of the EDSC layer (:mod:`edsc_ext.models.compat`): border mode with
             taps moved by ``s = 1 - (K-1)//2`` along each axis (``py = y - pad_h + i*dil_h + s_h +
             dy``; at K=5 one pixel up-left of centred) and, along each axis, the border pixel
             counted twice where the coordinate lies outside ``[-pad, size - 1 + pad)``, i.e. outside

@@ -140,3 +140,62 @@ def test_model_benchmark_quick_is_a_smoke_run(monkeypatch):
     assert seen["variants"] == ["compiled-fp32"]  # a compile only where asked for
     quick = next(a for a in networks.build_parser()._actions if "--quick" in a.option_strings)
     assert "minute" in quick.help and "compil" in quick.help
+
+
+# ---------------------------------------------------------------------------------------------
+# What help() shows a user of the API (issue #45, item 7)
+
+CROSS_REFERENCE = re.compile(r":(?:func|class|mod|meth|attr|data|obj):`~?([\w.]+)`")
+
+
+def resolves(name: str) -> bool:
+    """Whether a dotted name is an importable module, or an attribute chain of one."""
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        try:
+            for part in parts[i:]:
+                obj = getattr(obj, part)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+def test_docstring_cross_references_resolve_where_they_are_read():
+    """Every reference to an ``edsc_ext.`` name in the package names something that exists, and a bare
+    name in the docstring of a function or class exported at the top level (read by ``help(edsc_ext.f)``,
+    where ``edsc_ext`` is the namespace) is an attribute of ``edsc_ext``: ``deform_sepconv`` pointed at
+    ``autocast_dtypes``, which lives in ``edsc_ext.ops``."""
+    import edsc_ext
+
+    dangling = [f"{path.relative_to(REPO)}: {name}" for path in sorted((REPO / "edsc_ext").rglob("*.py"))
+                for name in CROSS_REFERENCE.findall(path.read_text())
+                if name.startswith("edsc_ext.") and not resolves(name)]
+    assert dangling == []
+    bare = [f"edsc_ext.{exported}: {name}" for exported in edsc_ext.__all__
+            if callable(getattr(edsc_ext, exported)) and not isinstance(getattr(edsc_ext, exported), type(edsc_ext))
+            for name in CROSS_REFERENCE.findall(getattr(edsc_ext, exported).__doc__ or "")
+            if "." not in name and not hasattr(edsc_ext, name)]
+    assert bare == []
+
+
+def test_the_module_forms_forward_says_what_it_takes():
+    """help(DeformSepConv2d.forward) showed nn.Module's docstring, and its hint left out split offsets."""
+    import typing
+
+    import torch
+
+    import edsc_ext
+    from edsc_ext.nn import DeformSepConv2d
+
+    doc = DeformSepConv2d.forward.__doc__ or ""
+    assert doc and doc != torch.nn.Module.forward.__doc__
+    for word in ("input", "vertical", "horizontal", "offset", "mask", "(dy, dx)", "deform_sepconv"):
+        assert word in doc, word
+    offset = typing.get_type_hints(DeformSepConv2d.forward)["offset"]
+    assert offset == typing.get_type_hints(edsc_ext.deform_sepconv)["offset"]
+    assert typing.Tuple[torch.Tensor, torch.Tensor] in typing.get_args(offset)
