@@ -16,6 +16,8 @@ from edsc_ext.apps import evaluate
 from edsc_ext.apps.common import EXTRA_HINT
 from edsc_ext.benchmarks import networks, op, video
 
+from conftest import requires_cuda
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -199,3 +201,36 @@ def test_the_module_forms_forward_says_what_it_takes():
     offset = typing.get_type_hints(DeformSepConv2d.forward)["offset"]
     assert offset == typing.get_type_hints(edsc_ext.deform_sepconv)["offset"]
     assert typing.Tuple[torch.Tensor, torch.Tensor] in typing.get_args(offset)
+
+
+# ---------------------------------------------------------------------------------------------
+# README's examples, as a new user pastes them (issue #45, item 7)
+
+# A fenced python block that README marks runnable: `<!-- runnable -->` on the line before it, or
+# `<!-- runnable, device "cuda:1" -->` where the block names a device that the test replaces by its own.
+RUNNABLE = re.compile(r'^<!-- runnable(?:, device "(?P<device>[^"]+)")? -->\n```python\n(?P<code>.*?)^```', re.M | re.S)
+
+
+def readme_examples() -> List[tuple]:
+    return [(m["device"], m["code"]) for m in RUNNABLE.finditer((REPO / "README.md").read_text())]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, requires_cuda])])
+def test_readme_examples_run_when_pasted_in_order(device):
+    """The runnable blocks, one after the other in one namespace, as a user pastes them: the sepconv line
+    once reused the tensors the EDSC line before it had made for padding=2, and failed."""
+    examples = readme_examples()
+    assert len(examples) >= 2 and "edsc_ext.deform_sepconv(" in examples[0][1]
+    namespace: Dict[str, object] = {}
+    for placeholder, code in examples:
+        if placeholder:
+            assert f'"{placeholder}"' in code
+            code = code.replace(f'"{placeholder}"', f'"{device}"')
+        exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 (the README's own example)
+
+
+def test_readme_says_how_to_install_a_wheel_file():
+    install = (REPO / "README.md").read_text().split("## Install", 1)[1].split("\n## ", 1)[0]
+    assert re.search(r"^pip install \./edsc_ext-0\.1\.0\+\w+-cp310-abi3-\S+\.whl", install, re.M), install[-2000:]
+    for word in ("torch.version.cuda", "cu130", "cu128", "cpu", "torch>=2.10"):
+        assert word in install, word
