@@ -56,7 +56,7 @@ def _clamp_coordinate(p: Tensor, size: int, padding_mode: str) -> Tensor:
     borders count as clamped, as in grid_sample's ``clip_coordinates_set_grad``).
     "zeros": clamp into [-2, size+1], where every corner of a clamped point is outside the image
     anyway, so neither the value nor the gradient changes; it only keeps ``floor(p)`` a small integer.
-    NaN stays NaN in both modes.
+    (``p`` is finite: :func:`_sample_or_poison` handles the others.)
     """
     if padding_mode in ("border", "edsc"):
         inside = (p > 0) & (p < size - 1)
@@ -66,7 +66,7 @@ def _clamp_coordinate(p: Tensor, size: int, padding_mode: str) -> Tensor:
 
 def _bilinear(planes: Tensor, height: int, width: int, py: Tensor, px: Tensor, padding_mode: str,
               frame_pad=(0, 0)) -> Tensor:
-    """Sample ``planes`` (N, C, H*W+1: the flattened image plus one trailing zero) at (N, H_out, W_out)
+    """Sample ``planes`` (N, C, H*W+1: the flattened image plus one trailing zero) at finite (N, H_out, W_out)
     positions ``py``, ``px``; returns (N, C, H_out, W_out). ``frame_pad``: the call's padding, where
     "edsc" mode starts counting border pixels twice."""
     n, c = planes.shape[:2]
@@ -78,9 +78,7 @@ def _bilinear(planes: Tensor, height: int, width: int, py: Tensor, px: Tensor, p
     y0 = torch.floor(py).detach()
     x0 = torch.floor(px).detach()
     ly, lx = py - y0, px - x0
-    # NaN coordinates still need some index to gather; their weights are NaN so the result is NaN.
-    y0 = torch.nan_to_num(y0).long()
-    x0 = torch.nan_to_num(x0).long()
+    y0, x0 = y0.long(), x0.long()
     out = 0
     for dy, wy in ((0, 1 - ly), (1, ly)):
         for dx, wx in ((0, 1 - lx), (1, lx)):
@@ -104,7 +102,8 @@ def deform_sepconv(input: Tensor, vertical: Optional[Tensor] = None, horizontal:
     ``px = x - pad_w + j*dil_w + offset[n,2t+1,y,x]`` and S bilinear sampling with pixel centres at
     integer coordinates (corners outside the image are 0; in "border" mode the coordinates are first
     clamped into the image; "edsc" mode: see :func:`edsc_ext.deform_sepconv`). A non-finite offset
-    makes its output pixel NaN in every channel. Split offsets (``offset=(dy, dx)``) are taken too.
+    makes its output pixel NaN in every channel, and its gradients follow the op's rule (README, "The
+    op"; :func:`_sample_or_poison`). Split offsets (``offset=(dy, dx)``) are taken too.
 
     Pure PyTorch and differentiable by autograd in all five tensors. Loops over the taps, so only one
     tap's samples exist at a time. Computes in the dtype of ``input`` (float16 and bfloat16 in
@@ -125,17 +124,17 @@ def deform_sepconv(input: Tensor, vertical: Optional[Tensor] = None, horizontal:
     # The flattened image plus one zero that every outside corner reads.
     planes = F.pad(input.reshape(n, c, height * width), (0, 1))
     out = input.new_zeros((n, c, h_out, w_out))
-    finite = torch.ones((n, h_out, w_out), dtype=torch.bool, device=input.device)
     for i in range(args.kernel_h):
         for j in range(args.kernel_w):
             t = i * args.kernel_w + j
             py = (rows + i * args.dilation_h).expand(n, h_out, w_out)
             px = (cols + j * args.dilation_w).expand(n, h_out, w_out)
-            if offset is not None:
+            if offset is None:
+                sample = _bilinear(planes, height, width, py, px, args.padding_mode, (args.pad_h, args.pad_w))
+            else:
                 py = py + (offset[:, 2 * t] if offset_dx is None else offset[:, t])
                 px = px + (offset[:, 2 * t + 1] if offset_dx is None else offset_dx[:, t])
-                finite &= torch.isfinite(py) & torch.isfinite(px)
-            sample = _bilinear(planes, height, width, py, px, args.padding_mode, (args.pad_h, args.pad_w))
+                sample = _sample_or_poison(planes, height, width, py, px, args)
             weight = None
             for w in (vertical[:, i] if vertical is not None else None,
                       horizontal[:, j] if horizontal is not None else None,
@@ -143,10 +142,22 @@ def deform_sepconv(input: Tensor, vertical: Optional[Tensor] = None, horizontal:
                 if w is not None:
                     weight = w if weight is None else weight * w
             out = out + (sample if weight is None else weight.unsqueeze(1) * sample)
-    if offset is not None:
-        # inf coordinates are clamped to finite ones above; the op's contract is NaN for them too.
-        out = torch.where(finite.unsqueeze(1), out, torch.full_like(out, float("nan")))
     return out.to(dtype)
+
+
+def _sample_or_poison(planes: Tensor, height: int, width: int, py: Tensor, px: Tensor, args) -> Tensor:
+    """One tap's samples (N, C, H_out, W_out) at positions that may be non-finite, by the op's rule
+    (README, "The op"): where py or px is NaN or +-inf the sample is NaN and reads no pixel, so the
+    frame gets no gradient from it, while its derivative by the position is NaN (both offset
+    components), and so are the tap's vertical, horizontal and mask gradients (through the NaN value).
+    The kernels do the same: they sample (0, 0) there, scatter zeros and set those gradients to NaN."""
+    finite = torch.isfinite(py) & torch.isfinite(px)
+    sample = _bilinear(planes, height, width, torch.where(finite, py, 0), torch.where(finite, px, 0),
+                       args.padding_mode, (args.pad_h, args.pad_w))
+    # 0 where finite and NaN elsewhere, a constant: py * poison is 0 (gradient 0) at finite positions and
+    # NaN (gradient NaN) at the others, without touching the frame's gradient.
+    poison = torch.where(finite, 0.0, float("nan")).to(py.dtype)
+    return torch.where(finite.unsqueeze(1), sample, 0) + (py * poison + px * poison).unsqueeze(1)
 
 
 def deform_sepconv_grid_sample(input: Tensor, vertical: Optional[Tensor] = None,

@@ -33,6 +33,7 @@ from conftest import (
     make_inputs,
     named,
     per_device,
+    plans_of,
     present_id,
     reference,
     reference_and_grads,
@@ -514,7 +515,7 @@ NAN, INF = float("nan"), float("inf")
 def test_non_finite_offset(gen, device, config, dtype, poison, which, padding_mode):
     """A NaN or inf offset makes its pixel's output NaN and nothing else; when the poisoned pixels
     get no gradient, the gradients are those of the clean case (at the poisoned pixels themselves
-    the per-pixel tensors' gradients are not specified)."""
+    see test_non_finite_offset_rule_for_every_gradient)."""
     case = make_inputs(*config, dtype=dtype, device=device, generator=gen)
     offset = case.offset.clone()
     poisoned_pixels = torch.zeros((case.input.shape[0], 1) + case.offset.shape[2:], dtype=torch.bool)
@@ -534,6 +535,61 @@ def test_non_finite_offset(gen, device, config, dtype, poison, which, padding_mo
         if name in which:
             keep = ~poisoned_pixels.expand(g.shape)
             assert_close(g[keep.to(g.device)], e[keep], dtype, factor=GRAD_FACTOR, what=f"grad of {name}")
+
+
+# The rule for a non-finite offset (README, "The op"), per tap t = (i, j) of output pixel (n, y, x) whose
+# dy or dx is NaN or +-inf: the output is NaN in every channel; that tap reads no pixel, so the frame
+# gradient gets nothing from it (the pixel's other taps add theirs); the gradients of its own values are
+# NaN: both offset components of t, mask t, vertical row i and horizontal column j at (n, y, x).
+# Each with the CUDA backward plans it takes in float32 and float64 (the CPU takes its fused backward,
+# and the two-pass one under cpu_scratch_mb=0).
+NON_FINITE_CONFIGS = {"3x3-c2": ((2, 2, 6, 7, 3, 3, 1, 1), "contiguous", ("tiled", "tiled")),
+                      "5x5-rgb": ((2, 3, 8, 9, 5, 5, 2, 1), "contiguous", ("tiled_rgb_prefetch",) * 2),
+                      "3x3-c8-cl": ((2, 8, 6, 7, 3, 3, 1, 1), "channels_last", ("channel_lanes", "nchw_copies"))}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [F64, F32], ids=["f64", "f32"])
+@pytest.mark.parametrize("config", NON_FINITE_CONFIGS.values(), ids=NON_FINITE_CONFIGS.keys())
+@pytest.mark.parametrize("padding_mode", ["zeros", "border", "edsc"])
+def test_non_finite_offset_rule_for_every_gradient(gen, device, config, dtype, padding_mode):
+    """The op and the reference follow the one rule, in the output and all five gradients, with a
+    grad_output that reaches the poisoned pixels (zeros there included)."""
+    shape, layout, cuda_backward = config
+    case = make_inputs(*shape, generator=gen).map(
+        lambda t: t.contiguous(memory_format=torch.channels_last) if layout == "channels_last" else t)
+    n_taps, kw = case.mask.shape[1], case.horizontal.shape[1]
+    offset = case.offset.clone()
+    # (batch, tap, component, y, x): two taps of one pixel in one row, one in the last row, one at a corner.
+    bad = [(1, 4, 1, 3, 2, float("nan")), (0, 0, 0, 1, 4, float("inf")), (0, 2, 0, 1, 4, -float("inf")),
+           (0, n_taps - 1, 1, 1, 4, float("nan")), (1, n_taps - 1, 0, 0, 0, float("nan"))]
+    expected_nan = {name: torch.zeros(t.shape, dtype=torch.bool) for name, t in zip(ARG_NAMES, case.tensors)}
+    out_nan = torch.zeros((shape[0], shape[1], *offset.shape[2:]), dtype=torch.bool)
+    for n, t, component, y, x, value in bad:
+        offset[n, 2 * t + component, y, x] = value
+        out_nan[n, :, y, x] = True
+        expected_nan["vertical"][n, t // kw, y, x] = True
+        expected_nan["horizontal"][n, t % kw, y, x] = True
+        expected_nan["offset"][n, 2 * t:2 * t + 2, y, x] = True
+        expected_nan["mask"][n, t, y, x] = True
+    run = case.replace(offset=offset).to(dtype, device)
+    expected_out, expected_grads = reference_and_grads(run, padding_mode)
+    assert torch.equal(torch.isnan(expected_out), out_nan)
+    for name, e in zip(ARG_NAMES, expected_grads):
+        assert torch.equal(torch.isnan(e), expected_nan[name]), f"reference: grad of {name}"
+    policies = [{}] + ([{"cpu_scratch_mb": 0}] if device == "cpu" else [])
+    for changes in policies:
+        with edsc_ext.kernel_policy(**changes):
+            plans = plans_of(run, padding_mode)
+            out, grads = forward_and_grads(OP, run, padding_mode)
+        expected_plan = {"cpu": "pixels_two_pass" if changes else "pixels_fused",
+                         "cuda": cuda_backward[dtype == F64]}[device]
+        assert plans.backward.startswith(expected_plan), plans
+        assert torch.equal(torch.isnan(out).cpu(), out_nan), changes
+        assert_close(out, expected_out, dtype)
+        for name, g, e in zip(ARG_NAMES, grads, expected_grads):
+            assert torch.equal(torch.isnan(g).cpu(), expected_nan[name]), f"op {changes}: grad of {name}"
+            assert_close(g, e, dtype, factor=GRAD_FACTOR, what=f"grad of {name}")
 
 
 @pytest.mark.parametrize("device, config, forward_dtypes, grad_dtype", per_device(
