@@ -6,6 +6,7 @@ below, so that works under any pytest import mode).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import zlib
@@ -52,6 +53,24 @@ def needs_shared_data(*parts: str):
     path = shared_data_path(*parts)
     return pytest.mark.skipif(not path.exists(), reason=(
         f"{path} is absent: point EDSC_EXT_TEST_DATA or `pytest --test-data PATH` at the shared test data folder"))
+
+
+# The test extra's optional packages (pyproject.toml), by import name, with the name pip installs.
+OPTIONAL_PACKAGES = {"av": "av", "PIL": "pillow", "tqdm": "tqdm", "onnx": "onnx", "onnxscript": "onnxscript",
+                     "onnxruntime": "onnxruntime", "skimage": "scikit-image"}
+
+
+def missing_packages(*modules: str) -> list:
+    """Those of the import names ``modules`` that are not installed."""
+    return [m for m in modules if importlib.util.find_spec(m) is None]
+
+
+def needs_packages(*modules: str):
+    """Skips a test unless the optional packages ``modules`` (import names) are installed; the reason names
+    the missing ones and how to install them. tools/optional_packages.py runs the suite without each."""
+    missing = missing_packages(*modules)
+    return pytest.mark.skipif(bool(missing), reason=f"needs {', '.join(missing)}: pip install "
+                                                    f"{' '.join(OPTIONAL_PACKAGES.get(m, m) for m in missing)}")
 
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
