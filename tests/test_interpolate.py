@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import importlib.util
 import json
 import math
 import os
@@ -27,19 +26,25 @@ import numpy as np
 import pytest
 import torch
 
-from edsc_ext.apps import evaluate, interpolate
+from edsc_ext.apps import (  # (they import PyAV, Pillow, tqdm when used)
+    engine,
+    evaluate,
+    frames,
+    images,
+    interpolate,
+    timing,
+    video,
+)
 from edsc_ext.models import EDSC_m, EDSC_s, save_checkpoint
 
-from conftest import needs_shared_data, rel_error, requires_cuda, shared_data_path
+from conftest import missing_packages, needs_packages, needs_shared_data, rel_error, requires_cuda, shared_data_path
 
-MISSING = [m for m in ("av", "PIL", "tqdm") if importlib.util.find_spec(m) is None]
-needs_apps = pytest.mark.skipif(bool(MISSING), reason=f"needs the apps extra ({', '.join(MISSING)} missing): "
-                                                      'pip install tqdm pillow av')
-if not MISSING:
+# Each test is marked with the optional packages it needs, and runs without the others.
+needs_apps = needs_packages("av", "PIL", "tqdm")
+if not missing_packages("av"):
     import av
+if not missing_packages("PIL"):
     from PIL import Image
-
-    from edsc_ext.apps import engine, frames, images, timing, video
 
 MIDDLEBURY = shared_data_path("middlebury")
 needs_middlebury = needs_shared_data("middlebury")
@@ -189,7 +194,7 @@ def leftover_files(folder: Path) -> list:
 # Images through Pillow.
 
 
-@needs_apps
+@needs_packages("PIL")
 def test_read_image_modes_bit_depths_alpha_and_exif(tmp_path):
     rgb = np.random.default_rng(0).integers(0, 256, (5, 7, 3), dtype=np.uint8)
     Image.fromarray(rgb).save(tmp_path / "rgb.png")
@@ -222,7 +227,7 @@ def test_read_image_modes_bit_depths_alpha_and_exif(tmp_path):
         images.read_array(tmp_path / "float.tif")
 
 
-@needs_apps
+@needs_packages("PIL")
 def test_write_image_round_trip_and_rounding(tmp_path):
     pixels = torch.rand(3, 9, 11)
     images.write_image(tmp_path / "x.png", pixels)
@@ -245,7 +250,7 @@ def write_pair(folder: Path, h=37, w=50, seed=0):
     return paths
 
 
-@needs_apps
+@needs_packages("PIL")
 def test_cli_pair_writes_an_image_of_the_input_size(tmp_path, weights, capsys):
     first, second = write_pair(tmp_path / "in")
     out = tmp_path / "new" / "middle.png"  # a missing folder is created, and the command says so
@@ -287,6 +292,7 @@ def test_cli_sets_cudnn_benchmark_for_the_run_only(monkeypatch, argv, expected):
     assert torch.backends.cudnn.benchmark == before
 
 
+@needs_packages("PIL")
 def test_cli_pair_errors_are_one_line_with_exit_code_2(tmp_path, weights, capsys):
     first, second = write_pair(tmp_path / "in")
     small = write_pair(tmp_path / "small", 20, 24)[0]
@@ -307,14 +313,14 @@ def test_cli_pair_errors_are_one_line_with_exit_code_2(tmp_path, weights, capsys
     assert not out.exists()
 
 
-@needs_apps
+@needs_packages("PIL")
 def test_pair_mode_refuses_an_input_as_the_output_under_any_spelling(tmp_path, weights, capsys, monkeypatch):
     first, second = write_pair(tmp_path / "in")
     (tmp_path / "in" / "link.png").symlink_to(first)
     (tmp_path / "in" / "hard.png").hardlink_to(second)
     originals = {p: p.read_bytes() for p in (first, second)}
     monkeypatch.chdir(tmp_path / "in")
-    for frames, output in ((["f0.png", "f1.png"], "f0.png"), (["f0.png", "f1.png"], "./f1.png"),
+    for frames, output in ((["f0.png", "f1.png"], "f0.png"), (["f0.png", "f1.png"], "./f1.png"),  # noqa: F402 (the module is not used here)
                            (["f0.png", "f1.png"], first), ([first, second], "f1.png"),
                            (["f0.png", "f1.png"], "link.png"), (["f0.png", "f1.png"], "hard.png"),
                            (["link.png", "f1.png"], "../in/f0.png")):
@@ -324,7 +330,6 @@ def test_pair_mode_refuses_an_input_as_the_output_under_any_spelling(tmp_path, w
     assert leftover_files(tmp_path / "in") == ["f0.png", "f1.png", "hard.png", "link.png"]
 
 
-@needs_apps
 def test_time_out_of_range_is_rejected_alike_by_both_commands(weights, capsys):
     rc, _, err = run_cli(["--weights", weights["EDSC_m"], "--time", "1.5", "a.png", "b.png", "-o", "c.png"], capsys)
     assert_one_line_error(rc, err, "argument --time: must be in (0, 1)")
@@ -344,7 +349,7 @@ def corrupt_png(path: Path, data: bytes) -> Path:
     return path
 
 
-@needs_apps
+@needs_packages("PIL")
 def test_corrupt_truncated_and_foreign_images_are_named(tmp_path, weights, capsys):
     first, second = write_pair(tmp_path / "in")
     data = second.read_bytes()
@@ -358,7 +363,7 @@ def test_corrupt_truncated_and_foreign_images_are_named(tmp_path, weights, capsy
         assert_one_line_error(rc, err, bad)
 
 
-@needs_apps
+@needs_packages("PIL")
 def test_full_disk_in_pair_mode_leaves_no_file(tmp_path, weights, capsys, monkeypatch):
     first, second = write_pair(tmp_path / "in")
     out_dir = tmp_path / "out"
@@ -375,7 +380,7 @@ def test_full_disk_in_pair_mode_leaves_no_file(tmp_path, weights, capsys, monkey
     assert leftover_files(out_dir) == []
 
 
-@needs_apps
+@needs_packages("PIL")
 def test_pair_mode_output_errors_name_what_the_user_gave(tmp_path, weights, capsys, monkeypatch):
     first, second = write_pair(tmp_path / "in")
     folder = tmp_path / "existing"
@@ -411,7 +416,7 @@ def bad_weights(tmp: Path, kind: str, good: Path) -> Path:
     return path
 
 
-@needs_apps
+@needs_packages("PIL")
 @pytest.mark.parametrize("kind", BAD_WEIGHTS)
 def test_bad_weights_are_one_line_naming_the_file_in_both_commands(tmp_path, weights, capsys, kind):
     path = bad_weights(tmp_path, kind, weights["EDSC_s"])
@@ -425,7 +430,7 @@ def test_bad_weights_are_one_line_naming_the_file_in_both_commands(tmp_path, wei
         assert_one_line_error(rc, err, path)
 
 
-@needs_apps
+@needs_packages("PIL")
 def test_weights_errors_say_what_is_wrong_once_and_name_the_key(tmp_path, weights, capsys):
     first, second = write_pair(tmp_path / "in", 8, 8)
 
@@ -447,7 +452,7 @@ def test_weights_errors_say_what_is_wrong_once_and_name_the_key(tmp_path, weight
     assert key in err and ", ".join(map(str, shape)) in err and str(shape[0] + 1) in err, err
 
 
-@needs_apps
+@needs_packages("PIL")
 @pytest.mark.parametrize("kind", BAD_WEIGHTS[:4])
 def test_evaluate_reports_bad_weights_in_one_line(tmp_path, weights, capsys, kind):
     data = tmp_path / "mb" / "Seq"
@@ -469,7 +474,6 @@ def test_cli_module_entry_points_help():
 # The engine: EDSC_s bisection, batches, tiles.
 
 
-@needs_apps
 def test_edsc_s_bisection_shares_midpoints_and_batches_agree(weights, monkeypatch):
     model = engine.load_model(weights["EDSC_s"])
     gen = torch.Generator().manual_seed(3)
@@ -495,7 +499,6 @@ def test_edsc_s_bisection_shares_midpoints_and_batches_agree(weights, monkeypatc
         engine.Interpolator(model).interpolate([(a, b, Fraction(1, 3))])
 
 
-@needs_apps
 def test_tile_weights_cover_the_frame_and_fade_out_at_inner_edges():
     for length, tile, overlap, exact in ((192, 64, 32, True), (100, 64, 32, False), (64, 64, 32, True),
                                          (1024, 256, 32, True), (1000, 256, 32, False)):
@@ -514,7 +517,6 @@ def test_tile_weights_cover_the_frame_and_fade_out_at_inner_edges():
             assert torch.allclose(total, torch.ones(length, dtype=torch.float64))
 
 
-@needs_apps
 def test_tiled_equals_untiled_in_tile_interiors_and_at_seams(weights):
     model = engine.load_model(weights["EDSC_s"])
     gen = torch.Generator().manual_seed(5)
@@ -539,7 +541,6 @@ def test_tiled_equals_untiled_in_tile_interiors_and_at_seams(weights):
     assert (no_margin - whole).abs().max() > 1e-3
 
 
-@needs_apps
 def test_out_of_memory_on_a_whole_frame_falls_back_to_tiles(weights, monkeypatch, capsys):
     model = engine.load_model(weights["EDSC_s"])
     original = engine.Interpolator._network
@@ -561,7 +562,6 @@ def test_out_of_memory_on_a_whole_frame_falls_back_to_tiles(weights, monkeypatch
 # The time mapping.
 
 
-@needs_apps
 def test_schedule_positions_for_integer_and_fractional_rate_ratios():
     def plan(times, end, **kw):
         schedule = timing.Schedule(start=times[0], **kw)
@@ -602,7 +602,7 @@ def video_argv(weights, name, source, target, *extra):
     return ["--weights", weights[name], "--video", source, "-o", target, "--device", "cpu", "--quiet", *extra]
 
 
-@needs_apps
+@needs_packages("av", "tqdm")
 @pytest.mark.parametrize("factor", [2, 4])
 def test_factor_frame_counts_timestamps_audio_and_cut(tmp_path, weights, clip, capsys, factor):
     out = tmp_path / f"x{factor}.mp4"
@@ -627,7 +627,7 @@ def test_factor_frame_counts_timestamps_audio_and_cut(tmp_path, weights, clip, c
     assert np.abs(got["frames"][1] - src["frames"][0]).mean() > 10 / 255
 
 
-@needs_apps
+@needs_packages("av", "tqdm")
 def test_no_scene_detect_interpolates_across_the_cut(tmp_path, weights, clip, capsys, blend_network):
     out = tmp_path / "x2.mkv"
     rc, stdout, err = run_cli(video_argv(weights, "EDSC_s", clip, out, "--no-scene-detect"), capsys)
@@ -649,6 +649,7 @@ def test_no_scene_detect_interpolates_across_the_cut(tmp_path, weights, clip, ca
     (Fraction(24000, 1001), "60", 12, 31),  # 23.976 -> 60: 0.5005 s
     (Fraction(24), "59.94", 12, 30),  # to an NTSC rate: 0.5 s * 60000/1001 = 29.97
 ])
+@needs_packages("av", "tqdm")
 def test_fps_any_target_rate(tmp_path, weights, capsys, rate, fps, frames, expected, blend_network):
     source = make_clip(tmp_path / "in.mp4", frames=frames, rate=rate)
     out = tmp_path / "out.mp4"
@@ -668,7 +669,7 @@ def test_fps_any_target_rate(tmp_path, weights, capsys, rate, fps, frames, expec
     assert not out_s.parent.exists()
 
 
-@needs_apps
+@needs_packages("av", "tqdm")
 def test_fps_with_edsc_s_when_the_ratio_is_a_power_of_two_and_decimation(tmp_path, weights, clip, capsys):
     rc, stdout, err = run_cli(video_argv(weights, "EDSC_s", clip, tmp_path / "x4.mkv", "--fps", "96"), capsys)
     assert rc == 0, err
@@ -680,7 +681,7 @@ def test_fps_with_edsc_s_when_the_ratio_is_a_power_of_two_and_decimation(tmp_pat
     assert len(read_clip(tmp_path / "half.mp4")["times"]) == 8
 
 
-@needs_apps
+@needs_packages("av", "tqdm")
 def test_variable_frame_rate_uses_the_timestamps(tmp_path, weights, capsys, blend_network):
     times_ms = [0, 40, 100, 120, 200, 240, 320, 340]
     source = make_clip(tmp_path / "vfr.mkv", frames=8, times_ms=times_ms)
@@ -700,7 +701,7 @@ def test_variable_frame_rate_uses_the_timestamps(tmp_path, weights, capsys, blen
     assert all(abs(t - Fraction(k, 50)) < Fraction(1, 1000) for k, t in enumerate(got))
 
 
-@needs_apps
+@needs_packages("av", "tqdm")
 def test_codec_crf_and_pixel_format_follow_the_input_or_are_set(tmp_path, weights, clip, capsys, blend_network):
     rc, stdout, err = run_cli(video_argv(weights, "EDSC_s", clip, tmp_path / "same.mp4"), capsys)
     assert rc == 0 and "libx264 yuv420p crf 12" in stdout, stdout + err  # the CRF the input's x264 recorded
@@ -721,7 +722,7 @@ def test_codec_crf_and_pixel_format_follow_the_input_or_are_set(tmp_path, weight
         assert not (tmp_path / "bad.mp4").exists()
 
 
-@needs_apps
+@needs_packages("av", "tqdm")
 @pytest.mark.parametrize("ext", [".m4v", ".mov", ".avi", ".gif"])
 def test_other_containers_keep_every_frame_and_the_size(tmp_path, weights, capsys, ext, blend_network):
     source = make_clip(tmp_path / "odd.mp4", frames=6, w=50, h=30, audio=False)
@@ -851,7 +852,7 @@ def test_video_bad_inputs_are_one_line_and_write_nothing(tmp_path, weights, clip
     assert not (tmp_path / "new").exists()
 
 
-@needs_apps
+@needs_packages("av", "tqdm")
 def test_values_that_would_do_nothing_or_be_ignored_are_refused(tmp_path, weights, clip, capsys):
     out = tmp_path / "out"
     out.mkdir()
@@ -940,7 +941,7 @@ def test_a_truncated_video_that_ffmpeg_still_opens_is_an_error_not_a_short_outpu
     assert leftover_files(out) == []
 
 
-@needs_apps
+@needs_packages("av", "tqdm")
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_sigterm_and_sighup_remove_the_partial_output(tmp_path, weights, signum):
     source = make_clip(tmp_path / "long.mp4", frames=400, w=128, h=96, audio=False)
@@ -988,7 +989,6 @@ def test_an_ignored_sighup_stays_ignored_and_a_default_one_stops_the_run():
         signal.signal(signal.SIGHUP, before)
 
 
-@needs_apps
 def test_the_queues_are_bounded():
     produced = []
 
@@ -1029,7 +1029,7 @@ def test_the_queues_are_bounded():
     assert sink.items == list(range(20)) + ["end"]
 
 
-@needs_apps
+@needs_packages("tqdm")
 def test_progress_bar_counts_when_quiet_and_shows_totals(capsys):
     bar = interpolate.progress(total=3, desc="x", disable=True)
     for _ in range(3):
@@ -1044,7 +1044,7 @@ def test_progress_bar_counts_when_quiet_and_shows_totals(capsys):
     assert "2/2" in capsys.readouterr().err
 
 
-@needs_apps
+@needs_packages("av", "tqdm")
 @needs_video_data
 def test_real_clip_car_turn_x2_and_60_fps(tmp_path, weights, capsys, blend_network):
     out = tmp_path / "car_x2.mp4"
@@ -1102,7 +1102,7 @@ def test_metrics(gen):
 def test_metrics_equal_scikit_image(gen):
     """PSNR and SSIM against scikit-image's (Gaussian window, sigma 1.5, population covariance, as
     Wang et al.): random images and a smoothed, noisy, shifted version of each, several sizes."""
-    metrics = pytest.importorskip("skimage.metrics")
+    metrics = pytest.importorskip("skimage.metrics", reason="needs skimage: pip install scikit-image")
     for h, w in ((24, 24), (37, 50), (64, 31)):
         a = torch.rand(3, h, w, generator=gen, dtype=torch.float64)
         smooth = torch.nn.functional.avg_pool2d(a.unsqueeze(0), 3, stride=1, padding=1, count_include_pad=False)[0]
@@ -1114,7 +1114,7 @@ def test_metrics_equal_scikit_image(gen):
         assert evaluate.psnr(b, a) == pytest.approx(metrics.peak_signal_noise_ratio(x, y, data_range=1.0), abs=1e-9)
 
 
-@needs_apps
+@needs_packages("PIL", "tqdm")
 @needs_middlebury
 def test_evaluate_prints_a_table(weights, capsys):
     rc = evaluate.main(["--weights", str(weights["EDSC_s"]), "--data", str(MIDDLEBURY), "--sequences",
@@ -1151,7 +1151,7 @@ def write_x264_clip(path: Path, frames, pix_fmt: str, colorspace=None, color_ran
     return path
 
 
-@needs_apps
+@needs_packages("av", "tqdm")
 def test_ten_bit_video_stays_ten_bit(tmp_path, weights, capsys, blend_network):
     ramps = [(np.linspace(0, 65535, 32 * 32 * 3).reshape(32, 32, 3) + k * 500) % 65535 for k in range(4)]
     source = write_x264_clip(tmp_path / "deep.mkv", [av.VideoFrame.from_ndarray(r.astype(np.uint16), format="rgb48le")
@@ -1163,7 +1163,7 @@ def test_ten_bit_video_stays_ten_bit(tmp_path, weights, capsys, blend_network):
     assert got["pix_fmt"] == "yuv420p10le" and len(got["times"]) == 8
 
 
-@needs_apps
+@needs_packages("av", "PIL")
 def test_compile_flag_compiles_the_network(tmp_path, weights, clip, capsys, monkeypatch):
     compiled = []
 
@@ -1179,7 +1179,7 @@ def test_compile_flag_compiles_the_network(tmp_path, weights, clip, capsys, monk
     assert rc == 0 and compiled == [("_autocast_forward", None)], err
 
 
-@needs_apps
+@needs_packages("av", "tqdm")
 def test_colour_tags_of_the_input_are_kept(tmp_path, weights, capsys, blend_network):
     frames = [av.VideoFrame.from_ndarray(np.full((32, 32, 3), 40 * k + 30, np.uint8), format="rgb24").reformat(
         format="yuv420p", dst_colorspace=1, dst_color_range=1) for k in range(3)]
@@ -1193,7 +1193,7 @@ def test_colour_tags_of_the_input_are_kept(tmp_path, weights, capsys, blend_netw
     assert np.abs(first - 30).max() <= 2
 
 
-@needs_apps
+@needs_packages("av", "PIL")
 @pytest.mark.parametrize("module", ["av", "PIL", "tqdm"])
 def test_a_missing_apps_package_is_one_line_naming_the_extra(tmp_path, weights, clip, capsys, monkeypatch, module):
     first, second = write_pair(tmp_path / "in", 8, 8)
@@ -1209,7 +1209,7 @@ def test_a_missing_apps_package_is_one_line_naming_the_extra(tmp_path, weights, 
     assert_one_line_error(rc, err, f"'{module}' package", 'pip install tqdm pillow av')
 
 
-@needs_apps
+@needs_packages("av", "tqdm")
 def test_subtitles_are_copied_where_the_container_takes_them(tmp_path, weights, capsys, blend_network):
     source = tmp_path / "subs.mkv"
     out = av.open(str(source), "w")
@@ -1249,7 +1249,7 @@ def smooth_rgb(gen, h: int, w: int) -> np.ndarray:
     return (big[0].permute(1, 2, 0) * 255).round().to(torch.uint8).numpy()
 
 
-@needs_apps
+@needs_packages("av")
 @pytest.mark.parametrize("colorspace, color_range", [(2, 0), (1, 1), (5, 2)])
 def test_device_yuv_conversion_agrees_with_swscale(gen, colorspace, color_range):
     from av.video.reformatter import VideoReformatter
@@ -1294,7 +1294,6 @@ def test_device_yuv_conversion_agrees_with_swscale(gen, colorspace, color_range)
     assert frames.yuv_layout_of("yuv420p", 1, 0, w - 1, h) is None
 
 
-@needs_apps
 def test_rgb_layouts_round_trip(gen):
     rgb8 = smooth_rgb(gen, 8, 16)
     layout = frames.Layout("rgb24", 8, 16)
@@ -1324,7 +1323,7 @@ class RecordingSink:
         pass
 
 
-@needs_apps
+@needs_packages("av")
 def test_copied_frames_reach_the_encoder_untouched_and_new_ones_are_converted(weights, clip, blend_network):
     source = interpolate.open_source(clip)
     layout = source.layout
@@ -1402,7 +1401,7 @@ def test_a_mirroring_display_matrix_is_kept_as_it_is_or_noted(tmp_path, weights,
     assert rc == 0 and "mirrors" in err and "not mirrored" in err, err
 
 
-@needs_apps
+@needs_packages("av", "tqdm")
 def test_preset_is_passed_to_x264_and_checked(tmp_path, weights, clip, capsys, blend_network):
     rc, stdout, err = run_cli(video_argv(weights, "EDSC_s", clip, tmp_path / "fast.mp4", "--preset", "veryfast"),
                               capsys)
@@ -1416,7 +1415,7 @@ def test_preset_is_passed_to_x264_and_checked(tmp_path, weights, clip, capsys, b
     assert leftover_files(tmp_path) == ["fast.mp4"]
 
 
-@needs_apps
+@needs_packages("av", "tqdm")
 def test_speed_flags_fall_back_on_the_cpu_in_one_line(tmp_path, weights, clip, capsys):
     rc, stdout, err = run_cli(video_argv(weights, "EDSC_s", clip, tmp_path / "plain.mkv"), capsys)
     assert rc == 0 and "network: eager fp32" in stdout, err
@@ -1434,7 +1433,7 @@ def test_speed_flags_fall_back_on_the_cpu_in_one_line(tmp_path, weights, clip, c
     assert_one_line_error(rc, err, "--bf16", "--half")
 
 
-@needs_apps
+@needs_packages("av", "tqdm")
 def test_a_failing_compile_falls_back_to_the_eager_network_in_one_line(tmp_path, weights, clip, capsys, monkeypatch):
     attempts = []
 
@@ -1453,7 +1452,7 @@ def test_a_failing_compile_falls_back_to_the_eager_network_in_one_line(tmp_path,
     assert "network: eager fp32" in stdout and "compiled" not in stdout
 
 
-@needs_apps
+@needs_packages("av", "tqdm")
 def test_video_benchmark_reports_model_tool_and_io_rates(tmp_path, capsys):
     from edsc_ext.benchmarks import video as video_benchmark
 
@@ -1492,7 +1491,6 @@ def device_frames(gen, count: int, h: int, w: int, device: str = "cuda"):
             for _ in range(count)]
 
 
-@needs_apps
 @requires_cuda
 @pytest.mark.parametrize("multiple", [False, True])
 def test_cuda_graph_and_half_paths_run_and_match_the_fp32_eager_network(gen, multiple):
@@ -1583,7 +1581,6 @@ def test_cuda_compile_replays_the_compiled_network_as_cuda_graphs(gen):
     assert tiled.compiled and not tiled.compiled_graphs
 
 
-@needs_apps
 @requires_cuda
 def test_cuda_transfers_keep_every_frame_in_flight(gen):
     transfer = frames.Transfer(torch.device("cuda"))
@@ -1630,7 +1627,6 @@ def test_video_on_cuda_graph_and_half_against_eager_fp32(tmp_path, weights, caps
         assert all(np.array_equal(a, b) for a, b in zip(runs[name][1][::2], eager[::2]))  # the input frames
 
 
-@needs_apps
 @requires_cuda
 def test_compile_without_triton_on_cuda_is_one_line(weights, capsys, monkeypatch):
     monkeypatch.setattr(engine, "has_triton", lambda: False)
