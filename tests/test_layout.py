@@ -126,7 +126,11 @@ def test_each_console_script_runs_its_modules_main():
 
 
 def run_help(command: List[str], tmp_path: Path) -> str:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    # The edsc_ext these tests imported (the checkout, or an installed wheel) is the one the command runs.
+    import edsc_ext
+
+    package_parent = str(Path(edsc_ext.__file__).resolve().parent.parent)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")])))
     result = subprocess.run(command + ["--help"], capture_output=True, text=True, timeout=180, cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr
     assert "RuntimeWarning" not in result.stderr, result.stderr

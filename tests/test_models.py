@@ -40,13 +40,16 @@ from edsc_ext.models.networks import (
     save_checkpoint,
 )
 
-from conftest import assert_close, needs_shared_data, rel_error, requires_cuda, shared_data_path
+from conftest import assert_close, needs_packages, needs_shared_data, rel_error, requires_cuda, shared_data_path
 
 REPO = Path(__file__).resolve().parent.parent
 TABLES = shared_data_path("edsc")
 MIDDLEBURY = shared_data_path("middlebury")
 needs_tables = needs_shared_data("edsc")
 needs_middlebury = needs_shared_data("middlebury")
+# Optional packages: image files through Pillow; examples/train.py's progress bar through tqdm.
+needs_pillow = needs_packages("PIL")
+needs_training_packages = needs_packages("PIL", "tqdm")
 
 
 @pytest.fixture(scope="module")
@@ -718,6 +721,7 @@ def test_cuda_compiled_per_autocast_dtype_runs_its_own_graph(gen):
         assert rel_error(out, exact) <= 2 * eager_error + 1e-5, (dtype, eager_error)
 
 
+@needs_pillow
 @requires_cuda
 @pytest.mark.cuda
 @needs_middlebury
@@ -820,6 +824,7 @@ def _load_train_script():
     return module
 
 
+@needs_training_packages
 @needs_middlebury
 def test_short_training_run_on_middlebury_crops_lowers_the_loss(tmp_path):
     # Two Middlebury triplets, centre-cropped to 32x32, in their own folder layout.
@@ -879,6 +884,7 @@ class _RecordedProgress:
         return self.bars[-1]
 
 
+@needs_training_packages
 def test_train_steps_runs_exactly_that_many_steps_over_several_epochs(tmp_path, capsys):
     train = _load_train_script()
     train.progress = recorded = _RecordedProgress()
@@ -900,6 +906,7 @@ def test_train_steps_runs_exactly_that_many_steps_over_several_epochs(tmp_path, 
     assert str(out / "model_best.pth") in captured.out
 
 
+@needs_training_packages
 def test_train_seed_decides_the_initial_weights_and_the_losses(tmp_path):
     """Two runs with one --seed train alike, loss for loss; another seed starts elsewhere. The network was
     built before the seed was set, so its initial weights came from whatever the process had drawn."""
@@ -917,6 +924,7 @@ def test_train_seed_decides_the_initial_weights_and_the_losses(tmp_path):
     assert all(torch.equal(weights[k], weights_again[k]) for k in weights)
 
 
+@needs_training_packages
 def test_train_compile_compiles_the_forward_with_autocast_inside(tmp_path, monkeypatch):
     """--compile compiles a function that enters --amp's autocast itself (the dtype is then part of the
     compiled graph), and every step runs through it under autocast."""
@@ -943,6 +951,7 @@ def test_train_compile_compiles_the_forward_with_autocast_inside(tmp_path, monke
     assert len(losses) == 2 and seen == [("compiled", False), ("network", True, torch.bfloat16)] * 2
 
 
+@needs_training_packages
 def test_train_keeps_only_the_last_and_the_best_checkpoint(tmp_path):
     train = _load_train_script()
     data, out = _write_triplet_folders(tmp_path / "data", 2), tmp_path / "run"
@@ -957,6 +966,7 @@ def test_train_keeps_only_the_last_and_the_best_checkpoint(tmp_path):
     assert load_checkpoint(best).name == "EDSC_s"
 
 
+@needs_training_packages
 def test_train_epochs_bar_counts_epochs_times_batches(tmp_path):
     train = _load_train_script()
     train.progress = recorded = _RecordedProgress()
@@ -1036,6 +1046,7 @@ def _bad_train_inputs(tmp: Path):
     ]
 
 
+@needs_pillow
 def test_train_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys):
     train = _load_train_script()
     cases = _bad_train_inputs(tmp_path)
@@ -1050,6 +1061,7 @@ def test_train_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys):
     assert not (tmp_path / "run").exists()  # bad input leaves nothing behind
 
 
+@needs_pillow
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root may write anywhere")
 def test_train_unwritable_out_is_one_line(tmp_path, capsys):
     train = _load_train_script()
@@ -1062,6 +1074,7 @@ def test_train_unwritable_out_is_one_line(tmp_path, capsys):
     assert f"--out {locked / 'run'}: cannot create" in capsys.readouterr().err
 
 
+@needs_pillow
 @pytest.mark.parametrize("bad", ["data", "resume"])
 def test_train_script_bad_path_exits_2_without_a_traceback(tmp_path, bad):
     data = _write_triplet_folders(tmp_path / "data", 1)
@@ -1070,8 +1083,10 @@ def test_train_script_bad_path_exits_2_without_a_traceback(tmp_path, bad):
     argv = {"data": ["--data", str(tmp_path / "missing")],
             "resume": ["--data", str(data), "--resume", str(not_a_checkpoint)]}[bad]
     command = [sys.executable, str(REPO / "examples" / "train.py"), *argv, "--out", str(tmp_path / "run")]
-    result = subprocess.run(command,
-                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    # The script imports the edsc_ext these tests imported, installed or not.
+    package_parent = str(Path(models_module.__file__).resolve().parents[2])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")])))
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     expected = tmp_path / "missing" if bad == "data" else not_a_checkpoint
@@ -1082,7 +1097,7 @@ def test_train_script_bad_path_exits_2_without_a_traceback(tmp_path, bad):
 # What a new user of the API hit (issue #45, item 7): errors a person understands.
 
 
-def not_a_checkpoint(tmp_path: Path, kind: str) -> Path:
+def write_non_checkpoint(tmp_path: Path, kind: str) -> Path:
     path = tmp_path / f"{kind.replace(' ', '_')}.pth"
     if kind == "text":
         path.write_text("hello, this is not a checkpoint\n")
@@ -1110,7 +1125,7 @@ def test_load_checkpoint_of_a_non_checkpoint_says_so_naming_the_file(tmp_path, k
     from edsc_ext.apps.common import UserError
     from edsc_ext.apps.engine import load_model
 
-    path = not_a_checkpoint(tmp_path, kind)
+    path = write_non_checkpoint(tmp_path, kind)
     with pytest.raises(ValueError) as info:
         load_checkpoint(path)
     message = str(info.value)
