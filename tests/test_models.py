@@ -726,7 +726,7 @@ def test_fused_switch_reaches_every_hetconv_and_is_validated():
     model.fused = True
     assert all(m.fused for m in hetconvs) and "fused=True" in repr(model)
     with pytest.raises(ValueError, match="head_layout must be one of"):
-        EDSC(head_layout="wide")
+        EDSC(head_layout="wider")
     with pytest.raises(ValueError, match="capture needs frames on a CUDA device, got first on cpu"):
         model.capture(torch.rand(1, 3, 32, 32), torch.rand(1, 3, 32, 32))
 
@@ -1023,7 +1023,12 @@ def test_cuda_conv2d_relu_op_equals_convolution_then_relu(gen):
             x = torch.randn(2, 32, 40, 56, generator=gen).cuda().to(dtype).contiguous(memory_format=torch.channels_last)
             weight = torch.randn(64, 32 // groups, 3, 3, generator=gen).cuda().to(dtype) / 10
             bias = torch.randn(64, generator=gen).cuda().to(dtype)
+            # torch.cudnn_convolution_relu runs cuDNN's conv + 0 * z + bias -> ReLU with z its own, uninitialised
+            # output: leave NaN where that output will be allocated, so that a kernel reading z would show.
+            poison = torch.full((2, 64, 40, 56), float("nan"), dtype=dtype, device="cuda")
+            del poison
             out = models_module.conv2d_relu(x, weight, bias, 1, groups)
+            assert torch.isfinite(out).all(), (dtype, groups)
             expected = F.relu(F.conv2d(x.double(), weight.double(), bias.double(), padding=1, groups=groups))
             assert out.dtype == dtype and out.is_contiguous(memory_format=torch.channels_last)
             assert rel_error(out, expected) < tol, (dtype, groups)

@@ -43,6 +43,7 @@ import argparse
 import contextlib
 import datetime
 import json
+import math
 import shlex
 import statistics
 import sys
@@ -299,7 +300,7 @@ def _checks(row: Row) -> str:
     """The issue's limits this row misses or meets: target time, first call, peak memory."""
     if row.status != "ok":
         return ""
-    marks = []
+    marks = [] if row.deviation is not None and math.isfinite(row.deviation) else ["OUTPUT NOT FINITE"]
     if row.target_ms is not None:
         marks.append(f"{'meets' if row.ms <= row.target_ms else 'misses'} <= {row.target_ms:g} ms")
     limit = FIRST_CALL_LIMIT_S.get(row.case)

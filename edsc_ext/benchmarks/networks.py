@@ -83,6 +83,7 @@ HEAD_LAYOUT_FLAGS = {"gr": "grouped", "bd": "block_diagonal", "ph": "per_head", 
 RECIPE_VARIANTS = ("compiledgraph-fp16-cl", "compiledgraph-bf16-cl")
 RECIPE_PRECISION = {"inference": "fp16", "training": "bf16"}
 RECIPE_PROFILE_TOP = 10
+RECIPE_SIZES = "1x1088x1920,1x2176x3840"
 
 
 @dataclass(frozen=True)
@@ -638,7 +639,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "the kernel time by kind and the N longest kernels (CPU: aten operators)")
     parser.add_argument("--profile-calls", type=int, default=3, help="calls profiled per row (default %(default)s)")
     parser.add_argument("--recipe", action="store_true",
-                        help="README's speed recipe at every case: --variants (default "
+                        help="README's speed recipe at every case (--sizes default "
+                             f"{RECIPE_SIZES}): --variants (default "
                              f"{','.join(RECIPE_VARIANTS)}) run where their precision is the recipe's for the "
                              "case (float16 inference, bfloat16 training step), profiled (--profile "
                              f"{RECIPE_PROFILE_TOP} unless given): kernel time by family, FLOPs, the convolutions' "
@@ -669,7 +671,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         default_variants = RECIPE_VARIANTS if args.recipe else QUICK_VARIANTS if args.quick else DEFAULT_VARIANTS
         names = args.variants if args.variants is not None else ",".join(default_variants)
         variants = [parse_variant(v) for v in names.split(",") if v.strip()]
-        sizes = args.sizes if args.sizes is not None else (QUICK_SIZES if args.quick else DEFAULT_SIZES)
+        sizes = args.sizes if args.sizes is not None else (
+            RECIPE_SIZES if args.recipe else QUICK_SIZES if args.quick else DEFAULT_SIZES)
         train_sizes = args.train_sizes if args.train_sizes is not None else (
             QUICK_TRAIN_SIZES if args.quick else DEFAULT_TRAIN_SIZES)
         cases = parse_sizes(sizes, "inference", "--sizes") + parse_sizes(train_sizes, "training", "--train-sizes")

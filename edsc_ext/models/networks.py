@@ -135,7 +135,9 @@ def _stride_order_equal(a: Sequence[int], b: Sequence[int], shape: Sequence[int]
 def _conv2d_relu_op(input: Tensor, weight: Tensor, bias: Tensor, padding: int, groups: int) -> Tensor:
     """relu(conv2d(input, weight, bias)), stride 1: on CUDA cuDNN's fused convolution, bias and ReLU
     (``torch.cudnn_convolution_relu``: one kernel, no separate ReLU pass over the output); elsewhere the
-    two operators. The output is in the input's memory format (as :func:`_conv2d_relu_fake` says)."""
+    two operators. The output is in the input's memory format (as :func:`_conv2d_relu_fake` says).
+    (torch builds it as cuDNN's conv + 0 * z + bias -> ReLU with z its own uninitialised output; the CUDA
+    test leaves NaN where that output lands, so a kernel that read z would fail it.)"""
     memory_format = _memory_format(input)
     if input.is_cuda and torch.backends.cudnn.is_available():
         out = torch.cudnn_convolution_relu(input.contiguous(memory_format=memory_format),
