@@ -30,7 +30,9 @@ the peak memory (``torch.cuda.max_memory_allocated`` from before the first call)
 (the original composition, TF32 off): inference max |out - ref| / max |ref|, training ||g - g_ref|| / ||g_ref||
 over all parameter gradients; "dev / base" divides it by the base variant's of the same path and case (the tests
 allow twice plus rounding). ``--profile`` variants also get their kernel time by family, FLOPs and the convolutions'
-share of the fp16/bf16 GEMM rate measured in the same run (edsc_ext.benchmarks.networks).
+share of the fp16/bf16 GEMM rate measured in the same run (edsc_ext.benchmarks.networks); compiled rows (cold)
+also say what inductor's generated code runs: Triton launches, extern convolutions, custom ops, the 4-D buffers
+that are not channels_last (a layout conversion inside the network) and the kernels that only move data.
 
 Without ``--models``, ``--cases`` and ``--variants`` the default plan runs (PLAN, in priority order; what would
 overrun ``--budget-s`` by its estimated time is skipped and listed). Writes DIR/variants.json and DIR/variants.md,
@@ -44,6 +46,7 @@ import contextlib
 import datetime
 import json
 import math
+import re
 import shlex
 import statistics
 import sys
@@ -155,6 +158,39 @@ class Row:
     target_ms: Optional[float] = None
     rounds_ms: List[float] = field(default_factory=list)
     profile: Optional[dict] = None
+    code: Optional[dict] = None  # compiled rows: what inductor's generated code does (code_stats)
+
+
+COPY_ONLY_OPS = {"clone", "_to_copy", "copy", "cat", "constant_pad_nd", "slice", "view", "permute", "expand",
+                 "select", "unsqueeze", "squeeze", "split", "zeros", "new_zeros", "full", "empty"}
+
+
+def code_stats(sources: Sequence[str]) -> dict:
+    """What inductor's generated code (the sources of ``run_and_get_code``) runs a call: its kernel launches,
+    extern convolutions and custom ops, the 4-D buffers it allocates that are not channels_last (a layout
+    conversion inside the network shows as one), and its Triton kernels that only move data (clone, cast,
+    concatenation, padding)."""
+    stats = {"graphs": len(sources), "triton_launches": 0, "convolutions": 0, "custom_ops": 0,
+             "buffers_4d": 0, "buffers_not_channels_last": [], "copy_only_kernels": []}
+    buffer = re.compile(r"empty_strided_\w+\(\((\d+), (\d+), (\d+), (\d+)\), \((\d+), (\d+), (\d+), (\d+)\)")
+    for source in sources:
+        call = source[source.find("def call("):] if "def call(" in source else source
+        call = "\n".join(line for line in call.splitlines() if not line.lstrip().startswith("#"))
+        stats["triton_launches"] += len(re.findall(r"^\s+(triton_\w+)\.run\(", call, re.M))
+        stats["convolutions"] += len(re.findall(r"(extern_kernels\.convolution|aten\.convolution\.default)\(", call))
+        stats["custom_ops"] += len(re.findall(r"torch\.ops\.(?!aten\.)\w+\.\w+\.default\(", call))
+        for match in buffer.finditer(call):
+            n, c, h, w, _, channel_stride, _, _ = map(int, match.groups())
+            stats["buffers_4d"] += 1
+            if c > 1 and h * w > 1 and channel_stride != 1:
+                stats["buffers_not_channels_last"].append(match.group(0)[match.group(0).index("(") + 1:])
+        for name in set(re.findall(r"^\s+(triton_\w+)\.run\(", call, re.M)):
+            fused = re.sub(r"^triton_(poi|red|per)_fused_?|_\d+$", "", name)
+            ops = [op for op in re.split(r"_(?=[a-z])", fused) if op]
+            if ops and set(ops) <= COPY_ONLY_OPS | {"to", "nd", "pad", "constant", "new"}:
+                stats["copy_only_kernels"].append(name)
+    stats["buffers_not_channels_last"] = stats["buffers_not_channels_last"][:20]
+    return stats
 
 
 def release_compiled() -> None:
@@ -258,7 +294,13 @@ def run_row(model, case_name: str, variant: Variant, inputs, reference, args, de
     with caches:
         if variant.path == "graph":
             captured = model.capture(first, second, time_arg, autocast_dtype=dtype, cudnn_benchmark=bench_on)
-        result = step()
+        if variant.path == "compiled" and not args.warm_caches:  # a cold compile generates all its code
+            from torch._inductor.utils import run_and_get_code
+
+            result, sources = run_and_get_code(step)
+            row.code = code_stats(sources)
+        else:
+            result = step()
         harness.synchronize(device)
     row.first_call_s = time.perf_counter() - start
     if case.kind == "inference":
@@ -349,6 +391,17 @@ def render(meta: dict, rows: Sequence[Row]) -> str:
             for k in p.kernels[:12]:
                 name = k["name"] if len(k["name"]) <= 110 else k["name"][:107] + "..."
                 lines.append(f"| `{name.replace('|', '/')}` | {k['kind']} | {k['ms']:.3f} | {k['launches']:g} |")
+    coded = [r for r in rows if r.code]
+    if coded:
+        lines += ["", "## Inductor's generated code (compiled rows: a call's Triton launches, extern convolutions, "
+                      "custom ops, 4-D buffers and those not channels_last, data-movement-only kernels)", "",
+                  "| model | case | variant | Triton launches | convolutions | custom ops | 4-D buffers | "
+                  "not channels_last | copy-only kernels |", "|---|---|---|---:|---:|---:|---:|---:|---|"]
+        for r in coded:
+            c = r.code
+            lines.append(f"| {r.model} | {r.case} | {r.variant} | {c['triton_launches']} | {c['convolutions']} | "
+                         f"{c['custom_ops']} | {c['buffers_4d']} | {len(c['buffers_not_channels_last'])} | "
+                         f"{', '.join(c['copy_only_kernels']) or '-'} |")
     if meta["skipped_for_budget"]:
         lines += ["", "Skipped for the budget (--budget-s): " + ", ".join(meta["skipped_for_budget"])]
     return "\n".join(lines) + "\n"
