@@ -675,13 +675,14 @@ def test_network_variants_cpu_smoke_run(tmp_path, capsys):
                              "    # buf9 = empty_strided_cuda((1, 8, 4, 4), (128, 16, 4, 1), torch.float16)\n"
                              "    buf1 = empty_strided_cuda((1, 64, 54, 96), (331776, 5184, 96, 1), torch.float16)\n"
                              "    buf4 = empty_strided_cuda((1, 64, 54, 96), (331776, 1, 6144, 64), torch.float16)\n"
+                             "    buf5 = empty_strided_cuda((32, 64, 3, 3), (576, 9, 3, 1), torch.float16)\n"
                              "    triton_poi_fused_clone_3.run(buf0, buf1, 100, stream=stream0)\n"
                              "    triton_poi_fused__to_copy_convolution_relu_4.run(buf1, buf4, 100, stream=stream0)\n"
                              "    buf2 = extern_kernels.convolution(buf4, arg1, stride=(1, 1))\n"
                              "    buf3 = torch.ops.edsc_ext_models.conv2d_relu.default(buf2, arg3, arg4, 1, 1)\n"])
-    assert stats == {"graphs": 1, "triton_launches": 2, "convolutions": 1, "custom_ops": 1, "buffers_4d": 2,
+    assert stats == {"graphs": 1, "triton_launches": 2, "convolutions": 1, "custom_ops": 1, "buffers_4d": 3,
                      "buffers_not_channels_last": ["(1, 64, 54, 96), (331776, 5184, 96, 1)"],
-                     "copy_only_kernels": ["triton_poi_fused_clone_3"]}
+                     "weights_not_channels_last": 1, "copy_only_kernels": ["triton_poi_fused_clone_3"]}
     for bad, message in (("graph:freeze", "options of the compiled path"), ("compiled:wide+grouped", "head layout"),
                          ("compiled:fast", "unknown option"), ("jit:base", "PATH:OPTION")):
         with pytest.raises(ValueError, match=message):

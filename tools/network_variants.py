@@ -171,7 +171,8 @@ def code_stats(sources: Sequence[str]) -> dict:
     conversion inside the network shows as one), and its Triton kernels that only move data (clone, cast,
     concatenation, padding)."""
     stats = {"graphs": len(sources), "triton_launches": 0, "convolutions": 0, "custom_ops": 0,
-             "buffers_4d": 0, "buffers_not_channels_last": [], "copy_only_kernels": []}
+             "buffers_4d": 0, "buffers_not_channels_last": [], "weights_not_channels_last": 0,
+             "copy_only_kernels": []}
     buffer = re.compile(r"empty_strided_\w+\(\((\d+), (\d+), (\d+), (\d+)\), \((\d+), (\d+), (\d+), (\d+)\)")
     for source in sources:
         call = source[source.find("def call("):] if "def call(" in source else source
@@ -183,7 +184,10 @@ def code_stats(sources: Sequence[str]) -> dict:
             n, c, h, w, _, channel_stride, _, _ = map(int, match.groups())
             stats["buffers_4d"] += 1
             if c > 1 and h * w > 1 and channel_stride != 1:
-                stats["buffers_not_channels_last"].append(match.group(0)[match.group(0).index("(") + 1:])
+                if (h, w) == (3, 3) and n >= 3:  # a convolution's weight made in the call (folded, padded)
+                    stats["weights_not_channels_last"] += 1
+                else:
+                    stats["buffers_not_channels_last"].append(match.group(0)[match.group(0).index("(") + 1:])
         for name in set(re.findall(r"^\s+(triton_\w+)\.run\(", call, re.M)):
             fused = re.sub(r"^triton_(poi|red|per)_fused_?|_\d+$", "", name)
             ops = [op for op in re.split(r"_(?=[a-z])", fused) if op]
@@ -396,12 +400,13 @@ def render(meta: dict, rows: Sequence[Row]) -> str:
         lines += ["", "## Inductor's generated code (compiled rows: a call's Triton launches, extern convolutions, "
                       "custom ops, 4-D buffers and those not channels_last, data-movement-only kernels)", "",
                   "| model | case | variant | Triton launches | convolutions | custom ops | 4-D buffers | "
-                  "not channels_last | copy-only kernels |", "|---|---|---|---:|---:|---:|---:|---:|---|"]
+                  "activations not channels_last | 3x3 weights not channels_last | copy-only kernels |",
+                  "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
         for r in coded:
             c = r.code
             lines.append(f"| {r.model} | {r.case} | {r.variant} | {c['triton_launches']} | {c['convolutions']} | "
                          f"{c['custom_ops']} | {c['buffers_4d']} | {len(c['buffers_not_channels_last'])} | "
-                         f"{', '.join(c['copy_only_kernels']) or '-'} |")
+                         f"{c['weights_not_channels_last']} | {', '.join(c['copy_only_kernels']) or '-'} |")
     if meta["skipped_for_budget"]:
         lines += ["", "Skipped for the budget (--budget-s): " + ", ".join(meta["skipped_for_budget"])]
     return "\n".join(lines) + "\n"

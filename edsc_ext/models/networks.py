@@ -123,6 +123,10 @@ def _cached(owner: nn.Module, slot, params: Sequence[Tensor], make: Callable[[],
     value = tuple(v.detach() for v in make())
     if dtype is not None:
         value = tuple(v.to(dtype) if v.is_floating_point() else v for v in value)
+    # Kept in the parameters' memory format (a channels_last model's convolutions would copy others each call).
+    formats = {_memory_format(p) for p in params if p.dim() == 4 and p.shape[2] * p.shape[3] > 1}
+    if formats == {torch.channels_last}:
+        value = tuple(v.contiguous(memory_format=torch.channels_last) if v.dim() == 4 else v for v in value)
     cache[slot] = (key, value)
     return value
 
@@ -168,7 +172,9 @@ def conv2d_relu(x: Tensor, weight: Tensor, bias: Tensor, padding: int, groups: i
     dtype = _autocast_dtype(x.device.type)
     if dtype is not None:
         x, weight, bias = x.to(dtype), weight.to(dtype), bias.to(dtype)
-    return _conv2d_relu_op(x, weight, bias, padding, groups)
+    # The weight in the input's memory format here, where torch.compile fuses it into the weight's making
+    # (or folds it, frozen), rather than a copy inside the op on every call.
+    return _conv2d_relu_op(x, weight.contiguous(memory_format=_memory_format(x)), bias, padding, groups)
 
 
 class HetConv2d(nn.Module):
