@@ -438,13 +438,14 @@ def _fused_op_calls(model, *args, grad: bool = False):
     return len(calls), out
 
 
-@pytest.mark.parametrize("layout, fused_calls", [("padded", 64), ("wide", 53), ("wide_grouped", 43)])
+@pytest.mark.parametrize("layout, fused_calls", [("padded", 34), ("wide", 23), ("wide_grouped", 13)])
 @pytest.mark.parametrize("multiple", [False, True], ids=["EDSC_s", "EDSC_m"])
 def test_conv_relu_runs_each_convolution_and_its_relu_as_one_call_in_inference(gen, multiple, layout, fused_calls):
-    """conv_relu=True: every convolution followed by a ReLU is one call of the fused op (trunk: the first
-    convolution and the 30 heterogeneous ones, folded; heads: their first three layers, but the wide
-    layouts' first layer, whose ReLU runs per head, and the grouped second layer), in float64 the unfused
-    network's values; with gradients, or unfused, the op never runs (it has no backward)."""
+    """conv_relu=True: every convolution followed by a ReLU is one call of the fused op (the trunk's first
+    convolution; the heads' first three layers, but the wide layouts' first layer, whose ReLU runs per
+    head, and the grouped second layer; on CUDA the 30 heterogeneous convolutions too, folded, which the
+    CPU runs as two convolutions), in float64 the unfused network's values; with gradients, or unfused,
+    the op never runs (it has no backward)."""
     model = random_edsc(gen, multiple, head_layout=layout, conv_relu=True)
     first, second = frames(gen, 1, 32, 64)
     time = torch.tensor([0.3], dtype=torch.float64) if multiple else None
@@ -1015,6 +1016,8 @@ def test_cuda_speed_options_keep_the_precisions_error(gen, strict_float32, multi
                 model.conv_relu = model.half_upsampling = model.cache_weights = True
                 errors[layout] = rel_error(model(*args), expected)
                 errors[layout + " again"] = rel_error(model(*args), expected)  # the kept weights
+        model.head_layout = "padded"  # on CUDA the 30 heterogeneous convolutions fuse their ReLU too
+        assert _fused_op_calls(model, *args)[0] == 64
     captured = model.capture(*args, autocast_dtype=autocast_dtype, cudnn_benchmark=True)
     errors["captured"] = rel_error(captured(*args), expected)
     bound = 2 * unfused_error + 1e-5 if autocast_dtype is not None else 1e-5

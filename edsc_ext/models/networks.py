@@ -457,7 +457,8 @@ class EDSC(nn.Module):
         conv_relu: in inference (no gradients; not under torch.export), each convolution followed by a
             ReLU runs as one call, on CUDA cuDNN's fused convolution, bias and ReLU
             (``torch.cudnn_convolution_relu``), so no separate pass reads and writes its output again;
-            the heterogeneous convolutions run folded then, on every device.
+            the heterogeneous convolutions run folded then (on the CPU they keep their two convolutions,
+            cheaper there, and the ReLU after them its pass).
         cache_weights: in eager inference (no gradients, not traced), keep the fused weights (folded,
             padded, concatenated, cast to autocast's dtype) while the parameters keep their storage and
             version; see :meth:`clear_weight_cache`. A graph captured with it reads the weights as
@@ -593,7 +594,8 @@ class EDSC(nn.Module):
         while i < len(modules):
             module = modules[i]
             followed_by_relu = i + 1 < len(modules) and isinstance(modules[i + 1], nn.ReLU)
-            if followed_by_relu and isinstance(module, HetConv2d):
+            # On the CPU a HetConv2d keeps its two convolutions (HetConv2d.forward: cheaper than the folded one).
+            if followed_by_relu and isinstance(module, HetConv2d) and x.device.type != "cpu":
                 x = conv2d_relu(x, *module.dense_weight(), module.conv3x3.padding[0])
                 i += 2
             elif followed_by_relu and isinstance(module, nn.Conv2d):
