@@ -332,9 +332,13 @@ def test_auto_head_layout_runs_the_heads_one_by_one_on_the_cpu(gen):
 
 
 def test_auto_head_layout_pads_for_cuda_inference_and_compiled_training_only():
-    assert auto_head_layout("cuda", grad_enabled=False) == "padded"
+    # The CUDA layouts are the DEFAULT_* constants (a measured choice: "padded", or one of the wide ones).
+    assert models_module.DEFAULT_CUDA_INFERENCE_HEAD_LAYOUT in ("padded", "wide", "wide_grouped")
+    assert models_module.DEFAULT_CUDA_COMPILED_TRAINING_HEAD_LAYOUT in ("padded", "wide", "wide_grouped")
+    assert auto_head_layout("cuda", grad_enabled=False) == models_module.DEFAULT_CUDA_INFERENCE_HEAD_LAYOUT
     assert auto_head_layout("cuda", grad_enabled=True) == "per_head"
-    assert auto_head_layout("cuda", grad_enabled=True, compiling=True) == "padded"
+    assert auto_head_layout("cuda", grad_enabled=True, compiling=True) == \
+        models_module.DEFAULT_CUDA_COMPILED_TRAINING_HEAD_LAYOUT
     assert auto_head_layout("cpu", grad_enabled=False) == "per_head"
     assert auto_head_layout("cpu", grad_enabled=True, compiling=True) == "per_head"
     # What EDSC._layout passes as ``compiling``: True while torch.compile traces, False in eager.
