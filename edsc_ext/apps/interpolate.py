@@ -806,7 +806,7 @@ def _version_text() -> str:
         pyav = f", PyAV {av.__version__}"
     except ImportError:
         pyav = ""
-    return f"(edsc-ext {edsc_ext.__version__}, torch {torch.__version__}{pyav})"
+    return f"{edsc_ext.__version__} (torch {torch.__version__}{pyav})"
 
 
 def parse_devices(text: Optional[str]) -> List[torch.device]:
@@ -936,9 +936,9 @@ def speed_summary(result: VideoResult) -> str:
         if faster is None:
             text += f"; {encoder} at preset {preset} is the bound"
         elif faster == preset:
-            text += f"; {encoder} at preset {preset} about keeps up"
+            text += f"; {encoder} at preset {preset} about keeps up with the rest"
         elif faster == "ultrafast+":
-            text += f"; {encoder} bounds it even at preset ultrafast"
+            text += f"; {encoder} at preset {preset} is the bound, and --preset ultrafast would not keep up either"
         else:
             text += f"; {encoder} at preset {preset} is the bound: --preset {faster} keeps up"
     return text + ")"
@@ -989,6 +989,7 @@ def write_profile_json(result: VideoResult, path) -> None:
     if any(d.startswith("cuda") for d in result.devices):
         data["max_memory_allocated_gb"] = {d: torch.cuda.max_memory_allocated(torch.device(d)) / 1e9
                                            for d in dict.fromkeys(result.devices)}
+        data["device_names"] = {d: torch.cuda.get_device_name(torch.device(d)) for d in dict.fromkeys(result.devices)}
     try:
         Path(path).write_text(json.dumps(data, indent=2, default=str) + "\n")
     except OSError as e:

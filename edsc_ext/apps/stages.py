@@ -390,17 +390,19 @@ class StageProfile:
         return _intersection(self.spans(stage), network) / total
 
     def bound(self) -> Optional[StageRow]:
-        """The stage busy the largest share of the run (encode and mux together: one thread)."""
-        rows = [r for r in self.rows() if r.stage != "mux"]
-        mux = next((r for r in self.rows() if r.stage == "mux"), None)
+        """The stage busy the largest share of the run; encode and mux count together (one thread: the
+        row returned is the encode stage's with their joint busy time)."""
         best = None
-        for row in rows:
-            busy = row.busy
-            if row.stage == "encode" and mux is not None:
-                busy = _length(_merge(self.spans("encode") + self.spans("mux"))) / (self.wall or 1e-9)
-            if best is None or busy > best[0]:
-                best = (busy, row)
-        return best[1] if best else None
+        for row in self.rows():
+            if row.stage == "mux":
+                continue
+            if row.stage == "encode":
+                seconds = _length(_merge(self.spans("encode") + self.spans("mux")))
+                row = StageRow(row.stage, row.name, seconds, row.frames, seconds / (self.wall or 1e-9),
+                               row.cpu_cores, row.note)
+            if best is None or row.busy > best.busy:
+                best = row
+        return best
 
     def startup(self) -> Dict[str, Optional[float]]:
         """Seconds from the process's start to the marks (first frame read, encoded, written)."""
