@@ -253,6 +253,11 @@ def main(argv=None) -> int:
             lines += ["", f"closing line of {data['name']}: {data['stdout']}", "", stage_table(data)]
         if not args.no_benchmark:
             size = "48x32" if args.quick else "1920x1080"
+            presets = subprocess.run([sys.executable, "-m", "edsc_ext.benchmarks.video", "--presets", "--size", size,
+                                      "--frames", "12" if args.quick else "48", "--repeat", "1"],
+                                     capture_output=True, text=True, timeout=args.timeout, env=child_environment())
+            lines += ["", presets.stdout.strip() if presets.returncode == 0 else
+                      f"(x264 presets: exit code {presets.returncode}: {presets.stderr.strip()[-500:]})"]
             bench = run_benchmark(size, "EDSC_s", args.device, 12 if args.quick else 48, args.timeout, [])
             results["benchmark"] = bench
             lines += ["", f"`{bench['command'].split(' -m ', 1)[1]}` (in one process, after set-up):", ""]

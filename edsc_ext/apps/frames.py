@@ -283,7 +283,7 @@ class Transfer:
                     host.copy_(frames, non_blocking=True)
             else:
                 host.copy_(frames, non_blocking=True)
-            ready = torch.cuda.Event()
+            ready = torch.cuda.Event(blocking=True)  # the encode thread sleeps on it, leaving its core to x264
             ready.record(self.down)
         frames.record_stream(self.down)
         arrays = host_array(host, layout)

@@ -944,10 +944,10 @@ def speed_summary(result: VideoResult) -> str:
     return text + ")"
 
 
-# x264's presets' encoding speed against medium's, on the generated 1080p test clip (BENCHMARKS.md, video
-# section: measured on 2 cores; the ratios, not the rates, carry over to other machines).
+# x264's presets' encoding speed against medium's on the 1080p test clip (python -m edsc_ext.benchmarks.video
+# --presets; BENCHMARKS.md, video section: the ratios, not the rates, carry over to other machines).
 PRESET_SPEED = {"ultrafast": 6.7, "superfast": 2.8, "veryfast": 2.2, "faster": 1.25, "fast": 1.1, "medium": 1.0,
-                "slow": 0.8, "slower": 0.7, "veryslow": 0.43, "placebo": 0.1}
+                "slow": 0.65, "slower": 0.40, "veryslow": 0.20}
 
 
 def _preset_that_keeps_up(profile: StageProfile, preset: str, result: VideoResult) -> Optional[str]:

@@ -165,10 +165,12 @@ def area_average(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
     over adaptive pooling's bins (torch's ``adaptive_avg_pool2d``), in numpy: one thread, no pool of
     threads woken for a small result."""
     h, w = pixels.shape[:2]
+    # Integers summed as integers (exact, and fast), the rows of a bin first (whole rows at a time).
+    total = np.uint64 if pixels.dtype.kind in "ui" else np.float64
     if h % height == 0 and w % width == 0:
         blocks = pixels.reshape(height, h // height, width, w // width, *pixels.shape[2:])
-        return blocks.sum(axis=(1, 3), dtype=np.float64) / ((h // height) * (w // width))
-    rows = np.stack([pixels[a:b].sum(axis=0, dtype=np.float64) / (b - a) for a, b in _bins(h, height)])
+        return blocks.sum(axis=1, dtype=total).sum(axis=2) / ((h // height) * (w // width))
+    rows = np.stack([pixels[a:b].sum(axis=0, dtype=total) / (b - a) for a, b in _bins(h, height)])
     return np.stack([rows[:, a:b].sum(axis=1) / (b - a) for a, b in _bins(w, width)], axis=1)
 
 

@@ -5,6 +5,7 @@ where the time goes (the stage profile), in one run.
     python -m edsc_ext.benchmarks.video --batch 2 --json video.json
     python -m edsc_ext.benchmarks.video --size 3840x2160 --model EDSC_m --device cuda:0,cuda:1
     python -m edsc_ext.benchmarks.video --size 320x192 --frames 12 --device cpu --repeat 1
+    python -m edsc_ext.benchmarks.video --presets                # x264's speed at each preset, on the same clip
 
 Each figure is new (interpolated) frames per second, the median of ``--repeat`` runs:
 
@@ -264,9 +265,68 @@ def build_parser() -> OneLineParser:
                              "the CPU)")
     parser.add_argument("--blend", action="store_true",
                         help="replace the network by the mean of the two frames (the tool's own overhead)")
+    parser.add_argument("--presets", action="store_true",
+                        help="instead: x264's encoding speed at each preset on the clip's frames (frame threads as "
+                             "edsc-interpolate sets them), against medium's")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each measurement; the median (default 3)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     return parser
+
+
+PRESETS_MEASURED = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow")
+
+
+def preset_speeds(clip: Path, repeat: int, crf: float = 18) -> dict:
+    """x264's frames/s at each preset on ``clip``'s decoded frames (in memory, encoded into memory, the
+    presets interleaved ``repeat`` times, the median), frame threads as the tool sets them, and the
+    output's size."""
+    import io
+
+    from ..apps.interpolate import encoder_threads
+    from ..apps.stages import cpu_cores
+
+    av = require("av", "the video benchmark")
+    with av.open(str(clip)) as container:
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        decoded = list(container.decode(stream))
+    rate = Fraction(stream.average_rate or 24)
+    threads = encoder_threads(cpu_cores())
+    seconds: dict = {p: [] for p in PRESETS_MEASURED}
+    sizes = {}
+    for _ in range(repeat):
+        for preset in PRESETS_MEASURED:
+            buffer = io.BytesIO()
+            with av.open(buffer, "w", format="matroska") as out:
+                video_stream = out.add_stream("libx264", rate=rate, options={"crf": f"{crf:g}", "preset": preset})
+                video_stream.width, video_stream.height = decoded[0].width, decoded[0].height
+                video_stream.pix_fmt = decoded[0].format.name
+                video_stream.codec_context.thread_type = "AUTO"
+                video_stream.codec_context.thread_count = threads
+                start = time.perf_counter()
+                for k, frame in enumerate(decoded):
+                    frame.pict_type = 0
+                    frame.pts = k
+                    out.mux(video_stream.encode(frame))
+                out.mux(video_stream.encode(None))
+                seconds[preset].append(time.perf_counter() - start)
+            sizes[preset] = len(buffer.getvalue())
+    medium = statistics.median(seconds["medium"])
+    return {"frames": len(decoded), "size": f"{decoded[0].width}x{decoded[0].height}", "threads": threads,
+            "rows": [{"preset": p, "frames_per_s": len(decoded) / statistics.median(seconds[p]),
+                      "vs_medium": medium / statistics.median(seconds[p]), "bytes": sizes[p],
+                      "all_seconds": seconds[p]} for p in PRESETS_MEASURED]}
+
+
+def format_presets(report: dict) -> str:
+    lines = [f"x264 on {report['frames']} frames of the {report['size']} test clip, CRF 18, {report['threads']} "
+             "frame threads (median of the runs):", "",
+             "| preset | frames/s | speed against medium | size against medium |", "| --- | ---: | ---: | ---: |"]
+    medium = next(r["bytes"] for r in report["rows"] if r["preset"] == "medium")
+    for row in report["rows"]:
+        lines.append(f"| {row['preset']} | {row['frames_per_s']:.1f} | {row['vs_medium']:.2f} | "
+                     f"{row['bytes'] / medium:.2f} |")
+    return "\n".join(lines)
 
 
 def _timed(function) -> float:
@@ -405,12 +465,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
     try:
-        with cudnn_autotuning(args.cudnn_benchmark):
-            report = run(args)
+        if args.presets:
+            with tempfile.TemporaryDirectory(prefix="edsc-video-benchmark-") as folder:
+                clip = args.input or make_clip(Path(folder) / "clip.mp4", *args.size, args.frames)
+                report = preset_speeds(clip, args.repeat)
+            print(format_presets(report))
+        else:
+            with cudnn_autotuning(args.cudnn_benchmark):
+                report = run(args)
+            print(format_report(report))
     except UserError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
-    print(format_report(report))
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=2, default=str) + "\n")
     return 0
