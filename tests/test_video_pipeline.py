@@ -405,7 +405,7 @@ def test_decode_network_and_encode_overlap(tmp_path, weights, monkeypatch):
     assert profile.bound().stage == "network"
     assert "bound: network" in interpolate.speed_summary(result)
     startup = profile.summary()["startup_s"]
-    assert set(startup) == {"first frame read", "first frame to the encoder", "first packet written"}
+    assert set(startup) == {"network ready", "first frame read", "first frame to the encoder", "first packet written"}
 
 
 def test_an_encoder_bound_run_says_so_with_the_preset_that_keeps_up(tmp_path, weights, capsys, monkeypatch):

@@ -170,6 +170,9 @@ def stage_table(data: dict) -> str:
               f"waits: " + ", ".join(f"{k} {v:.2f} s" for k, v in sorted(profile["waits_s"].items())) +
               "; waiting for a free core: " + ", ".join(f"{k} {v:.2f} s" for k, v in
                                                         profile["run_queue_wait_s"].items() if v is not None)]
+    startup = {k: v for k, v in profile.get("startup_s", {}).items() if v is not None}
+    if startup:
+        lines.append("from the process's start: " + ", ".join(f"{k} {v:.2f} s" for k, v in startup.items()))
     if data.get("max_memory_allocated_gb"):
         lines.append("peak GPU memory: " + ", ".join(f"{d} {v:.2f} GB" for d, v in
                                                    data["max_memory_allocated_gb"].items()))

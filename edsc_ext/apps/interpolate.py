@@ -512,6 +512,7 @@ def stream_frames(engine, src: Source, sink, schedule: Schedule, *,
     for e in engines:  # CUDA graphs are captured before the other threads start
         e.prepare(src.height, src.width)
         profile.reference(e.device)
+    profile.mark("network ready")
     decoder = video.Decoder(src.info, threads=decoder_threads, profile=profile) if from_file else None
 
     def host_side():  # the decode thread
@@ -880,18 +881,23 @@ def _run_pair(args) -> None:
 def _run_video(args) -> None:
     if args.frames:
         raise UserError("--video takes no positional frames")
+    profile = StageProfile()
+    profile.mark("imports done")
     # The input and the output name first: they are quick to check, the model is not.
     _output_kind(args.output)
     source = open_source(args.video, args.input_fps)
     check_rate(source, args.factor if args.fps is None else None, args.fps)
+    profile.mark("input probed")
     devices = parse_devices(args.device)
     model = load_model(args.weights, args.model, args.sampling, devices[0])
+    profile.mark("model loaded")
     result = interpolate_video(
         model, source, args.output, factor=args.factor, fps=args.fps, input_fps=args.input_fps,
         scene_threshold=None if args.no_scene_detect else args.scene_threshold, tile=args.tile,
         margin=args.tile_margin, batch=args.batch, half=_half_of(args, devices[0]), compile=args.compile,
         cuda_graph=args.cuda_graph, preset=args.preset, codec=args.codec, devices=devices,
-        crf=args.crf, pix_fmt=args.pix_fmt, audio=not args.no_audio, show_progress=not args.quiet, quiet=args.quiet)
+        crf=args.crf, pix_fmt=args.pix_fmt, audio=not args.no_audio, show_progress=not args.quiet, quiet=args.quiet,
+        profile=profile)
     cuts = "scene detection off" if result.cuts is None else f"{result.cuts} scene cut(s) found"
     extra = [cuts]
     if result.encoding:

@@ -548,6 +548,7 @@ class VideoSink:
             start = profile.clock() if profile is not None else 0.0
             frame = payload
             frame.pict_type = 0  # a decoded frame's type would force the encoder's choice
+            frame.duration = 0  # counted in the input's time base, not the output's set below
         frame.pts = int(round(time / self.time_base))
         frame.time_base = self.time_base
         packets = self.stream.encode(frame)
