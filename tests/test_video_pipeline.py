@@ -622,3 +622,9 @@ def test_the_throughput_script_makes_its_table(tmp_path):
     assert "Stage profile, medium" in done.stdout and "| network |" in done.stdout
     data = json.loads((tmp_path / "throughput.json").read_text())
     assert data["runs"][0]["interpolated"] == 11 and data["runs"][0]["startup_to_encoder_s"] > 0
+    done = subprocess.run([sys.executable, str(REPO / "tools" / "video_throughput.py"), "--out", str(tmp_path),
+                           "--multi-gpu", "--device", "cpu", "--pair", "cpu,cpu", "--quick", "--no-benchmark"],
+                          capture_output=True, text=True, cwd=REPO, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    assert "cpu against cpu,cpu" in done.stdout and "speedup, two GPUs against one: " in done.stdout

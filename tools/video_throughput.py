@@ -4,6 +4,7 @@ each run's stage profile, and the network alone for scale.
     python tools/video_throughput.py --out DIR                    # one GPU: the table (~3 minutes on an H200)
     python tools/video_throughput.py --out DIR --multi-gpu        # 4K EDSC_m x2 on cuda:0 against cuda:0,cuda:1
     python tools/video_throughput.py --out DIR --device cpu --quick --configs default   # a smoke run
+    python tools/video_throughput.py --out DIR --multi-gpu --device cpu --pair cpu,cpu --quick   # its smoke run
 
 Each run is ``python -m edsc_ext.apps.interpolate ... --quiet --profile-json`` in a process of its own,
 timed from before the process starts to its exit ("whole process": start-up, model load, CUDA-graph
@@ -50,7 +51,7 @@ def clip_specs(quick: bool, multi_gpu: bool) -> Dict[str, tuple]:
     if quick:
         return {"1080p": ("quick_48x32_1s.mp4", 48, 32, 1, True),
                 "1080p-20s": ("quick_32x32_0.5s.mp4", 32, 32, 0.5, True),
-                "4k": ("quick_64x32_0.5s.mp4", 64, 32, 0.5, True)}
+                "4k": ("quick_32x32_0.5s.mp4", 32, 32, 0.5, True)}
     return {"1080p": ("clip_1920x1080_60s.mp4", 1920, 1080, 60, True),
             "1080p-20s": ("clip_1920x1080_20s.mp4", 1920, 1080, 20, True),
             "4k": ("clip_3840x2160_20s.mp4" if multi_gpu else "clip_3840x2160_10s.mp4", 3840, 2160,
@@ -194,7 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--configs", default=None,
                         help=f"runs to make, separated by commas, of {', '.join(c[0] for c in CONFIGS)} (default: all)")
     parser.add_argument("--multi-gpu", action="store_true",
-                        help="instead: 4K EDSC_m x2 on cuda:0 against cuda:0,cuda:1 (a 2-GPU machine)")
+                        help="instead: 4K EDSC_m x2 on one device (--device; cuda: cuda:0) against --pair")
+    parser.add_argument("--pair", default="cuda:0,cuda:1",
+                        help="the devices --multi-gpu compares one against (default cuda:0,cuda:1)")
     parser.add_argument("--quick", action="store_true", help="tiny clips (a smoke run of the script, e.g. on the CPU)")
     parser.add_argument("--no-benchmark", action="store_true", help="skip the in-process network-alone benchmark")
     parser.add_argument("--timeout", type=float, default=300, help="seconds one run may take (default 300)")
@@ -220,12 +223,14 @@ def main(argv=None) -> int:
     if args.multi_gpu:
         clip = ensure_clip(folder, specs["4k"])
         runs = []
-        for name, device in (("4k-EDSC_m-1gpu", "cuda:0"), ("4k-EDSC_m-2gpu", "cuda:0,cuda:1")):
+        one_device = "cuda:0" if args.device == "cuda" else args.device
+        for name, device in (("4k-EDSC_m-1gpu", one_device), ("4k-EDSC_m-2gpu", args.pair)):
             data = run_tool(folder, name, clip, weights["EDSC_m"], ["--preset", "ultrafast"], device, args.timeout)
             runs.append(data)
             results["runs"].append(data)
         one, two = runs
-        lines += ["EDSC_m x2 of the 3840x2160 clip, --preset ultrafast (the network bounds): one GPU against two", ""]
+        lines += [f"EDSC_m x2 of the {specs['4k'][1]}x{specs['4k'][2]} clip, --preset ultrafast (the network bounds): "
+                  f"{one_device} against {args.pair}", ""]
         lines += header + [rate_row(d, None, False) for d in runs]
         streaming = [d["interpolated"] / d["profile"]["wall_s"] for d in runs]
         whole = [d["interpolated"] / d["whole_process_s"] for d in runs]
@@ -233,8 +238,9 @@ def main(argv=None) -> int:
                       f"{whole[1] / whole[0]:.2f}x whole process (target >= 1.7x)"]
         lines += ["", stage_table(one), "", stage_table(two)]
         if not args.no_benchmark:
-            for device in ("cuda:0", "cuda:0,cuda:1"):
-                bench = run_benchmark("3840x2160", "EDSC_m", device, 24, args.timeout, ["--preset", "ultrafast"])
+            for device in (one_device, args.pair):
+                size = f"{specs['4k'][1]}x{specs['4k'][2]}"
+                bench = run_benchmark(size, "EDSC_m", device, 24, args.timeout, ["--preset", "ultrafast"])
                 results.setdefault("benchmarks", []).append(bench)
                 lines += ["", f"`{bench['command'].split(' -m ', 1)[1]}`", ""]
                 lines += [f"| {row['name']} | {row['new_frames_per_s']:.1f} new frames/s |" for row in bench["rows"]]
