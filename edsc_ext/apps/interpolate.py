@@ -22,6 +22,7 @@ stderr and exit code 2. Also runnable as ``python -m edsc_ext.apps.interpolate``
 
 from __future__ import annotations
 
+import argparse
 import copy
 import os
 import sys
@@ -408,6 +409,8 @@ def _engines(model: EDSC, engine, devices, **settings) -> List[Interpolator]:
         return engines
     model_device = next(model.parameters()).device
     devices = [torch.device(d) for d in devices] if devices else [model_device]
+    devices = [torch.device("cuda", torch.cuda.current_device()) if d.type == "cuda" and d.index is None else d
+               for d in devices]
     if devices[0] != model_device:
         raise UserError(f"--device {devices[0]}: the model is on {model_device}")
     half = settings.pop("half")
@@ -670,8 +673,6 @@ def _rate_text(rate) -> str:
 
 
 def _positive_int(text: str) -> int:
-    import argparse
-
     try:
         value = int(text)
     except ValueError:
@@ -682,8 +683,6 @@ def _positive_int(text: str) -> int:
 
 
 def _scene_threshold(text: str) -> float:
-    import argparse
-
     try:
         value = float(text)
     except ValueError:
@@ -694,8 +693,6 @@ def _scene_threshold(text: str) -> float:
 
 
 def _rate(text: str) -> Fraction:
-    import argparse
-
     try:
         return parse_rate(text)
     except ValueError as e:
@@ -703,8 +700,6 @@ def _rate(text: str) -> Fraction:
 
 
 def build_parser() -> OneLineParser:
-    import argparse
-
     parser = OneLineParser(
         prog=PROG, description="Interpolate frames with EDSC: an image pair, a folder of frames or a video file.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -715,8 +710,7 @@ def build_parser() -> OneLineParser:
                "  edsc-interpolate --weights EDSC_m.pth --video clip.mp4 -o clip_60.mp4 --fps 60\n"
                "  edsc-interpolate --weights EDSC_s.pth --video frames/ -o frames_x4/ --factor 4\n"
                "\nBad input is reported in one line, exit code 2. Needs: pip install tqdm pillow av")
-    parser.add_argument("--version", action="version", version=f"{PROG} {_version_text()}",
-                        help="print the versions (edsc-ext, torch, PyAV) and exit")
+    parser.add_argument("--version", action=_VersionAction, help="print the versions (edsc-ext, torch, PyAV) and exit")
     parser.add_argument("frames", nargs="*", metavar="FRAME", help="the two input images (pair mode)")
     parser.add_argument("-o", "--output", required=True,
                         help="output image (pair mode), or video file / folder of frames (--video); a missing "
@@ -796,6 +790,17 @@ def build_parser() -> OneLineParser:
                         help="'compat': the original layer (for released weights, default); 'clean': centred taps")
     parser.add_argument("--quiet", action="store_true", help="no progress bar and no notes")
     return parser
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: the versions, read when asked for (PyAV is imported then, not by every run)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings=option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"{PROG} {_version_text()}")
+        parser.exit(0)
 
 
 def _version_text() -> str:
