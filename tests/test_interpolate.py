@@ -1662,7 +1662,9 @@ def test_cuda_transfers_keep_every_frame_in_flight(gen):
 def test_video_on_cuda_graph_and_half_against_eager_fp32(tmp_path, weights, capsys):
     source = make_clip(tmp_path / "c.mp4", frames=6, w=96, h=64, audio=False)
     runs = {}
-    flag_sets = (("eager", ["--no-cuda-graph"]), ("graph", []), ("half", ["--half"]), ("batch", ["--batch", "4"]))
+    # Without flags on CUDA: float16, replayed as a CUDA graph.
+    flag_sets = (("eager", ["--no-cuda-graph", "--float32"]), ("graph", ["--float32"]), ("half", []),
+                 ("batch", ["--batch", "4", "--float32"]))
     for name, flags in flag_sets:
         argv = ["--weights", weights["EDSC_s"], "--video", source, "-o", tmp_path / f"{name}/", "--device", "cuda",
                 "--quiet", *flags]

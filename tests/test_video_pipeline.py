@@ -265,6 +265,15 @@ def test_device_lists_are_parsed_and_bad_ones_are_one_line(tmp_path, weights, ca
     assert not (tmp_path / "o.mp4").exists()
 
 
+def test_replicas_have_their_own_parameters_of_equal_values():
+    model = EDSC_m().eval()
+    first, second = interpolate.replicate(model, ["cpu", "cpu"])
+    assert first is model and second is not model and second.multiple and not second.training
+    pairs = list(zip(model.state_dict().values(), second.state_dict().values()))
+    assert len(pairs) == len(model.state_dict()) and all(torch.equal(a, b) for a, b in pairs)
+    assert not any(a.data_ptr() == b.data_ptr() for a, b in pairs)
+
+
 def engines_used(monkeypatch):
     used = []
     original = engine.Interpolator.interpolate_bgr

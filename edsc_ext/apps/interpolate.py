@@ -255,11 +255,14 @@ def _plan(source: Source, factor: Optional[int], fps: Optional[Fraction], tolera
 
 
 def replicate(model: EDSC, devices: Sequence) -> List[EDSC]:
-    """``model`` and a copy of it on each further device (its own parameters: its own CUDA graph)."""
+    """``model`` and a copy of it on each further device (its own parameters: its own CUDA graph).
+    The copies are made from host copies of the tensors, so ``model``'s GPU holds no second one."""
     replicas = [model]
     for device in list(devices)[1:]:
-        replica = copy.deepcopy(model).to(device)
-        replicas.append(replica.eval())
+        on_host = {id(t): (torch.nn.Parameter(t.detach().to("cpu", copy=True), requires_grad=t.requires_grad)
+                           if isinstance(t, torch.nn.Parameter) else t.detach().to("cpu", copy=True))
+                   for t in [*model.parameters(), *model.buffers()]}
+        replicas.append(copy.deepcopy(model, on_host).to(device).eval())
     return replicas
 
 
