@@ -64,20 +64,25 @@ __all__ = ["main", "make_clip", "BlendInterpolator", "blending_network"]
 # The clip.
 
 
-def _periodic_noise(gen: torch.Generator, height: int, width: int, scales: Sequence[int],
+def _periodic_noise(rng: np.random.Generator, height: int, width: int, scales: Sequence[int],
                     weights: Sequence[float]) -> np.ndarray:
     """A sum of bilinearly upsampled random grids (cells of ``scale`` pixels), periodic along x with
-    period ``width`` (a pan can wrap around), in [0, 1]."""
-    out = torch.zeros(height, width)
+    period ``width`` (a pan can wrap around), in [0, 1]. float64 numpy on one thread: the same values
+    on every machine and under any load (torch's threads split the work where its rounding differs)."""
+    out = np.zeros((height, width))
     for scale, weight in zip(scales, weights):
         cells_x = max(2, round(width / scale))
         cells_y = max(2, -(-height // scale) + 1)
-        grid = torch.rand(1, 1, cells_y, cells_x, generator=gen)
-        grid = torch.cat([grid, grid[..., :1]], -1)  # the first column again at x = width: periodic
-        up = torch.nn.functional.interpolate(grid, size=(height, width + 1), mode="bilinear", align_corners=True)
-        out += weight * up[0, 0, :, :width]
+        grid = rng.random((cells_y, cells_x))
+        grid = np.concatenate([grid, grid[:, :1]], axis=1)  # the first column again at x = width: periodic
+        x = np.arange(width) * (cells_x / width)
+        rows = np.stack([np.interp(x, np.arange(cells_x + 1), row) for row in grid])  # (cells_y, width)
+        y = np.arange(height) * ((cells_y - 1) / max(1, height - 1))
+        top = np.minimum(np.floor(y).astype(int), cells_y - 2)
+        frac = (y - top)[:, None]
+        out += weight * (rows[top] * (1 - frac) + rows[top + 1] * frac)
     out -= out.min()
-    return (out / out.max().clamp_min(1e-6)).numpy()
+    return out / max(out.max(), 1e-6)
 
 
 def make_clip(path: Path, width: int, height: int, frames: int, rate: int = 24, seed: int = 0, audio: bool = False,
@@ -95,15 +100,14 @@ def make_clip(path: Path, width: int, height: int, frames: int, rate: int = 24, 
         raise UserError(f"the test clip is yuv420p or yuv420p10le, not {pix_fmt}")
     if width % 2 or height % 2 or width < 16 or height < 16:
         raise UserError(f"the test clip's size must be even and at least 16x16, got {width}x{height}")
-    gen = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
     step = max(2, width // 240 // 2 * 2)  # pixels a frame, even: the chroma moves by whole pixels
     bob = max(2, height // 60 // 2 * 2)  # vertical swing, even
     texture_w = max(width * 2, 64) // 4 * 4
     texture_h = height + 2 * bob
     unit = 4 if deep else 1  # codes of one 8-bit level
-    luma = _periodic_noise(gen, texture_h, texture_w, (256, 64, 16, 4), (0.45, 0.3, 0.15, 0.1))
-    chroma = [_periodic_noise(gen, texture_h // 2, texture_w // 2, (128, 32, 8), (0.5, 0.3, 0.2)) for _ in range(2)]
+    luma = _periodic_noise(rng, texture_h, texture_w, (256, 64, 16, 4), (0.45, 0.3, 0.15, 0.1))
+    chroma = [_periodic_noise(rng, texture_h // 2, texture_w // 2, (128, 32, 8), (0.5, 0.3, 0.2)) for _ in range(2)]
     dtype = np.uint16 if deep else np.uint8
     planes = [np.round(16 * unit + 219 * unit * luma).astype(dtype)]
     planes += [np.clip(np.round(128 * unit + 100 * unit * (c - 0.5)), 16 * unit, 240 * unit).astype(dtype)
