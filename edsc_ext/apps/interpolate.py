@@ -960,8 +960,8 @@ def speed_summary(result: VideoResult) -> str:
 
 # x264's presets' encoding speed against medium's on the 1080p test clip (python -m edsc_ext.benchmarks.video
 # --presets; BENCHMARKS.md, video section: the ratios, not the rates, carry over to other machines).
-PRESET_SPEED = {"ultrafast": 6.7, "superfast": 2.8, "veryfast": 2.2, "faster": 1.25, "fast": 1.1, "medium": 1.0,
-                "slow": 0.65, "slower": 0.40, "veryslow": 0.20}
+PRESET_SPEED = {"ultrafast": 6.5, "superfast": 3.1, "veryfast": 2.3, "faster": 1.28, "fast": 1.08, "medium": 1.0,
+                "slow": 0.73, "slower": 0.46, "veryslow": 0.24}
 
 
 def _preset_that_keeps_up(profile: StageProfile, preset: str, result: VideoResult) -> Optional[str]:
