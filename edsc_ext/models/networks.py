@@ -924,7 +924,9 @@ class CapturedEDSC:
                     self._run()
             torch.cuda.current_stream(first.device).wait_stream(stream)
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
+            # A capture stream on the frames' device: torch.cuda.graph's default one is made once, on the
+            # device current at the first capture, and would leave a later capture on another GPU empty.
+            with torch.cuda.graph(self.graph, stream=torch.cuda.Stream(device=first.device)):
                 self.output = self._run()
         # The graph reads the kept weights by address: hold them for its life (cache_weights).
         self._weights = [cached for module in model.modules()
