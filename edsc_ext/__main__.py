@@ -110,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "kernels for, and checks the op (forward and all five gradients, both padding modes) against "
                     "the float64 reference on each device in each dtype.",
         epilog="Exit code: 0 when every check passes, 1 when one fails, 2 for bad arguments.")
+    parser.add_argument("--version", action="version",
+                        version=f"edsc_ext {edsc_ext.__version__} (torch {torch.__version__})",
+                        help="print the version of edsc_ext (and of torch) and exit")
     parser.add_argument("--device", nargs="+", metavar="DEVICE",
                         help="devices to check: cpu, cuda (every GPU), cuda:N (default: the CPU and every GPU)")
     parser.add_argument("--dtype", nargs="+", choices=list(DTYPE_NAMES), metavar="DTYPE",

@@ -9,7 +9,7 @@ import torch
 
 import edsc_ext
 from edsc_ext.benchmarks import op as benchmark
-from edsc_ext.benchmarks.op import Case, floor_bytes
+from edsc_ext.benchmarks.op import Case, floor_bytes, gather_traffic
 
 
 def test_main_cpu_quick_writes_json(tmp_path, capsys):
@@ -38,6 +38,8 @@ def test_main_cpu_quick_writes_json(tmp_path, capsys):
     fwd, bwd = (next(r for r in rows if r["pass"] == p and r["impl"] == "floor") for p in ("fwd", "fwd+bwd"))
     assert fwd["floor_bytes"] == floor_bytes(benchmark.CPU_CASES[0], torch.float32, backward=False)
     assert bwd["floor_bytes"] > fwd["floor_bytes"]
+    assert fwd["gather_traffic"] == gather_traffic(benchmark.CPU_CASES[0], torch.float32, channels_last=False)
+    assert "M sector requests" in fwd["note"] and "input-gradient additions" in bwd["note"]
     out = capsys.readouterr().out
     assert "| case |" in out and "**floor**" in out and "edsc-benchmark --device cpu" in out
     assert md.read_text() == out
@@ -163,6 +165,48 @@ def test_floor_bytes_by_hand():
     assert floor_bytes(ada, torch.float32, backward=False) == (40 + 540 + 40) * 4 == 2480
 
 
+def _sectors_touched(rows_start_bytes, span):
+    """Exact 32-byte sectors that spans of `span` bytes starting at each address touch."""
+    first = rows_start_bytes // 32
+    return ((rows_start_bytes + span - 1) // 32 - first + 1).sum().item()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_gather_traffic_matches_an_exact_count_of_random_taps(dtype, channels_last):
+    # Counts, for random fractional taps away from the border, the sectors each sample's two rows
+    # touch at their real byte addresses, and holds the model's expectation against that count.
+    case = Case("g", n=2, c=3, h=40, w=52, k=3, padding=1, channels_last=channels_last)
+    e = torch.empty((), dtype=dtype).element_size()
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
+    samples = case.n * case.k * case.k * case.h * case.w
+    y = torch.randint(2, case.h_in - 3, (samples,), generator=gen)
+    x = torch.randint(2, case.w_in - 3, (samples,), generator=gen)
+    n = torch.randint(0, case.n, (samples,), generator=gen)
+    rows = torch.cat([y, y + 1])
+    cols, batch = torch.cat([x, x]), torch.cat([n, n])
+    if channels_last:  # a row's two pixels with all their channels: one span of 2*C*e bytes
+        start = ((batch * case.h_in + rows) * case.w_in + cols) * case.c * e
+        exact = _sectors_touched(start, 2 * case.c * e)
+    else:  # a span of 2*e per channel plane
+        exact = 0
+        for c in range(case.c):
+            start = (((batch * case.c + c) * case.h_in + rows) * case.w_in + cols) * e
+            exact += _sectors_touched(start, 2 * e)
+    model = gather_traffic(case, dtype)
+    assert model["samples"] == samples
+    assert model["l1_sectors"] == pytest.approx(exact, rel=0.03)
+    assert model["l1_sectors_backward"] == 2 * model["l1_sectors"]
+    assert model["atomics"] == 4 * case.c * samples
+
+
+def test_gather_traffic_by_hand():
+    one = Case("1", n=1, c=3, h=1, w=1, k=1, padding=0)
+    assert gather_traffic(one, torch.float32)["l1_sectors"] == pytest.approx(2 * 3 * (1 + 4 / 32))  # 6.75
+    assert gather_traffic(one, torch.float32, channels_last=True)["l1_sectors"] == pytest.approx(2 * (1 + 5 * 4 / 32))
+    assert gather_traffic(one, torch.bfloat16)["l1_sectors"] == pytest.approx(2 * 3 * (1 + 2 / 32))
+
+
 def test_case_geometry_matches_the_op():
     # H_in = H_out for every listed case, and the op accepts the inputs each case makes.
     for case in benchmark.CASES:
@@ -238,3 +282,37 @@ def test_video_flag_runs_the_video_benchmark(monkeypatch):
     monkeypatch.setattr(video, "main", lambda argv=None: seen.append(argv) or 0)
     assert benchmark.main(["--video", "--device", "cpu"]) == 0
     assert seen == [["--device", "cpu"]]
+
+
+def _load_tool(name):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "tools" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool
+
+
+def test_roofline_tool_reads_ncu_csv_and_names_the_bound():
+    """tools/roofline.py (run on the GPU under ncu) turns ncu's raw CSV into per-kernel rows and names
+    the most utilised unit; here on a CSV of ncu's layout (header, units, one row per kernel)."""
+    tool = _load_tool("roofline")
+    header = ["ID", "Kernel Name", "gpu__time_duration.sum", "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+              "lts__throughput.avg.pct_of_peak_sustained_elapsed",
+              "l1tex__throughput.avg.pct_of_peak_sustained_active", "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+              "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum", "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum"]
+    units = ["", "", "usecond", "%", "%", "%", "%", "", ""]
+    rows = [["0", "void edsc_ext::deform_sepconv_forward_kernel<float, int>(Params)", "246.5", "30.1", "41.0",
+             "87.5", "60.2", "1,000", "4,500"],
+            ["1", "void at::native::vectorized_elementwise_kernel<4>(int)", "12", "80.0", "50.0", "20.0", "10.0",
+             "10", "40"]]
+    text = "==PROF== Connected\n" + "\n".join(",".join(f'"{v}"' for v in r) for r in [header, units, *rows])
+    kernels = tool.parse_raw_csv(text)
+    assert [tool.short_kernel_name(k["kernel"]) for k in kernels] == ["deform_sepconv_forward_kernel",
+                                                                     "vectorized_elementwise_kernel"]
+    assert kernels[0]["time"] == pytest.approx(0.2465) and kernels[0]["ld_sectors"] == 4500
+    assert [tool.name_bound(k) for k in kernels] == [("L1/TEX", 87.5), ("DRAM", 80.0)]
+    errors = ["==ERROR== Failed to find metric lts__t_sectors_op_red.sum"]
+    assert tool.unknown_metrics(errors, list(tool.METRICS)) == ["lts__t_sectors_op_red.sum"]

@@ -1249,35 +1249,68 @@ def smooth_rgb(gen, h: int, w: int) -> np.ndarray:
     return (big[0].permute(1, 2, 0) * 255).round().to(torch.uint8).numpy()
 
 
+def swscale_rgb(planes: np.ndarray, layout, colorspace: int, color_range: int) -> np.ndarray:
+    """swscale's 8-bit RGB of flat planar samples, the chroma first repeated over the pixels it covers."""
+    h, w = layout.height, layout.width
+    _, sx, sy = frames.PLANAR_YUV[layout.format]
+    y, u, v = layout.planes(planes)
+    full = [y] + [np.repeat(np.repeat(c, 1 << sy, 0), 1 << sx, 1)[:h, :w] for c in (u, v)]
+    name = {8: "yuv444p", 10: "yuv444p10le", 12: "yuv444p12le"}[layout.bits]
+    frame = av.VideoFrame(w, h, name)
+    for target, source in zip(video.plane_views(frame, frames.Layout(name, h, w)), full):
+        target[...] = source
+    return frame.to_ndarray(format="rgb24", src_colorspace=colorspace, src_color_range=color_range)
+
+
 @needs_packages("av")
-@pytest.mark.parametrize("colorspace, color_range", [(2, 0), (1, 1), (5, 2)])
-def test_device_yuv_conversion_agrees_with_swscale(gen, colorspace, color_range):
+@pytest.mark.parametrize("pix_fmt, colorspace, color_range", [
+    ("yuv420p", 2, 0), ("yuv420p", 1, 1), ("yuv420p", 5, 2), ("yuv422p", 1, 1), ("yuv444p", 6, 1),
+    ("yuv420p10le", 1, 1), ("yuv420p10le", 9, 1), ("yuv422p10le", 9, 2), ("yuv444p12le", 1, 1)])
+def test_device_yuv_conversion_agrees_with_swscale(gen, pix_fmt, colorspace, color_range):
     from av.video.reformatter import VideoReformatter
 
     h, w = 48, 80
     rgb = smooth_rgb(gen, h, w)
-    yuv_frame = VideoReformatter().reformat(av.VideoFrame.from_ndarray(rgb, format="rgb24"), format="yuv420p",
+    yuv_frame = VideoReformatter().reformat(av.VideoFrame.from_ndarray(rgb, format="rgb24"), format=pix_fmt,
                                             dst_colorspace=colorspace, dst_color_range=color_range)
-    planes = yuv_frame.to_ndarray()
-    layout = frames.yuv_layout_of("yuv420p", colorspace, color_range, w, h)
-    assert layout.matrix == ("bt709" if colorspace == 1 else "bt601") and layout.full_range == (color_range == 2)
-    # YUV -> RGB: swscale's own conversion of the same planes.
-    expected = yuv_frame.to_ndarray(format="rgb24", src_colorspace=colorspace, src_color_range=color_range)
-    bgr = frames.to_model(torch.from_numpy(planes), layout)
+    layout = frames.yuv_layout_of(pix_fmt, colorspace, color_range, w, h)
+    assert layout.matrix == {1: "bt709", 9: "bt2020"}.get(colorspace, "bt601")
+    assert layout.full_range == (color_range == 2) and layout.planar
+    planes = video.frame_to_host(yuv_frame, layout)
+    assert planes.shape == layout.shape and planes.dtype == layout.dtype
+    step = 1 << (layout.bits - 8)  # codes per 8-bit level
+    y_size = h * w
+    # YUV -> RGB: swscale's own conversion of the same planes, their chroma repeated to 4:4:4 first (as
+    # the device does; swscale's generic path for deep formats filters the chroma instead).
+    expected = swscale_rgb(planes, layout, colorspace, color_range)
+    bgr = frames.to_model(frames.host_tensor(planes), layout)
     assert bgr.shape == (3, h, w) and bgr.dtype == torch.float32
-    diff = (bgr.flip(0).permute(1, 2, 0) * 255 - torch.from_numpy(expected).float()).abs()
-    assert diff.max() <= 3.5 and diff.mean() <= 1.5, (diff.max(), diff.mean())
-    # RGB -> YUV: luma within a level of swscale's, chroma (a 2x2 mean here) close to its filter.
+    references = [expected]
+    if pix_fmt == "yuv420p":  # swscale's unscaled 4:2:0 path repeats the chroma too (and rounds its own way)
+        references.append(yuv_frame.to_ndarray(format="rgb24", src_colorspace=colorspace, src_color_range=color_range))
+    for reference in references:
+        diff = (bgr.flip(0).permute(1, 2, 0) * 255 - torch.from_numpy(reference).float()).abs()
+        assert diff.max() <= 3.5 and diff.mean() <= 1.5, (diff.max(), diff.mean())
+    # RGB -> YUV: luma within a level of swscale's, chroma (a block mean here) close to its filter.
     mine = frames.from_model(torch.from_numpy(rgb).permute(2, 0, 1).flip(0).float() / 255, layout)
-    assert mine.shape == planes.shape and mine.dtype == torch.uint8
-    d = (mine.int() - torch.from_numpy(planes).int()).abs()
-    assert d[:h].max() <= 1 and d[h:].float().mean() <= 1.5 and d[h:].max() <= 8, (d[:h].max(), d[h:].max())
-    # There and back: the chroma exactly, the luma to within one level.
-    back = frames.from_model(bgr, layout)
-    d = (back.int() - torch.from_numpy(planes).int()).abs()
-    assert d[:h].max() <= 1 and d[h:].max() == 0
-    # Batches convert alike, and formats the device does not convert are left to swscale.
-    pair = frames.to_model(torch.from_numpy(np.stack([planes, planes])), layout)
+    assert mine.shape == planes.shape and mine.dtype == layout.torch_dtype
+    mine = frames.host_array(mine, layout).astype(int)
+    d = np.abs(mine - planes.astype(int)) / step
+    assert d[:y_size].max() <= 1 and d[y_size:].mean() <= 1.5 and d[y_size:].max() <= 8, (d[:y_size].max(),
+                                                                                           d[y_size:].max())
+    # There and back: the chroma exactly, the luma to within one code (colours the RGB cube holds: a
+    # clamped one converts back to another).
+    back = frames.host_array(frames.from_model(bgr, layout), layout).astype(int)
+    d = np.abs(back - planes.astype(int))
+    clamped = ((bgr <= 0) | (bgr >= 1)).any(0)[None, None].float()
+    (_, _), (ch, cw), _ = layout.plane_shapes
+    block = torch.nn.functional.adaptive_max_pool2d(clamped, (ch, cw))[0, 0].bool().numpy()
+    assert clamped.mean() < 0.05
+    assert d[:y_size][~clamped[0, 0].bool().numpy().ravel()].max() <= 1
+    chroma = d[y_size:].reshape(2, ch, cw)
+    assert chroma[:, ~block].max() == 0
+    # Batches convert alike.
+    pair = frames.to_model(frames.host_tensor(np.stack([planes, planes])), layout)
     assert torch.equal(pair[0], bgr) and torch.equal(pair[1], bgr)
     # The scene thumbnail of the Y plane: the luma of the RGB with the video's matrix, to within rounding
     # (BT.601: what the RGB path's thumbnail weighs).
@@ -1289,9 +1322,25 @@ def test_device_yuv_conversion_agrees_with_swscale(gen, colorspace, color_range)
     if layout.matrix == "bt601":
         rgb_thumb = interpolate.luma_thumbnail_of(expected, frames.Layout("rgb24", h, w))
         assert (y_thumb - rgb_thumb).abs().max() < 0.01
-    assert frames.yuv_layout_of("yuv420p", 9, 0, w, h) is None  # BT.2020
-    assert frames.yuv_layout_of("yuv444p", 1, 0, w, h) is None
-    assert frames.yuv_layout_of("yuv420p", 1, 0, w - 1, h) is None
+    # Formats and matrices the device does not convert are left to swscale.
+    assert frames.yuv_layout_of(pix_fmt, 7, 0, w, h) is None  # SMPTE 240M
+    assert frames.yuv_layout_of("nv12", 1, 0, w, h) is None and frames.yuv_layout_of("gbrp", 1, 0, w, h) is None
+
+
+@needs_packages("av")
+def test_odd_sized_planar_frames_convert_and_round_trip(gen):
+    h, w = 15, 21  # chroma 8x11 at 4:2:0, the last row and column covering one pixel
+    rgb = smooth_rgb(gen, 16, 24)[:h, :w]
+    frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format="rgb24").reformat(format="yuv420p")
+    layout = frames.yuv_layout_of("yuv420p", 2, 0, w, h)
+    assert layout.plane_shapes == [(15, 21), (8, 11), (8, 11)]
+    planes = video.frame_to_host(frame, layout)
+    bgr = frames.to_model(torch.from_numpy(planes), layout)
+    expected = swscale_rgb(planes, layout, 2, 0)
+    assert (bgr.flip(0).permute(1, 2, 0) * 255 - torch.from_numpy(expected).float()).abs().max() <= 3.5
+    back = frames.from_model(bgr, layout).numpy().astype(int)
+    assert np.abs(back[h * w:] - planes[h * w:].astype(int)).max() == 0
+    assert np.abs(back[:h * w] - planes[:h * w].astype(int)).max() <= 1
 
 
 def test_rgb_layouts_round_trip(gen):
@@ -1302,8 +1351,8 @@ def test_rgb_layouts_round_trip(gen):
     assert np.array_equal(frames.from_model(bgr, layout).numpy(), rgb8)
     rgb16 = (rgb8.astype(np.uint16) * 257 + 3).astype(np.uint16)
     layout16 = frames.Layout("rgb48le", 8, 16)
-    back = frames.from_model(frames.to_model(torch.from_numpy(rgb16), layout16), layout16)
-    assert back.dtype == torch.uint16 and np.array_equal(back.numpy(), rgb16)
+    back = frames.from_model(frames.to_model(frames.host_tensor(rgb16), layout16), layout16)
+    assert back.dtype == torch.int16 and np.array_equal(frames.host_array(back, layout16), rgb16)
 
 
 class RecordingSink:
@@ -1328,7 +1377,7 @@ def test_copied_frames_reach_the_encoder_untouched_and_new_ones_are_converted(we
     source = interpolate.open_source(clip)
     layout = source.layout
     assert layout.format == "yuv420p"  # the x264 clip: its planes are handed over as they are
-    decoded = [a for _, a in video.decode_frames(source.info, planes=True)]
+    decoded = [a for _, a in video.decode_frames(source.info, layout)]
     model = load_weights(weights["EDSC_s"])
     engine_ = engine.Interpolator(model, batch=3)
     sink = RecordingSink(layout)
@@ -1337,7 +1386,7 @@ def test_copied_frames_reach_the_encoder_untouched_and_new_ones_are_converted(we
     assert (written, made, cuts) == (32, 15 - 1, 1) and sink.finished
     assert [time for _, _, time in sink.items] == [Fraction(k, 48) for k in range(32)]
     for k, (array, got_layout, _) in enumerate(sink.items):
-        assert got_layout == layout and array.shape == (72, 64)
+        assert got_layout == layout and array.shape == (64 * 48 * 3 // 2,)
         if k % 2 == 0:  # input frame k/2, as decoded
             assert np.array_equal(array, decoded[k // 2]), k
     # A new frame is the blend of its neighbours, converted on the device (to within rounding).
@@ -1610,7 +1659,9 @@ def test_cuda_transfers_keep_every_frame_in_flight(gen):
 def test_video_on_cuda_graph_and_half_against_eager_fp32(tmp_path, weights, capsys):
     source = make_clip(tmp_path / "c.mp4", frames=6, w=96, h=64, audio=False)
     runs = {}
-    flag_sets = (("eager", ["--no-cuda-graph"]), ("graph", []), ("half", ["--half"]), ("batch", ["--batch", "4"]))
+    # Without flags on CUDA: float16, replayed as a CUDA graph.
+    flag_sets = (("eager", ["--no-cuda-graph", "--float32"]), ("graph", ["--float32"]), ("half", []),
+                 ("batch", ["--batch", "4", "--float32"]))
     for name, flags in flag_sets:
         argv = ["--weights", weights["EDSC_s"], "--video", source, "-o", tmp_path / f"{name}/", "--device", "cuda",
                 "--quiet", *flags]

@@ -7,9 +7,12 @@
   (batches, EDSC_s bisection, overlapping tiles, the fallback to tiles on CUDA out-of-memory);
 - :mod:`edsc_ext.apps.timing`: which output frame sits where (``--factor``/``--fps``, variable
   frame rates) and the scene-cut measure;
-- :mod:`edsc_ext.apps.video`: video files through PyAV, streamed by a decode and an encode thread;
-- :mod:`edsc_ext.apps.frames`: frames between host and device: layouts (the decoder's 4:2:0
-  planes, RGB), the colour conversion on the device, page-locked transfers on side streams;
+- :mod:`edsc_ext.apps.video`: video files through PyAV, streamed by a decode and an encode thread
+  (decoded frames to the encoder as they are where they fit);
+- :mod:`edsc_ext.apps.frames`: frames between host and device: layouts (the decoder's planar YUV
+  of 8 to 12 bits, RGB), the colour conversion on the device, page-locked transfers on side streams;
+- :mod:`edsc_ext.apps.stages`: the stage profile of a video run (each stage's busy time, CPU cores,
+  the bound);
 - :mod:`edsc_ext.apps.images`: images through Pillow;
 - :mod:`edsc_ext.apps.common`: the error type the commands print in one line, progress bars
   (tqdm), atomic outputs.

@@ -16,10 +16,11 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, List
 
 __all__ = ["UserError", "require", "progress", "OneLineParser", "atomic_path", "describe_os_error",
-           "refuse_input_as_output", "signals_stop_the_run", "Stopped", "time_in_unit_interval", "EXTRA_HINT"]
+           "refuse_input_as_output", "signals_stop_the_run", "Stopped", "time_in_unit_interval", "EXTRA_HINT",
+           "ensure_output_folder", "remove_created_folders"]
 
 # The apps extra's packages (pyproject.toml), installable whether edsc-ext came from a checkout or a wheel.
 EXTRA_HINT = 'pip install tqdm pillow av (the "apps" extra)'
@@ -249,16 +250,30 @@ def note(message: str, quiet: bool = False) -> None:
         tqdm.write(message, file=sys.stderr)
 
 
-def ensure_output_folder(path: Path, quiet: bool = False, prog: str = "edsc-interpolate") -> Optional[Path]:
-    """Creates the folder an output goes into when it is missing, and says so; returns it if created."""
+def ensure_output_folder(path: Path, quiet: bool = False, prog: str = "edsc-interpolate") -> List[Path]:
+    """Creates the folders an output goes into where they are missing, and says so; returns those it
+    created, the outermost first (:func:`remove_created_folders` takes them back)."""
     parent = Path(path).parent
     if parent.is_dir():
-        return None
+        return []
     if parent.exists():
         raise UserError(f"-o {path}: {parent} is not a folder")
+    missing = []
+    folder = parent
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
     try:
         parent.mkdir(parents=True)
     except OSError as e:
         raise UserError(f"-o {path}: cannot create the folder {parent}: {e.strerror or e}") from None
     note(f"{prog}: created the folder {parent}", quiet)
-    return parent
+    return missing[::-1]
+
+
+def remove_created_folders(created: List[Path]) -> None:
+    """Removes the folders :func:`ensure_output_folder` created (innermost first), where they are
+    still empty: a run that failed or was interrupted leaves nothing behind."""
+    for folder in reversed(created):
+        with contextlib.suppress(OSError):
+            folder.rmdir()

@@ -246,7 +246,8 @@ class Interpolator:
         key = (tuple(first.shape), None if times is None else tuple(times.shape))
         if key not in self._graphs:
             try:
-                self._graphs[key] = self.model.capture(first, second, times, autocast_dtype=self.autocast_dtype)
+                with torch.cuda.device(self.device):  # the capture's synchronisation and caches: this GPU's
+                    self._graphs[key] = self.model.capture(first, second, times, autocast_dtype=self.autocast_dtype)
             except torch.OutOfMemoryError:
                 raise
             except Exception as e:  # noqa: BLE001 (an op that cannot be captured: run eagerly, say so)

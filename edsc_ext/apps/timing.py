@@ -16,7 +16,8 @@ the output lasts as long as the input (to within one output frame period). A fol
 
 Scene cuts (:func:`scene_score`): the mean absolute difference, in percent of full scale, of the two
 frames' luma after an area-average downscale to 64 pixels on the longer side: a video's own Y plane
-(scaled from its range to [0, 1]) where the frames come as YUV planes, else BT.601 weights of RGB.
+(averaged, then scaled from its range to [0, 1]) where the frames come as YUV planes, else BT.601
+weights of RGB. Computed in numpy by the decode thread (no pool of threads woken per frame).
 Motion within a shot scores a few percent (the 640x360 DAVIS clip car-turn, a panning shot: at most
 4.3, 2.3 on average), a cut between different shots usually 10 or more: ``DEFAULT_SCENE_THRESHOLD``
 is 10. Across a cut no frame is synthesised: the frames that fall between the two input frames are
@@ -30,10 +31,12 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import List, Optional
 
-import torch.nn.functional as F
+import numpy as np
+import torch
 from torch import Tensor
 
-__all__ = ["Schedule", "scene_score", "luma_thumbnail", "DEFAULT_SCENE_THRESHOLD", "parse_rate"]
+__all__ = ["Schedule", "scene_score", "luma_thumbnail", "area_average", "thumbnail_size", "DEFAULT_SCENE_THRESHOLD",
+           "parse_rate"]
 
 DEFAULT_SCENE_THRESHOLD = 10.0
 THUMBNAIL_SIZE = 64
@@ -151,19 +154,48 @@ def constant_rate_count(frames: int, rate: Fraction, factor: Optional[int], fps:
     return math.ceil(duration * fps) if ends else math.floor(duration * fps) + 1
 
 
-def luma_thumbnail(rgb: Tensor) -> Tensor:
-    """(3, H, W) RGB in [0, 1] (any device) -> its luma, area-averaged to at most 64 pixels on the
-    longer side, float32 (the scene measure's view of a frame). An (H, W) tensor is taken as the
-    luma itself (a video's Y plane, scaled to [0, 1])."""
-    if rgb.dim() == 2:
-        y = rgb.float()[None, None]
-    else:
-        y = (0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2]).float()[None, None]
-    h, w = y.shape[-2:]
-    scale = THUMBNAIL_SIZE / max(h, w)
-    if scale < 1:
-        y = F.adaptive_avg_pool2d(y, (max(1, round(h * scale)), max(1, round(w * scale))))
-    return y[0, 0]
+def _bins(size: int, count: int) -> List[tuple]:
+    """The [start, end) of each of ``count`` averaging bins over ``size`` (adaptive pooling's: they
+    overlap by a pixel where ``size`` is not a multiple of ``count``)."""
+    return [(i * size // count, -(-(i + 1) * size // count)) for i in range(count)]
+
+
+def area_average(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
+    """``pixels`` (H, W) or (H, W, C), any numeric dtype, averaged down to (height, width[, C]) float64
+    over adaptive pooling's bins (torch's ``adaptive_avg_pool2d``), in numpy: one thread, no pool of
+    threads woken for a small result."""
+    h, w = pixels.shape[:2]
+    # Integers summed as integers (exact, and fast), the rows of a bin first (whole rows at a time).
+    total = np.uint64 if pixels.dtype.kind in "ui" else np.float64
+    if h % height == 0 and w % width == 0:
+        blocks = pixels.reshape(height, h // height, width, w // width, *pixels.shape[2:])
+        return blocks.sum(axis=1, dtype=total).sum(axis=2) / ((h // height) * (w // width))
+    rows = np.stack([pixels[a:b].sum(axis=0, dtype=total) / (b - a) for a, b in _bins(h, height)])
+    return np.stack([rows[:, a:b].sum(axis=1) / (b - a) for a, b in _bins(w, width)], axis=1)
+
+
+def thumbnail_size(height: int, width: int) -> tuple:
+    """(height, width) of the scene measure's thumbnail of a frame: at most 64 pixels on the longer side."""
+    scale = THUMBNAIL_SIZE / max(height, width)
+    if scale >= 1:
+        return height, width
+    return max(1, round(height * scale)), max(1, round(width * scale))
+
+
+def luma_thumbnail(frame) -> Tensor:
+    """(3, H, W) RGB in [0, 1] (a tensor on any device, or a numpy array) -> its luma (BT.601 weights),
+    area-averaged to at most 64 pixels on the longer side, a float32 CPU tensor (the scene measure's
+    view of a frame). An (H, W) input is taken as the luma itself (a video's Y plane, scaled to [0, 1])."""
+    if isinstance(frame, Tensor):
+        frame = frame.detach().to("cpu", torch.float32).numpy()
+    h, w = frame.shape[-2:]
+    size = thumbnail_size(h, w)
+    if frame.ndim == 2:
+        luma = area_average(frame, *size)
+    else:  # averaging is linear: the channels first, then their weighted sum
+        r, g, b = (area_average(channel, *size) for channel in frame[:3])
+        luma = 0.299 * r + 0.587 * g + 0.114 * b
+    return torch.from_numpy(luma.astype(np.float32))
 
 
 def scene_score(first, second) -> float:

@@ -21,8 +21,8 @@ import torch
 
 import edsc_ext
 
-__all__ = ["GB", "command_name", "synchronize", "time_calls", "free_memory", "cpu_name", "device_description",
-           "environment"]
+__all__ = ["GB", "command_name", "synchronize", "time_calls", "free_memory", "matmul_peak_tflops", "cpu_name",
+           "device_description", "environment"]
 
 GB = 1e9  # bandwidths are in GB/s = 1e9 bytes per second
 
@@ -71,6 +71,25 @@ def free_memory(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def matmul_peak_tflops(device, dtype: torch.dtype, size: Optional[int] = None, reps: int = 10) -> float:
+    """The dense matrix-product rate of this device in ``dtype``, in TFLOP/s: the median of ``reps``
+    products of two random ``size`` x ``size`` matrices (default 8192 on CUDA, 1024 on the CPU) after three
+    untimed ones; float32 runs as the process set TF32 for cuDNN (the convolutions' setting), so that
+    it is the peak the float32 convolutions could reach."""
+    device = torch.device(device)
+    size = size or (8192 if device.type == "cuda" else 1024)
+    generator = torch.Generator(device=device).manual_seed(0)
+    a, b = (torch.randn(size, size, device=device, dtype=dtype, generator=generator) for _ in range(2))
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32
+    try:
+        times = time_calls(lambda: torch.mm(a, b), device, 3, reps)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+    ms = sorted(times)[len(times) // 2]
+    return 2 * size ** 3 / (ms * 1e-3) / 1e12
 
 
 def cpu_name() -> str:

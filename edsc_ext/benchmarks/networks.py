@@ -4,10 +4,11 @@ each execution variant, against the original code's composition in float32.
     edsc-model-benchmark                      # the issue's sizes, every default variant
     edsc-model-benchmark --models EDSC_s --variants fused-fp16-cl,graph-fp16-cl
     edsc-model-benchmark --device cpu --quick # a smoke run: tiny sizes, eager variants
+    edsc-model-benchmark --recipe             # README's recipe, profiled: families, FLOPs, peak share
 
 (``python -m edsc_ext.benchmarks.networks`` or ``edsc-benchmark --model`` run it too.)
 
-A variant is ``PATH-PRECISION[-cl][-gr|-bd|-ph|-pd]``:
+A variant is ``PATH-PRECISION[-cl][-gr|-bd|-ph|-pd|-wd|-wg]``:
 
 - PATH: ``unfused`` (``EDSC(fused=False)``, the original's module-by-module composition: the
   baseline), ``fused`` (the default network), ``compiled`` (``torch.compile`` of the fused network;
@@ -17,8 +18,18 @@ A variant is ``PATH-PRECISION[-cl][-gr|-bd|-ph|-pd]``:
   inference only; the capture time is ``setup s``);
 - PRECISION: ``fp32``, or ``fp16`` / ``bf16`` under autocast (the frames and the sampling stay float32);
 - ``cl``: model and frames in channels_last;
-- the fused heads' ``head_layout``: ``gr`` grouped, ``bd`` block_diagonal, ``ph`` per_head, ``pd`` padded;
-  none: "auto" (padded on CUDA for inference and under torch.compile, per_head otherwise).
+- the fused heads' ``head_layout``: ``gr`` grouped, ``bd`` block_diagonal, ``ph`` per_head, ``pd`` padded,
+  ``wd`` wide, ``wg`` wide_grouped; none: "auto" (padded on CUDA for inference and under torch.compile,
+  per_head otherwise).
+
+``--profile N`` runs each row again under torch.profiler: its kernel time by family (convolutions forward
+and backward, inductor's Triton kernels by what they fused, layout conversions, copies, the op...), its N
+longest kernels, the FLOPs of one call as the variant runs them (``network_flops``) and the convolutions'
+rate against a dense GEMM timed in the same run. Rows replayed as CUDA graphs are profiled as replays
+(the profiler traces the kernels of graph launches); where it saw less than half the measured time, the
+same inductor code compiled without graphs is profiled instead, and the row says so. ``--recipe`` is
+README's speed recipe at every case (compiled and replayed, channels_last, float16 inference, bfloat16
+training step), profiled.
 
 A training step is the forward, an L1 loss against a fixed random target and the backward (gradients
 set to None before each step); no optimizer step, which is the same for every variant. Under float16
@@ -67,7 +78,14 @@ QUICK_SIZES, QUICK_TRAIN_SIZES = "1x32x32", "2x32x32"
 QUICK_VARIANTS = (BASELINE, "fused-fp32", "fused-bf16-cl", "graph-fp32")
 
 
-HEAD_LAYOUT_FLAGS = {"gr": "grouped", "bd": "block_diagonal", "ph": "per_head", "pd": "padded"}
+HEAD_LAYOUT_FLAGS = {"gr": "grouped", "bd": "block_diagonal", "ph": "per_head", "pd": "padded", "wd": "wide",
+                     "wg": "wide_grouped"}
+# --recipe: README's speed recipe, compiled and replayed as CUDA graphs in channels_last, float16 autocast
+# for inference and bfloat16 for the training step (the precision each of them is recommended in).
+RECIPE_VARIANTS = ("compiledgraph-fp16-cl", "compiledgraph-bf16-cl")
+RECIPE_PRECISION = {"inference": "fp16", "training": "bf16"}
+RECIPE_PROFILE_TOP = 10
+RECIPE_SIZES = "1x1088x1920,1x2176x3840"
 
 
 @dataclass(frozen=True)
@@ -84,16 +102,16 @@ class Variant:
 
 
 def parse_variant(name: str) -> Variant:
-    """``PATH-PRECISION[-cl][-gr|-bd|-ph|-pd]`` (see the module docstring)."""
+    """``PATH-PRECISION[-cl][-gr|-bd|-ph|-pd|-wd|-wg]`` (see the module docstring)."""
     parts = name.strip().split("-")
     flags = parts[2:]
     layouts = [HEAD_LAYOUT_FLAGS[f] for f in flags if f in HEAD_LAYOUT_FLAGS]
     if len(parts) < 2 or parts[0] not in PATHS or parts[1] not in PRECISIONS or len(layouts) > 1 or \
             any(f != "cl" and f not in HEAD_LAYOUT_FLAGS for f in flags) or len(set(flags)) != len(flags):
-        raise ValueError(f"variant {name!r}: expected PATH-PRECISION[-cl][-gr|-bd|-ph|-pd] with PATH one of {PATHS} "
-                         f"and PRECISION one of {tuple(PRECISIONS)}")
+        raise ValueError(f"variant {name!r}: expected PATH-PRECISION[-cl][-gr|-bd|-ph|-pd|-wd|-wg] with PATH one of "
+                         f"{PATHS} and PRECISION one of {tuple(PRECISIONS)}")
     if parts[0] == "unfused" and layouts:
-        raise ValueError(f"variant {name!r}: gr, bd, ph and pd are layouts of the fused heads")
+        raise ValueError(f"variant {name!r}: gr, bd, ph, pd, wd and wg are layouts of the fused heads")
     return Variant(name.strip(), parts[0], parts[1], "cl" in flags, layouts[0] if layouts else "auto")
 
 
@@ -141,6 +159,17 @@ class Row:
     # --profile: the kernels (CPU: the aten operators) of one call by self time, as _profile_kernels gives them.
     kernel_ms: Optional[float] = None
     kernels: List[dict] = field(default_factory=list)
+    profile_note: str = ""
+    # --profile: FLOPs of one call (training: forward and backward) as the variant runs them (padded
+    # channels and folded convolutions included), those of the convolutions, and of the original
+    # composition (EDSC(fused=False)); the convolution kernels' rate and its share of the GEMM peak.
+    flops: Optional[float] = None
+    conv_flops: Optional[float] = None
+    model_flops: Optional[float] = None
+    conv_ms: Optional[float] = None
+    conv_tflops: Optional[float] = None
+    peak_tflops: Optional[float] = None
+    conv_peak_fraction: Optional[float] = None
 
 
 def _output_deviation(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -208,41 +237,51 @@ def _run_variant(model: EDSC, case: Case, inputs: _Inputs, variant: Variant, ref
         with _autocast(device, variant.autocast_dtype):
             return model(first, second, time)
 
+    def compiled_net(mode: str) -> Callable:
+        compiled = torch.compile(forward, mode=None if mode == "default" else mode, backend=args.compile_backend,
+                                 dynamic=False)
+        if mode != "reduce-overhead":
+            return compiled
+
+        def replayed(first, second, time=None):
+            # A new iteration for the CUDA-graph trees: the last call's outputs may be overwritten.
+            torch.compiler.cudagraph_mark_step_begin()
+            return compiled(first, second, time)
+        return replayed
+
     net: Callable = forward
     if variant.path in ("compiled", "compiledgraph"):
         torch._dynamo.reset()
         mode = "reduce-overhead" if variant.path == "compiledgraph" else args.compile_mode
-        compiled = torch.compile(forward, mode=None if mode == "default" else mode, backend=args.compile_backend,
-                                 dynamic=False)
         row.note = f"torch.compile mode={mode}, backend={args.compile_backend}"
-        net = compiled
-        if variant.path == "compiledgraph":
-            def net(first, second, time=None):
-                # A new iteration for the CUDA-graph trees: the last call's outputs may be overwritten.
-                torch.compiler.cudagraph_mark_step_begin()
-                return compiled(first, second, time)
+        net = compiled_net(mode)
     captured = None
+    loss_scale = args.fp16_loss_scale if variant.autocast_dtype == torch.float16 else 1.0
     if case.kind == "inference":
         model.eval()
-
-        def step():
-            if captured is not None:
-                return captured(first, second, time_arg, copy=False)
-            with torch.no_grad():
-                return net(first, second, time_arg)
     else:
         model.train()
-        params = list(model.parameters())
-        loss_scale = args.fp16_loss_scale if variant.autocast_dtype == torch.float16 else 1.0
         if loss_scale != 1.0:
             row.note = "; ".join(filter(None, [row.note, f"loss scale {loss_scale:g}"]))
+    params = list(model.parameters())
 
-        def step():
-            for p in params:
-                p.grad = None
-            out = net(first, second, time_arg)
-            (F.l1_loss(out.float(), target) * loss_scale).backward()
-            return [p.grad for p in params]
+    def make_step(net: Callable) -> Callable[[], object]:
+        if case.kind == "inference":
+            def step():
+                if captured is not None:
+                    return captured(first, second, time_arg, copy=False)
+                with torch.no_grad():
+                    return net(first, second, time_arg)
+        else:
+            def step():
+                for p in params:
+                    p.grad = None
+                out = net(first, second, time_arg)
+                (F.l1_loss(out.float(), target) * loss_scale).backward()
+                return [p.grad for p in params]
+        return step
+
+    step = make_step(net)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     setup_start = time.perf_counter()
@@ -265,25 +304,110 @@ def _run_variant(model: EDSC, case: Case, inputs: _Inputs, variant: Variant, ref
         row.peak_mib = torch.cuda.max_memory_allocated(device) / 2 ** 20
     if args.profile:
         row.kernel_ms, row.kernels = _profile_kernels(step, device, args.profile_calls)
+        replayed = variant.path in ("compiledgraph", "graph") and device.type == "cuda"
+        if replayed:
+            row.profile_note = "CUDA-graph replays, their kernels as the profiler (CUPTI) traced them"
+        if variant.path == "compiledgraph" and device.type == "cuda" and not profile_complete(row.kernel_ms, row.ms,
+                                                                                              row.kernels):
+            # The profiler saw too little of the replayed graphs' kernels: the same inductor code
+            # compiled without CUDA graphs (mode "default") shows them all (a second compile).
+            graphless = make_step(compiled_net("default"))
+            graphless()
+            row.kernel_ms, row.kernels = _profile_kernels(graphless, device, args.profile_calls)
+            row.profile_note = ("the CUDA-graph replays hid kernels from the profiler: profiled the same inductor "
+                                "code compiled without CUDA graphs (mode default)")
+        add_flop_rates(row, model, case, variant.head_layout, variant.path in ("compiled", "compiledgraph"),
+                       args.peak_tflops.get(variant.precision))
     return row
 
 
-# What a kernel (or, on the CPU, an operator) is, by the first pattern its lower-cased name holds.
-# Triton's come first: inductor names them after every operator they fused (a ReLU after a
-# convolution is "triton_poi_fused_convolution_relu_..."), not after what they compute.
-KERNEL_KINDS = (("Triton (inductor)", ("triton",)),
-                ("edsc_ext op", ("deform_sepconv",)),
+def profile_complete(kernel_ms: Optional[float], ms: Optional[float], kernels: Sequence[dict]) -> bool:
+    """Whether a profile of a CUDA call saw its work: kernels adding up to half its measured time at least,
+    convolutions among them (a profile of CUDA-graph replays that the profiler could not trace sees none)."""
+    if not kernel_ms or not ms:
+        return False
+    return kernel_ms >= 0.5 * ms and any(k["kind"] in CONVOLUTION_KINDS for k in kernels)
+
+
+def network_flops(model: EDSC, case: Case, head_layout: str = "auto", compiled: bool = False,
+                  fused: bool = True) -> Dict[str, float]:
+    """FLOPs (two per multiply-add) of one call of a network like ``model`` at ``case``'s size, training:
+    forward and backward, as it runs on CUDA with ``head_layout`` ("auto" resolved as on CUDA, compiled
+    or not) and ``fused`` (False: the original composition): ``{"total": ..., "convolution": ...}``,
+    counted by ``torch.utils.flop_counter.FlopCounterMode`` on meta tensors (no device work). Padded
+    channels and folded convolutions count: they are the arithmetic the device does."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from ..models.networks import auto_head_layout
+
+    training = case.kind == "training"
+    layout = head_layout if head_layout != "auto" else auto_head_layout("cuda", training, compiled)
+    with torch.device("meta"):
+        twin = EDSC(kernel_size=model.kernel_size, multiple=model.multiple, sampling=model.sampling,
+                    het_p=model.moduleConv1[2].groups, use_bias=model.use_bias, fused=fused, head_layout=layout)
+        first, second, target = (torch.empty(case.n, 3, case.h, case.w) for _ in range(3))
+        time_arg = torch.full((case.n,), 0.5) if model.multiple else None
+    with FlopCounterMode(display=False) as counter:
+        if training:
+            F.l1_loss(twin(first, second, time_arg), target).backward()
+        else:
+            with torch.no_grad():
+                twin(first, second, time_arg)
+    counts = counter.get_flop_counts().get("Global", {})
+    return {"total": float(counter.get_total_flops()),
+            "convolution": float(sum(v for op, v in counts.items() if "convolution" in str(op)))}
+
+
+def add_flop_rates(row: Row, model: EDSC, case: Case, head_layout: str, compiled: bool,
+                   peak_tflops: Optional[float]) -> None:
+    """Fills ``row``'s FLOPs, its convolution kernels' time and rate, and that rate's share of
+    ``peak_tflops`` (the dense GEMM rate measured in the same run)."""
+    executed = network_flops(model, case, head_layout, compiled)
+    row.flops, row.conv_flops = executed["total"], executed["convolution"]
+    row.model_flops = network_flops(model, case, fused=False)["total"]
+    conv_ms = sum(k["ms"] for k in row.kernels if k["kind"] in CONVOLUTION_KINDS)
+    if conv_ms > 0:
+        row.conv_ms = conv_ms
+        row.conv_tflops = row.conv_flops / (conv_ms * 1e-3) / 1e12
+        if peak_tflops:
+            row.peak_tflops = peak_tflops
+            row.conv_peak_fraction = row.conv_tflops / peak_tflops
+
+
+# What a kernel (or, on the CPU, an operator) is: its family, by the first pattern its lower-cased name
+# holds. Inductor's Triton kernels are named after every operator they fused (a ReLU after a convolution
+# is "triton_poi_fused_convolution_relu_..."), not after what they compute, so they are told apart by
+# their own name parts first: templates ("triton_tem_", convolutions and matrix products under
+# max-autotune), upsamplings (inductor writes bilinear upsampling as indexed loads, "_unsafe_index"),
+# poolings, and the rest, elementwise work with what it fused. Layout conversions (cuDNN's NCHW <-> NHWC
+# transposes and channel padding) come before the convolutions, whose patterns are broad.
+TRITON_KINDS = (("convolution (Triton template)", ("triton_tem",)),
+                ("Triton: upsampling", ("upsample", "unsafe_index")),
+                ("Triton: pooling", ("avg_pool", "max_pool")),
+                ("Triton: reductions", ("triton_red", "triton_per")))
+KERNEL_KINDS = (("edsc_ext op", ("deform_sepconv",)),
+                ("layout conversion", ("nchwtonhwc", "nhwctonchw", "nchw2nhwc", "nhwc2nchw", "addpadding",
+                                       "transpose")),
                 ("convolution, weight gradient", ("wgrad", "convolution_backward_weight")),
                 ("convolution, data gradient", ("dgrad", "convolution_backward_input")),
                 ("convolution", ("fprop", "implicit_gemm", "conv", "xmma", "cutlass", "gemm")),
                 ("upsampling", ("upsample",)),
                 ("pooling", ("pool",)),
-                ("layout and copies", ("copy", "nchwtonhwc", "nhwctonchw", "transpose", "cat", "pad")),
+                ("copies", ("copy", "memcpy", "cat", "pad")),
+                ("memset and fill", ("memset", "fill")),
                 ("reductions", ("reduce", "sum")))
+# The families whose time is convolution arithmetic (the FLOP rate's denominator).
+CONVOLUTION_KINDS = ("convolution", "convolution, weight gradient", "convolution, data gradient",
+                     "convolution (Triton template)")
 
 
 def kernel_kind(name: str) -> str:
     lowered = name.lower()
+    if "triton" in lowered:
+        for kind, patterns in TRITON_KINDS:
+            if any(pattern in lowered for pattern in patterns):
+                return kind
+        return "Triton: elementwise (fused)"
     for kind, patterns in KERNEL_KINDS:
         if any(pattern in lowered for pattern in patterns):
             return kind
@@ -394,8 +518,8 @@ def render(meta: dict, rows: Sequence[Row]) -> str:
              "torch.compile of it (setup s: the first call, compile included); compiledgraph = torch.compile "
              "in mode reduce-overhead (CUDA graphs); graph = EDSC.capture replay "
              "(setup s: warm-up and capture); fp16/bf16 = autocast; cl = channels_last; heads gr = grouped, "
-             "bd = block-diagonal, ph = per head, pd = padded, none = auto (padded on CUDA for inference and "
-             "under torch.compile, per head otherwise)", "",
+             "bd = block-diagonal, ph = per head, pd = padded, wd = wide, wg = wide grouped, none = auto "
+             "(padded on CUDA for inference and under torch.compile, per head otherwise)", "",
              "| model | case | variant | ms | frames/s | peak MiB | setup s | max rel. dev. | note |",
              "|---|---|---|---:|---:|---:|---:|---:|---|"]
     for r in rows:
@@ -410,14 +534,58 @@ def render(meta: dict, rows: Sequence[Row]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _gflop(value: Optional[float]) -> str:
+    return "n/a" if value is None else f"{value / 1e9:.4g}"
+
+
+def kind_totals(kernels: Sequence[dict]) -> Dict[str, float]:
+    """Milliseconds per kernel family, longest first."""
+    totals: Dict[str, float] = {}
+    for k in kernels:
+        totals[k["kind"]] = totals.get(k["kind"], 0.0) + k["ms"]
+    return dict(sorted(totals.items(), key=lambda item: -item[1]))
+
+
+def render_families(rows: Sequence[Row]) -> List[str]:
+    """One line per profiled row: its measured time, kernel time, FLOPs, the convolutions' rate and share of
+    the GEMM peak, and its kernel time by family (one column each)."""
+    families: Dict[str, float] = {}
+    for r in rows:
+        for kind, ms in kind_totals(r.kernels).items():
+            families[kind] = families.get(kind, 0.0) + ms
+    order = sorted(families, key=lambda kind: -families[kind])
+    lines = ["| model | case | variant | ms | kernel ms | GFLOP as run | GFLOP original | conv ms | conv TFLOP/s | "
+             "% of GEMM peak | " + " | ".join(order) + " |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(order)]
+    for r in rows:
+        totals = kind_totals(r.kernels)
+        share = "n/a" if r.conv_peak_fraction is None else f"{100 * r.conv_peak_fraction:.0f}%"
+        lines.append(f"| {r.model} | {r.case} | {r.variant} | {_fmt(r.ms)} | {_fmt(r.kernel_ms)} | "
+                     f"{_gflop(r.flops)} | {_gflop(r.model_flops)} | {_fmt(r.conv_ms)} | "
+                     f"{'n/a' if r.conv_tflops is None else f'{r.conv_tflops:.3g}'} | "
+                     f"{share} | " + " | ".join(f"{totals[kind]:.2f}" if kind in totals else "-" for kind in order)
+                     + " |")
+    return lines
+
+
 def render_profiles(meta: dict, rows: Sequence[Row]) -> List[str]:
-    """Per profiled row: its kernel time by kind, then its longest kernels (--profile N of them)."""
+    """The rows' kernel families side by side, then per profiled row: its kernel time by kind, then its
+    longest kernels (--profile N of them)."""
     what = "kernels" if meta["device_type"] == "cuda" else "aten operators (self CPU time)"
-    lines = ["", f"## Where the time goes (torch.profiler over {meta['profile_calls']} calls; {what}, per call)"]
+    peaks = ", ".join(f"{name} {value:.3g} TFLOP/s" for name, value in meta.get("peak_tflops", {}).items())
+    lines = ["", f"## Where the time goes (torch.profiler over {meta['profile_calls']} calls; {what}, per call)", "",
+             f"- dense GEMM rate measured in this run (the peak the convolutions are compared with): {peaks or 'n/a'}",
+             "- GFLOP as run: two per multiply-add of one call (training: forward and backward), counted by "
+             "torch.utils.flop_counter on the network as the variant runs it (padded channels, folded "
+             "heterogeneous convolutions); original: the original composition (EDSC(fused=False))",
+             "- conv TFLOP/s: the convolutions' FLOPs over the convolution kernels' time", "",
+             *render_families(rows)]
     for r in rows:
         lines += ["", f"### {r.model} {r.case} {r.variant}: {r.kernel_ms:.2f} ms of {what} a call "
-                      f"({_fmt(r.ms)} ms measured)", "",
-                  "| kind | ms | share | launches |", "|---|---:|---:|---:|"]
+                      f"({_fmt(r.ms)} ms measured)", ""]
+        if r.profile_note:
+            lines += [f"Profiled: {r.profile_note}.", ""]
+        lines += ["| kind | ms | share | launches |", "|---|---:|---:|---:|"]
         kinds: Dict[str, List[dict]] = {}
         for k in r.kernels:
             kinds.setdefault(k["kind"], []).append(k)
@@ -477,6 +645,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="after timing each row, run it under torch.profiler and list where its time goes: "
                              "the kernel time by kind and the N longest kernels (CPU: aten operators)")
     parser.add_argument("--profile-calls", type=int, default=3, help="calls profiled per row (default %(default)s)")
+    parser.add_argument("--recipe", action="store_true",
+                        help="README's speed recipe at every case (--sizes default "
+                             f"{RECIPE_SIZES}): --variants (default "
+                             f"{','.join(RECIPE_VARIANTS)}) run where their precision is the recipe's for the "
+                             "case (float16 inference, bfloat16 training step), profiled (--profile "
+                             f"{RECIPE_PROFILE_TOP} unless given): kernel time by family, FLOPs, the convolutions' "
+                             "rate against the GEMM peak measured in the same run")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--markdown", default=None, metavar="PATH", help="also write the table to a file")
     parser.add_argument("--quiet", action="store_true",
@@ -500,10 +675,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for name in models:
             if name not in MODEL_NAMES:
                 raise ValueError(f"--models: {name!r} is not one of {MODEL_NAMES}")
-        names = args.variants if args.variants is not None else ",".join(QUICK_VARIANTS if args.quick else
-                                                                          DEFAULT_VARIANTS)
+        default_variants = RECIPE_VARIANTS if args.recipe else QUICK_VARIANTS if args.quick else DEFAULT_VARIANTS
+        names = args.variants if args.variants is not None else ",".join(default_variants)
         variants = [parse_variant(v) for v in names.split(",") if v.strip()]
-        sizes = args.sizes if args.sizes is not None else (QUICK_SIZES if args.quick else DEFAULT_SIZES)
+        sizes = args.sizes if args.sizes is not None else (
+            RECIPE_SIZES if args.recipe else QUICK_SIZES if args.quick else DEFAULT_SIZES)
         train_sizes = args.train_sizes if args.train_sizes is not None else (
             QUICK_TRAIN_SIZES if args.quick else DEFAULT_TRAIN_SIZES)
         cases = parse_sizes(sizes, "inference", "--sizes") + parse_sizes(train_sizes, "training", "--train-sizes")
@@ -513,6 +689,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
     if args.rounds < 1 or args.warmup < 1:
         parser.error(f"--rounds and --warmup must be at least 1, got {args.rounds} and {args.warmup}")
+    if args.recipe and args.profile == 0:
+        args.profile = RECIPE_PROFILE_TOP
     if args.profile < 0 or args.profile_calls < 1:
         parser.error(f"--profile must be at least 0 and --profile-calls at least 1, got {args.profile} and "
                      f"{args.profile_calls}")
@@ -535,10 +713,17 @@ def _run(args, models, variants, cases, device, argv) -> int:
             "weights": ", ".join(args.weights) if args.weights else f"random (seed {args.seed})",
             "sampling": args.sampling, "rounds": args.rounds, "warmup": args.warmup,
             "fp16_loss_scale": args.fp16_loss_scale, "cudnn_benchmark": torch.backends.cudnn.benchmark,
-            "profile_top": args.profile, "profile_calls": args.profile_calls,
+            "profile_top": args.profile, "profile_calls": args.profile_calls, "recipe": args.recipe,
             "torch": torch.__version__}
+    runs = [(case, variant) for case in cases for variant in variants
+            if not args.recipe or variant.precision == RECIPE_PRECISION[case.kind]]
+    args.peak_tflops = {}
+    if args.profile:
+        for precision in dict.fromkeys(variant.precision for _, variant in runs):
+            args.peak_tflops[precision] = harness.matmul_peak_tflops(device, PRECISIONS[precision] or torch.float32)
+    meta["peak_tflops"] = args.peak_tflops
     rows: List[Row] = []
-    total = len(models) * len(cases) * len(variants)
+    total = len(models) * len(runs)
     for name in models:
         if name in checkpoints:
             model = checkpoints[name]
@@ -548,7 +733,7 @@ def _run(args, models, variants, cases, device, argv) -> int:
         for index, case in enumerate(cases):
             inputs = _Inputs(case, device, args.seed + index)
             reference = _reference(model, case, inputs)
-            for variant in variants:
+            for variant in (variant for run_case, variant in runs if run_case is case):
                 try:
                     row = _run_variant(model, case, inputs, variant, reference, args, device)
                 except Exception as e:  # one failing variant (out of memory, a compile error) leaves the others

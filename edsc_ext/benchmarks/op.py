@@ -70,7 +70,8 @@ from edsc_ext.reference import deform_sepconv_grid_sample
 from . import harness
 from .harness import GB
 
-__all__ = ["Case", "CASES", "CPU_CASES", "floor_bytes", "grid_sample_memory_estimate", "deform_conv2d_memory_estimate",
+__all__ = ["Case", "CASES", "CPU_CASES", "floor_bytes", "gather_traffic", "grid_sample_memory_estimate",
+           "deform_conv2d_memory_estimate",
            "measure_copy_bandwidth", "time_fn", "check_peer", "check_baseline", "peer_skip_reason", "run",
            "to_markdown", "main"]
 
@@ -242,6 +243,34 @@ def floor_bytes(case: Case, dtype, backward: bool) -> int:
     frame_elements = (3 * i + 2 * o) if backward else (i + o)
     per_pixel_elements = 3 * p if backward else p
     return (frame_elements * _element_size(precision.frame) + per_pixel_elements * _element_size(precision.per_pixel))
+
+
+def gather_traffic(case: Case, dtype, channels_last: Optional[bool] = None) -> Dict[str, float]:
+    """The gather work of the bilinear taps, which the DRAM floor does not see: what any kernel that
+    samples every tap must serve from its caches, however well the frame itself stays cached.
+
+    Each of the ``S = N*KH*KW*H_out*W_out`` samples reads two rows of the frame, and in each row two
+    neighbouring pixels. A contiguous span of ``L`` bytes starting at a random element boundary
+    touches on average ``1 + (L - e) / 32`` 32-byte sectors (``e``: the frame's element size), so:
+
+    * NCHW: a span of ``2e`` a row and channel: ``2 (1 + e/32)`` sector requests a sample and channel,
+      ``2 C (1 + e/32) S`` in all (2.25 per sample and channel in float32);
+    * channels_last: a pixel's channels are adjacent, a span of ``2Ce`` a row:
+      ``2 (1 + (2C - 1) e / 32) S`` in all.
+
+    The backward gathers the same samples again (the per-pixel gradients need them) and adds each
+    sample's four corners to the input gradient: ``4 C S`` scattered additions (``atomics``), wherever
+    they are accumulated. Returns ``samples``, ``l1_sectors`` (forward) and ``l1_sectors_backward``,
+    ``atomics``; ``tools/roofline.py`` holds these against the kernels' measured counters.
+    """
+    precision = Precision.of(dtype)
+    e = _element_size(precision.frame)
+    nhwc = case.channels_last if channels_last is None else channels_last
+    samples = case.n * case.k * case.k * case.h * case.w
+    per_sample = 2 * (1 + (2 * case.c - 1) * e / 32) if nhwc else 2 * case.c * (1 + e / 32)
+    sectors = per_sample * samples
+    return {"samples": float(samples), "l1_sectors": sectors, "l1_sectors_backward": 2 * sectors,
+            "atomics": 4.0 * case.c * samples}
 
 
 def _element_size(dtype) -> int:
@@ -589,8 +618,14 @@ def run(device="cuda", dtypes: Sequence = DEFAULT_DTYPES, cases: Optional[Sequen
                                   memory_format="channels_last" if case_channels_last else "contiguous",
                                   input_bytes=input_bytes + (grad_out.numel() * grad_out.element_size()
                                                              if backward else 0))
+                    gathers = gather_traffic(case, dtype, case_channels_last)
+                    sectors = gathers["l1_sectors_backward" if backward else "l1_sectors"]
+                    common["gather_traffic"] = gathers
+                    note = f"bytes / copy bandwidth; taps: {sectors / 1e6:.3g} M sector requests"
+                    if backward:
+                        note += f", {gathers['atomics'] / 1e6:.3g} M input-gradient additions"
                     group = [dict(common, impl="floor", status="ok", ms=floor_ms, gbps=copy_bandwidth["gbps"],
-                                  pct_floor=100.0, peak_extra_bytes=None, note="bytes / copy bandwidth")]
+                                  pct_floor=100.0, peak_extra_bytes=None, note=note)]
                     for impl in impls:
                         bar.step(f"{case.name} {_dtype_name(dtype)} {pass_} {impl}")
                         row = dict(common, impl=impl, status="ok", ms=None, gbps=None, pct_floor=None,
@@ -709,6 +744,9 @@ def _header_lines(env: dict, bandwidth: dict, warmup: int, reps: int, options: S
         f"timing: median of {reps} runs after {warmup} warm-up runs",
         "floor = bytes that must move (inputs read once, outputs written once; see floor_bytes) / copy bandwidth; "
         "% of floor = floor ms / ms; GB/s = floor bytes / ms; fwd runs under no_grad, fwd+bwd computes all gradients",
+        "taps (the floor rows' notes) = the 32-byte sector requests the bilinear samples make of the caches and the "
+        "input gradient's scattered additions (gather_traffic), which the DRAM floor does not count; "
+        "tools/roofline.py holds them against ncu's counters",
     ] + [f"**{option}**" for option in options]
 
 

@@ -20,15 +20,25 @@ wide and grouped convolutions whose weights are the per-head parameters concaten
 (see :meth:`EDSC.fused_heads`). Nothing is stored twice: the state dict, training and checkpoints
 see only the original parameters. ``fused=False`` (or setting ``model.fused``) is the original
 code's composition, module by module. :meth:`EDSC.capture` replays a fixed-shape inference as a
-CUDA graph.
+CUDA graph; :func:`compile_edsc` is the compiled recipe (torch.compile of a function entering autocast,
+replayed as CUDA graphs).
+
+The speed options of issue #43 are explicit arguments, each off until measured on the H200
+(``tools/network_variants.py`` times them all in one run): ``head_layout="wide"`` (the eleven heads'
+first convolutions as one), ``half_upsampling`` (bilinear upsampling in the activations' half type
+under autocast, not float32), ``conv_relu`` (inference: cuDNN's fused convolution, bias and ReLU),
+``cache_weights`` (inference: the fused weights kept while the parameters are unchanged), and
+:func:`compile_edsc`'s ``cudnn_benchmark``, ``freezing`` and ``max_autotune``. The ``DEFAULT_*``
+constants below are their defaults: switching one is its line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -37,9 +47,10 @@ from torch import Tensor, nn
 from ..ops import deform_sepconv, natively_supported
 from .compat import compat_deform_sepconv
 
-__all__ = ["HetConv2d", "EDSC", "EDSC_s", "EDSC_m", "CapturedEDSC", "load_checkpoint", "save_checkpoint",
-           "read_checkpoint", "CheckpointError", "state_dict_of", "pad_to_multiple", "auto_head_layout", "upsample2x",
-           "SAMPLINGS", "MODEL_NAMES", "HEAD_LAYOUTS", "SIZE_MULTIPLE"]
+__all__ = ["HetConv2d", "EDSC", "EDSC_s", "EDSC_m", "CapturedEDSC", "CompiledEDSC", "compile_edsc",
+           "cudnn_autotuning", "load_checkpoint", "save_checkpoint", "read_checkpoint", "CheckpointError",
+           "state_dict_of", "pad_to_multiple", "auto_head_layout", "upsample2x", "SAMPLINGS", "MODEL_NAMES",
+           "HEAD_LAYOUTS", "SIZE_MULTIPLE"]
 
 SAMPLINGS = ("compat", "clean")
 # How the fused heads run: "grouped" (the first layers as one convolution, the others grouped),
@@ -52,7 +63,23 @@ SAMPLINGS = ("compat", "clean")
 # a multiple of CHANNEL_MULTIPLE by zero weights: cuDNN's tensor-core convolutions want channels in
 # multiples of 8 and otherwise pad copies of the tensors or take slower engines), or "auto": padded for
 # inference and compiled training on CUDA, per_head otherwise (auto_head_layout; BENCHMARKS.md, issue #20).
-HEAD_LAYOUTS = ("auto", "grouped", "block_diagonal", "per_head", "padded")
+# "wide" runs the first layers of all heads as one convolution (64 -> 11 x 64 channels: one GEMM wide enough
+# for the tensor cores, where eleven 64-wide ones reach a quarter of their rate) and the rest of each head
+# as "padded"; "wide_grouped" also runs the second layers as one grouped convolution (issue #43).
+HEAD_LAYOUTS = ("auto", "grouped", "block_diagonal", "per_head", "padded", "wide", "wide_grouped")
+# The layouts whose trunk's first convolution reads 8 channels (the frames' 6 and 2 zero ones).
+PADDED_LAYOUTS = ("padded", "wide", "wide_grouped")
+# The defaults of issue #43's speed options, each a one-line switch once the H200 has measured it
+# (tools/network_variants.py): what head_layout="auto" runs on CUDA for inference and for compiled
+# training, and the EDSC arguments half_upsampling, conv_relu and cache_weights; compile_edsc's and
+# EDSC.capture's cudnn_benchmark, and compile_edsc's freezing.
+DEFAULT_CUDA_INFERENCE_HEAD_LAYOUT = "padded"
+DEFAULT_CUDA_COMPILED_TRAINING_HEAD_LAYOUT = "padded"
+DEFAULT_HALF_UPSAMPLING = False
+DEFAULT_CONV_RELU = False
+DEFAULT_CACHE_WEIGHTS = False
+DEFAULT_CUDNN_BENCHMARK = False
+DEFAULT_FREEZING = False
 CHANNEL_MULTIPLE = 8
 MODEL_NAMES = ("EDSC_s", "EDSC_m")
 # Five 2x average poolings down to the bottleneck.
@@ -74,6 +101,84 @@ def block_diagonal(weight: Tensor, groups: int) -> Tensor:
     return torch.where(on_diagonal, blocks, 0).reshape(out_channels, groups * in_per_group, *kernel)
 
 
+def _autocast_dtype(device_type: str) -> Optional[torch.dtype]:
+    """The dtype autocast casts convolutions to on ``device_type`` now, or None where it is off."""
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+
+
+def _cached(owner: nn.Module, slot, params: Sequence[Tensor], make: Callable[[], Tuple[Tensor, ...]]
+            ) -> Tuple[Tensor, ...]:
+    """``make()``, the fused weights of ``owner`` computed from ``params``; with ``owner.cache_weights``
+    in inference (no gradients, not traced by torch.compile), the value of an earlier call instead,
+    already in autocast's dtype, while every parameter keeps its storage and version counter (an
+    optimizer step, ``load_state_dict`` or any in-place update bumps it; writes through ``.data`` do not,
+    and may then be missed: call :meth:`EDSC.clear_weight_cache` after those)."""
+    if not getattr(owner, "cache_weights", False) or torch.is_grad_enabled() or _is_compiling():
+        return make()
+    device_type = params[0].device.type
+    dtype = _autocast_dtype(device_type)
+    key = (dtype,) + tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
+    cache: Dict = owner.__dict__.setdefault("_weight_cache", {})
+    hit = cache.get(slot)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    value = tuple(v.detach() for v in make())
+    if dtype is not None:
+        value = tuple(v.to(dtype) if v.is_floating_point() else v for v in value)
+    # Kept in the parameters' memory format (a channels_last model's convolutions would copy others each call).
+    formats = {_memory_format(p) for p in params if p.dim() == 4 and p.shape[2] * p.shape[3] > 1}
+    if formats == {torch.channels_last}:
+        value = tuple(v.contiguous(memory_format=torch.channels_last) if v.dim() == 4 else v for v in value)
+    cache[slot] = (key, value)
+    return value
+
+
+def _stride_order_equal(a: Sequence[int], b: Sequence[int], shape: Sequence[int]) -> bool:
+    return all(x == y for x, y, n in zip(a, b, shape) if n > 1)
+
+
+@torch.library.custom_op("edsc_ext_models::conv2d_relu", mutates_args=())
+def _conv2d_relu_op(input: Tensor, weight: Tensor, bias: Tensor, padding: int, groups: int) -> Tensor:
+    """relu(conv2d(input, weight, bias)), stride 1: on CUDA cuDNN's fused convolution, bias and ReLU
+    (``torch.cudnn_convolution_relu``: one kernel, no separate ReLU pass over the output); elsewhere the
+    two operators. The output is in the input's memory format (as :func:`_conv2d_relu_fake` says).
+    (torch builds it as cuDNN's conv + 0 * z + bias -> ReLU with z its own uninitialised output; the CUDA
+    test leaves NaN where that output lands, so a kernel that read z would fail it.)"""
+    memory_format = _memory_format(input)
+    if input.is_cuda and torch.backends.cudnn.is_available():
+        out = torch.cudnn_convolution_relu(input.contiguous(memory_format=memory_format),
+                                           weight.contiguous(memory_format=memory_format), bias,
+                                           [1, 1], [padding, padding], [1, 1], groups)
+    else:
+        out = F.relu(F.conv2d(input, weight, bias, padding=padding, groups=groups))
+    wanted = torch.empty(out.shape, device="meta", memory_format=memory_format).stride()
+    if out.stride() == wanted:
+        return out
+    if _stride_order_equal(out.stride(), wanted, out.shape):  # only the strides of size-1 dims differ
+        return out.as_strided(out.shape, wanted)
+    return out.contiguous(memory_format=memory_format)
+
+
+@_conv2d_relu_op.register_fake
+def _conv2d_relu_fake(input: Tensor, weight: Tensor, bias: Tensor, padding: int, groups: int) -> Tensor:
+    n, _, h, w = input.shape
+    out_h, out_w = h + 2 * padding - weight.shape[2] + 1, w + 2 * padding - weight.shape[3] + 1
+    return torch.empty((n, weight.shape[0], out_h, out_w), dtype=input.dtype, device=input.device,
+                       memory_format=_memory_format(input))
+
+
+def conv2d_relu(x: Tensor, weight: Tensor, bias: Tensor, padding: int, groups: int = 1) -> Tensor:
+    """``relu(conv2d(x, weight, bias, padding=padding, groups=groups))`` as one fused call (see
+    :func:`_conv2d_relu_op`), for inference: it has no gradient. Under autocast, in autocast's dtype, as
+    ``F.conv2d`` would run."""
+    dtype = _autocast_dtype(x.device.type)
+    if dtype is not None:
+        x, weight, bias = x.to(dtype), weight.to(dtype), bias.to(dtype)
+    # The weight in the input's memory format here, where torch.compile fuses it into the weight's making
+    # (or folds it, frozen), rather than a copy inside the op on every call.
+    return _conv2d_relu_op(x, weight.contiguous(memory_format=_memory_format(x)), bias, padding, groups)
+
+
 class HetConv2d(nn.Module):
     """The "efficient heterogeneous" convolution of EDSC: a grouped KxK convolution with ``p`` groups,
     plus a 1x1 convolution, minus a grouped 1x1 convolution (which the 1x1 already contains).
@@ -84,7 +189,8 @@ class HetConv2d(nn.Module):
     :meth:`forward_folded` on accelerators, where the dense convolution is faster, and
     :meth:`forward_grouped_and_1x1` on the CPU, where the dense one's ``p``-fold arithmetic costs
     more than the extra pass; ``fused=False`` runs the original's three convolutions
-    (:meth:`forward_unfused`).
+    (:meth:`forward_unfused`). ``cache_weights`` (set by :class:`EDSC`) keeps the folded weights for
+    inference while the parameters are unchanged (see :func:`_cached`).
     """
 
     def __init__(self, in_channels: int, out_channels: int, p: int = 4, kernel_size: int = 3, padding: int = 1):
@@ -97,6 +203,7 @@ class HetConv2d(nn.Module):
                              f"centre tap), got kernel_size={kernel_size}, padding={padding}")
         self.groups = p
         self.fused = True
+        self.cache_weights = False
         # The attribute names are the checkpoints' keys.
         self.conv3x3 = nn.Conv2d(in_channels, out_channels, kernel_size, padding=padding, groups=p)
         self.conv1x1_ = nn.Conv2d(in_channels, out_channels, 1, groups=p)
@@ -121,16 +228,23 @@ class HetConv2d(nn.Module):
         """The original's three convolutions."""
         return self.conv3x3(x) + self.conv1x1(x) - self.conv1x1_(x)
 
+    def dense_weight(self) -> Tuple[Tensor, Tensor]:
+        """:meth:`folded_weight`, or its cached value (``cache_weights``, inference)."""
+        return _cached(self, "folded", list(self.parameters()), self.folded_weight)
+
     def forward_folded(self, x: Tensor) -> Tensor:
         """One dense KxK convolution (:meth:`folded_weight`)."""
-        weight, bias = self.folded_weight()
+        weight, bias = self.dense_weight()
         return F.conv2d(x, weight, bias, padding=self.conv3x3.padding)
 
     def forward_grouped_and_1x1(self, x: Tensor) -> Tensor:
         """The grouped KxK convolution plus one dense 1x1 convolution holding both 1x1 terms."""
-        pointwise = self.conv1x1.weight - block_diagonal(self.conv1x1_.weight, self.groups)
-        bias = self.conv3x3.bias + self.conv1x1.bias - self.conv1x1_.bias
-        return torch.add(F.conv2d(x, self.conv3x3.weight, bias, padding=self.conv3x3.padding, groups=self.groups),
+        def make():
+            pointwise = self.conv1x1.weight - block_diagonal(self.conv1x1_.weight, self.groups)
+            return self.conv3x3.weight, pointwise, self.conv3x3.bias + self.conv1x1.bias - self.conv1x1_.bias
+
+        grouped, pointwise, bias = _cached(self, "grouped_and_1x1", list(self.parameters()), make)
+        return torch.add(F.conv2d(x, grouped, bias, padding=self.conv3x3.padding, groups=self.groups),
                          F.conv2d(x, pointwise))
 
     def forward(self, x: Tensor) -> Tensor:
@@ -200,7 +314,7 @@ def _upsample_axis_by_slices(x: Tensor, dim: int) -> Tensor:
     return torch.stack([even, odd], dim + 1).flatten(dim, dim + 1)
 
 
-def upsample2x(x: Tensor) -> Tensor:
+def upsample2x(x: Tensor, half: bool = False) -> Tensor:
     """EDSC's upsampling: bilinear, 2x, corners aligned (``F.interpolate``'s values).
 
     Compiled with gradients, it is written as shifted slices and weighted sums
@@ -209,12 +323,19 @@ def upsample2x(x: Tensor) -> Tensor:
     quarter of a compiled training step on CUDA (BENCHMARKS.md, issue #20). Everywhere else the
     native kernel runs, torch.export included: a program for inference, whose dynamic sizes the slices'
     views of n - 1 samples would specialise where n - 1 can be 1 (issue #36). Under CUDA autocast, as the
-    native operator, it computes and returns float32."""
+    native operator, it computes and returns float32; with ``half``, a float16 or bfloat16 ``x`` gives its
+    own dtype back (computed in float32 all the same, rounded once): the convolution after it would cast
+    the float32 result to that type anyway, so the values it reads are the same, without the float32
+    tensor of twice the bytes and its cast (issue #43)."""
+    keep = half and x.dtype in (torch.float16, torch.bfloat16)
     if not (x.device.type == "cuda" and _is_compiling() and not _is_exporting() and torch.is_grad_enabled()):
+        if keep and torch.is_autocast_enabled(x.device.type):
+            with torch.autocast(x.device.type, enabled=False):
+                return F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=True)
         return F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=True)
     memory_format, dtype = _memory_format(x), x.dtype
     if dtype in (torch.float16, torch.bfloat16):  # computed in float32, as the native kernel does
-        if torch.is_autocast_enabled("cuda"):  # CUDA autocast runs upsample_bilinear2d in float32
+        if torch.is_autocast_enabled("cuda") and not keep:  # CUDA autocast runs upsample_bilinear2d in float32
             dtype = torch.float32
         x = x.float()
     out = _upsample_axis_by_slices(_upsample_axis_by_slices(x, 2), 3)
@@ -222,10 +343,18 @@ def upsample2x(x: Tensor) -> Tensor:
 
 
 class Upsample2x(nn.Module):
-    """:func:`upsample2x` as a module (no state: the checkpoints' keys are unchanged)."""
+    """:func:`upsample2x` as a module (no state: the checkpoints' keys are unchanged); ``keep_half`` (set
+    by :class:`EDSC`'s ``half_upsampling``) keeps half-precision inputs in their dtype under autocast."""
+
+    def __init__(self):
+        super().__init__()
+        self.keep_half = False
+
+    def extra_repr(self) -> str:
+        return f"keep_half={self.keep_half}"
 
     def forward(self, x: Tensor) -> Tensor:
-        return upsample2x(x)
+        return upsample2x(x, self.keep_half)
 
 
 def _upsample() -> nn.Module:
@@ -254,8 +383,13 @@ def auto_head_layout(device_type: str, grad_enabled: bool, compiling: bool = Fal
     "per_head" otherwise. Measured on the H200 (BENCHMARKS.md, issue #20): padding wins inference
     (most in half precision and compiled) and the compiled training step (a quarter faster in
     bfloat16: no padding copies inside cuDNN, fewer launches), not the eager training step, whose
-    backward convolutions it made slower in float16."""
-    return "padded" if device_type == "cuda" and (compiling or not grad_enabled) else "per_head"
+    backward convolutions it made slower in float16. (The CUDA layouts are
+    ``DEFAULT_CUDA_INFERENCE_HEAD_LAYOUT`` and ``DEFAULT_CUDA_COMPILED_TRAINING_HEAD_LAYOUT``.)"""
+    if device_type != "cuda":
+        return "per_head"
+    if not grad_enabled:
+        return DEFAULT_CUDA_INFERENCE_HEAD_LAYOUT
+    return DEFAULT_CUDA_COMPILED_TRAINING_HEAD_LAYOUT if compiling else "per_head"
 
 
 def _round_up(channels: int) -> int:
@@ -273,26 +407,40 @@ def _zero_channels(x: Tensor, count: int) -> Tensor:
     return torch.empty((n, count, h, w), dtype=x.dtype, device=x.device, memory_format=_memory_format(x)).zero_()
 
 
-def _padded_conv(x: Tensor, conv: nn.Conv2d, out_channels: int) -> Tensor:
+def _padded_weight(model: "EDSC", conv: nn.Conv2d, in_channels: int, out_channels: int) -> Tuple[Tensor, Tensor]:
+    """``conv``'s weight and bias zero-padded to ``in_channels`` inputs and ``out_channels`` outputs
+    (cached with ``model.cache_weights``)."""
+    def make():
+        extra_in, extra_out = in_channels - conv.in_channels, out_channels - conv.out_channels
+        if not (extra_in or extra_out):
+            return conv.weight, conv.bias
+        return (F.pad(conv.weight, (0, 0, 0, 0, 0, extra_in, 0, extra_out)), F.pad(conv.bias, (0, extra_out)))
+
+    return _cached(model, ("padded", id(conv), in_channels, out_channels), [conv.weight, conv.bias], make)
+
+
+def _padded_conv(model: "EDSC", x: Tensor, conv: nn.Conv2d, out_channels: int, relu: bool) -> Tensor:
     """``conv`` on ``x`` (which may carry zero channels past the conv's inputs), its weight zero-padded
-    to ``x``'s channels and ``out_channels`` outputs."""
-    extra_in = x.shape[1] - conv.in_channels
-    extra_out = out_channels - conv.out_channels
-    weight, bias = conv.weight, conv.bias
-    if extra_in or extra_out:
-        weight = F.pad(weight, (0, 0, 0, 0, 0, extra_in, 0, extra_out))
-        bias = F.pad(bias, (0, extra_out))
-    return F.conv2d(x, weight, bias, padding=conv.padding)
+    to ``x``'s channels and ``out_channels`` outputs; then the ReLU if ``relu``."""
+    weight, bias = _padded_weight(model, conv, x.shape[1], out_channels)
+    return model._conv(x, weight, bias, conv.padding[0], relu=relu)
 
 
-def _padded_head(head: nn.Sequential, x: Tensor) -> Tensor:
-    """``head(x)`` (a :func:`_head`) with its odd channel counts rounded up (see EDSC.padded_heads)."""
-    y = F.relu(_padded_conv(x, head[0], head[0].out_channels), inplace=True)
-    y = F.relu(_padded_conv(y, head[2], head[2].out_channels), inplace=True)
+def _padded_head(model: "EDSC", head: nn.Sequential, x: Tensor, start: int = 0) -> Tensor:
+    """``head(x)`` (a :func:`_head`) with its odd channel counts rounded up (see EDSC.padded_heads);
+    from its layer ``start`` on: 0, 2 (``x`` is the first layer's output after its ReLU) or 4 (the
+    second's)."""
+    if start not in (0, 2, 4):
+        raise ValueError(f"start must be 0, 2 or 4, got {start}")
+    y = x
+    if start == 0:
+        y = _padded_conv(model, y, head[0], head[0].out_channels, relu=True)
+    if start <= 2:
+        y = _padded_conv(model, y, head[2], head[2].out_channels, relu=True)
     k = head[4].out_channels
-    y = F.relu(_padded_conv(y, head[4], _round_up(k)), inplace=True)
+    y = _padded_conv(model, y, head[4], _round_up(k), relu=True)
     y = head[6](y)
-    y = _padded_conv(y, head[7], _round_up(k))[:, :k]
+    y = _padded_conv(model, y, head[7], _round_up(k), relu=False)[:, :k]
     return torch.sigmoid(y) if len(head) > 8 else y
 
 
@@ -326,12 +474,31 @@ class EDSC(nn.Module):
             switched at any time: both read the same parameters.
         head_layout: how the fused heads run: "auto" (the default: the layout measured fastest,
             "padded" for inference on CUDA and "per_head" otherwise), "grouped", "block_diagonal", "per_head"
-            (the heads one module at a time) or "padded" (one at a time, channel counts rounded up
-            to multiples of 8); see ``HEAD_LAYOUTS`` and :meth:`fused_heads`.
+            (the heads one module at a time), "padded" (one at a time, channel counts rounded up
+            to multiples of 8), "wide" (the first layers as one convolution, then as "padded") or
+            "wide_grouped" (the second layers too, as one grouped convolution); see ``HEAD_LAYOUTS``,
+            :meth:`fused_heads` and :meth:`wide_heads`.
+        half_upsampling: under autocast, the bilinear upsamplings return the activations' half type
+            (computed in float32 and rounded once: the values the next convolution reads are the same)
+            instead of float32; see :func:`upsample2x`.
+        conv_relu: in inference (no gradients; not under torch.export), each convolution followed by a
+            ReLU runs as one call, on CUDA cuDNN's fused convolution, bias and ReLU
+            (``torch.cudnn_convolution_relu``), so no separate pass reads and writes its output again;
+            the heterogeneous convolutions run folded then (on the CPU they keep their two convolutions,
+            cheaper there, and the ReLU after them its pass).
+        cache_weights: in eager inference (no gradients, not traced), keep the fused weights (folded,
+            padded, concatenated, cast to autocast's dtype) while the parameters keep their storage and
+            version; see :meth:`clear_weight_cache`. A graph captured with it reads the weights as
+            they were at capture.
+
+    All but ``kernel_size``, ``multiple`` and ``het_p`` are also attributes, which can be switched at
+    any time; none changes the state dict.
     """
 
     def __init__(self, kernel_size: int = 5, multiple: bool = False, sampling: str = "compat", het_p: int = 4,
-                 use_bias: bool = True, fused: bool = True, head_layout: str = "auto"):
+                 use_bias: bool = True, fused: bool = True, head_layout: str = "auto",
+                 half_upsampling: bool = DEFAULT_HALF_UPSAMPLING, conv_relu: bool = DEFAULT_CONV_RELU,
+                 cache_weights: bool = DEFAULT_CACHE_WEIGHTS):
         super().__init__()
         if sampling not in SAMPLINGS:
             raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
@@ -374,6 +541,9 @@ class EDSC(nn.Module):
         self.moduleMask2 = _head(head_in, k * k, sigmoid=True)
         self.moduleBias = _head(64, 3)
         self.fused = fused
+        self.half_upsampling = half_upsampling
+        self.conv_relu = conv_relu
+        self.cache_weights = cache_weights
 
     @property
     def name(self) -> str:
@@ -401,27 +571,99 @@ class EDSC(nn.Module):
                              "checkpoint['model_state']")
         return super().load_state_dict(state_dict, *args, **kwargs)
 
+    @property
+    def half_upsampling(self) -> bool:
+        """Whether the upsamplings keep half types under autocast; setting it switches every one."""
+        return self._half_upsampling
+
+    @half_upsampling.setter
+    def half_upsampling(self, value: bool) -> None:
+        self._half_upsampling = bool(value)
+        for module in self.modules():
+            if isinstance(module, Upsample2x):
+                module.keep_half = self._half_upsampling
+
+    @property
+    def cache_weights(self) -> bool:
+        """Whether eager inference keeps the fused weights (see :func:`_cached`); setting it switches every
+        HetConv2d too, and switching it off drops what was kept."""
+        return self._cache_weights
+
+    @cache_weights.setter
+    def cache_weights(self, value: bool) -> None:
+        self._cache_weights = bool(value)
+        for module in self.modules():
+            if isinstance(module, HetConv2d):
+                module.cache_weights = self._cache_weights
+        if not self._cache_weights:
+            self.clear_weight_cache()
+
+    def clear_weight_cache(self) -> None:
+        """Drops the weights ``cache_weights`` kept (needed only after writes that bypass the parameters'
+        version counters, such as through ``.data``)."""
+        for module in self.modules():
+            module.__dict__.pop("_weight_cache", None)
+
     def extra_repr(self) -> str:
         return (f"kernel_size={self.kernel_size}, multiple={self.multiple}, sampling={self.sampling!r}, "
-                f"fused={self.fused}, head_layout={self.head_layout!r}")
+                f"fused={self.fused}, head_layout={self.head_layout!r}, half_upsampling={self.half_upsampling}, "
+                f"conv_relu={self.conv_relu}, cache_weights={self.cache_weights}")
+
+    def _conv_relu_now(self) -> bool:
+        """Whether ``conv_relu`` applies to this call: fused, no gradients, not exported."""
+        return self.conv_relu and self.fused and not torch.is_grad_enabled() and not _is_exporting()
+
+    def _conv(self, x: Tensor, weight: Tensor, bias: Tensor, padding: int, relu: bool, groups: int = 1) -> Tensor:
+        """A stride-1 convolution of the fused path, then the ReLU if ``relu``: one fused call where
+        ``conv_relu`` applies (:func:`conv2d_relu`)."""
+        if relu and self._conv_relu_now():
+            return conv2d_relu(x, weight, bias, padding, groups)
+        y = F.conv2d(x, weight, bias, padding=padding, groups=groups)
+        return F.relu(y, inplace=True) if relu else y
+
+    def _run(self, sequence: nn.Sequential, x: Tensor) -> Tensor:
+        """``sequence(x)``; where ``conv_relu`` applies, each convolution (HetConv2d folded) and the ReLU
+        after it as one call."""
+        if not self._conv_relu_now():
+            return sequence(x)
+        modules = list(sequence)
+        i = 0
+        while i < len(modules):
+            module = modules[i]
+            followed_by_relu = i + 1 < len(modules) and isinstance(modules[i + 1], nn.ReLU)
+            # On the CPU a HetConv2d keeps its two convolutions (HetConv2d.forward: cheaper than the folded one).
+            if followed_by_relu and isinstance(module, HetConv2d) and x.device.type != "cpu":
+                x = conv2d_relu(x, *module.dense_weight(), module.conv3x3.padding[0])
+                i += 2
+            elif followed_by_relu and isinstance(module, nn.Conv2d):
+                weight, bias = _cached(self, ("conv", id(module)), [module.weight, module.bias],
+                                       lambda module=module: (module.weight, module.bias))
+                x = conv2d_relu(x, weight, bias, module.padding[0])
+                i += 2
+            else:
+                x = module(x)
+                i += 1
+        return x
 
     def features(self, first: Tensor, second: Tensor) -> Tensor:
-        """The U-Net: the 64-channel half-resolution feature the heads read. With the "padded" layout
-        (see ``head_layout``) the first convolution reads the two frames' 6 channels and 2 zero ones."""
-        if self.fused and self._layout(first) == "padded":
+        """The U-Net: the 64-channel half-resolution feature the heads read. With the "padded" and the
+        "wide" layouts (see ``head_layout``) the first convolution reads the two frames' 6 channels and 2
+        zero ones."""
+        if self.fused and self._layout(first) in PADDED_LAYOUTS:
             c = first.shape[1] + second.shape[1]
             x = torch.cat([first, second, _zero_channels(first, _round_up(c) - c)], 1)
-            conv1 = self.moduleConv1[1:](_padded_conv(x, self.moduleConv1[0], self.moduleConv1[0].out_channels))
+            conv1 = _padded_conv(self, x, self.moduleConv1[0], self.moduleConv1[0].out_channels, relu=True)
+            conv1 = self._run(self.moduleConv1[2:], conv1)
         else:
-            conv1 = self.moduleConv1(torch.cat([first, second], 1))
-        conv2 = self.moduleConv2(F.avg_pool2d(conv1, 2))
-        conv3 = self.moduleConv3(F.avg_pool2d(conv2, 2))
-        conv4 = self.moduleConv4(F.avg_pool2d(conv3, 2))
-        conv5 = self.moduleConv5(F.avg_pool2d(conv4, 2))
-        deconv5 = self.moduleUpsample5(self.moduleDeconv5(F.avg_pool2d(conv5, 2)))
-        deconv4 = self.moduleUpsample4(self.moduleDeconv4(deconv5 + conv5))
-        deconv3 = self.moduleUpsample3(self.moduleDeconv3(deconv4 + conv4))
-        deconv2 = self.moduleUpsample2(self.moduleDeconv2(deconv3 + conv3))
+            conv1 = self._run(self.moduleConv1, torch.cat([first, second], 1))
+        conv2 = self._run(self.moduleConv2, F.avg_pool2d(conv1, 2))
+        conv3 = self._run(self.moduleConv3, F.avg_pool2d(conv2, 2))
+        conv4 = self._run(self.moduleConv4, F.avg_pool2d(conv3, 2))
+        conv5 = self._run(self.moduleConv5, F.avg_pool2d(conv4, 2))
+        deconv5 = self._run(self.moduleUpsample5, self._run(self.moduleDeconv5, F.avg_pool2d(conv5, 2)))
+        deconv4 = self._run(self.moduleUpsample4, self._run(self.moduleDeconv4, deconv5 + conv5))
+        deconv3 = self._run(self.moduleUpsample3, self._run(self.moduleDeconv3, deconv4 + conv4))
+        deconv2 = self._run(self.moduleUpsample2, self._run(self.moduleDeconv2, deconv3 + conv3))
         return deconv2 + conv2
 
     def unfused_heads(self, combine: Tensor, time: Union[float, Tensor, None] = None
@@ -465,6 +707,8 @@ class EDSC(nn.Module):
             return self.unfused_heads(combine, time)
         if layout == "padded":
             return self.padded_heads(combine, time)
+        if layout in ("wide", "wide_grouped"):
+            return self.wide_heads(combine, time)
         if self.multiple:
             # A materialised one-channel map is contiguous in both memory formats, so the
             # concatenation keeps the feature's (an expanded one would make it NCHW).
@@ -508,9 +752,58 @@ class EDSC(nn.Module):
             in1, in2 = torch.cat([combine, t, zeros], 1), torch.cat([combine, 1 - t, zeros], 1)
         else:
             in1 = in2 = combine
-        frame1 = tuple(_padded_head(getattr(self, name), in1) for name in FRAME_HEADS[0])
-        frame2 = tuple(_padded_head(getattr(self, name), in2) for name in FRAME_HEADS[1])
-        return frame1, frame2, _padded_head(self.moduleBias, combine) if self.use_bias else None
+        frame1 = tuple(_padded_head(self, getattr(self, name), in1) for name in FRAME_HEADS[0])
+        frame2 = tuple(_padded_head(self, getattr(self, name), in2) for name in FRAME_HEADS[1])
+        return frame1, frame2, _padded_head(self, self.moduleBias, combine) if self.use_bias else None
+
+    def wide_heads(self, combine: Tensor, time: Union[float, Tensor, None] = None
+                   ) -> Tuple[HeadOutputs, HeadOutputs, Optional[Tensor]]:
+        """The heads as :meth:`padded_heads`, with the first layers of all of them as one convolution
+        (``head_layout="wide"``): 64 input channels (EDSC_m: the feature, t, 1 - t and zeros to 72, each
+        head's weight holding its time column at the map its frame reads, as in :meth:`fused_heads`) to
+        11 x 64 outputs, one GEMM of 704 columns where the per-head layouts run eleven of 64. Each head's
+        ReLU reads its 64-channel slice of that output and writes it dense, so the pass the per-head
+        layouts spend on the ReLU also makes the next convolution's input; the rest of each head runs
+        as :meth:`padded_heads`. With ``head_layout="wide_grouped"`` the second layers run as one
+        grouped convolution (11 groups of 64 -> 32) too, and the ReLU after it splits the heads."""
+        names = FRAME_HEADS[0] + FRAME_HEADS[1] + (("moduleBias",) if self.use_bias else ())
+        heads = [getattr(self, name) for name in names]
+        if self.multiple:
+            # [feature, t, 1 - t, zeros]: a materialised map is contiguous in both memory formats, so the
+            # concatenation keeps the feature's.
+            c = combine.shape[1] + 2
+            t = self._time_map(time, combine).contiguous(memory_format=_memory_format(combine))
+            x = torch.cat([combine, t, 1 - t, _zero_channels(combine, _round_up(c) - c)], 1)
+            reads = (1,) * len(FRAME_HEADS[0]) + (2,) * len(FRAME_HEADS[1]) + (0,) * self.use_bias
+        else:
+            x, reads = combine, (None,) * len(heads)
+        in_channels = x.shape[1]
+
+        def first_layers():
+            weights = []
+            for head, read in zip(heads, reads):
+                weight = head[0].weight if read is None else self._first_layer_weight(head[0].weight, read)
+                weights.append(F.pad(weight, (0, 0, 0, 0, 0, in_channels - weight.shape[1])))
+            return torch.cat(weights), torch.cat([head[0].bias for head in heads])
+
+        params = [p for head in heads for p in (head[0].weight, head[0].bias)]
+        weight, bias = _cached(self, ("wide", in_channels), params, first_layers)
+        grouped = self._layout(combine) == "wide_grouped"
+        y = self._conv(x, weight, bias, heads[0][0].padding[0], relu=grouped)
+        start = 2
+        if grouped:
+            def second_layers():
+                return (torch.cat([head[2].weight for head in heads]), torch.cat([head[2].bias for head in heads]))
+
+            params = [p for head in heads for p in (head[2].weight, head[2].bias)]
+            weight, bias = _cached(self, "wide_second", params, second_layers)
+            y = F.conv2d(y, weight, bias, padding=heads[0][2].padding[0], groups=len(heads))
+            start = 4
+        widths = [head[start].in_channels for head in heads]
+        parts = [F.relu(part) for part in y.split(widths, 1)]  # dense per head: the next convolution's input
+        outputs = [_padded_head(self, head, part, start=start) for head, part in zip(heads, parts)]
+        n = len(FRAME_HEADS[0])
+        return tuple(outputs[:n]), tuple(outputs[n:2 * n]), outputs[2 * n] if self.use_bias else None
 
     def _layout(self, x: Tensor) -> str:
         """The head layout that runs on ``x`` now ("auto" resolved by :func:`auto_head_layout`)."""
@@ -616,11 +909,13 @@ class EDSC(nn.Module):
         return out[0] if single else out
 
     def capture(self, first: Tensor, second: Tensor, time: Union[float, Tensor, None] = None, *,
-                autocast_dtype: Optional[torch.dtype] = None, warmup: int = 3) -> "CapturedEDSC":
+                autocast_dtype: Optional[torch.dtype] = None, warmup: int = 3,
+                cudnn_benchmark: bool = DEFAULT_CUDNN_BENCHMARK) -> "CapturedEDSC":
         """A CUDA graph of this network's inference on frames of the shape, dtype, device and memory
         format of ``first`` and ``second`` (EDSC_m: and of ``time``'s shape), for frame loops;
         see :class:`CapturedEDSC`."""
-        return CapturedEDSC(self, first, second, time, autocast_dtype=autocast_dtype, warmup=warmup)
+        return CapturedEDSC(self, first, second, time, autocast_dtype=autocast_dtype, warmup=warmup,
+                            cudnn_benchmark=cudnn_benchmark)
 
 
 class CapturedEDSC:
@@ -634,10 +929,15 @@ class CapturedEDSC:
     the model (``.to``) or replacing a parameter needs a new capture. ``autocast_dtype`` (float16 or
     bfloat16) records the network under CUDA autocast. EDSC_m's time is always a static tensor, of
     the shape of the ``time`` given at capture (a float: one value for the batch).
+
+    ``cudnn_benchmark`` lets cuDNN time its algorithms for each convolution during the warm-up (see
+    :func:`cudnn_autotuning`); the graph keeps the ones it chose. With the model's ``cache_weights``, the
+    graph reads the weights kept at capture, and keeps them: later parameter updates are not seen.
     """
 
     def __init__(self, model: EDSC, first: Tensor, second: Tensor, time: Union[float, Tensor, None] = None, *,
-                 autocast_dtype: Optional[torch.dtype] = None, warmup: int = 3):
+                 autocast_dtype: Optional[torch.dtype] = None, warmup: int = 3,
+                 cudnn_benchmark: bool = DEFAULT_CUDNN_BENCHMARK):
         if first.device.type != "cuda":
             raise ValueError(f"capture needs frames on a CUDA device, got first on {first.device}")
         if first.shape != second.shape or first.dtype != second.dtype or first.device != second.device:
@@ -660,15 +960,21 @@ class CapturedEDSC:
         elif time is not None and not (isinstance(time, (int, float)) and time == 0.5):
             raise ValueError("EDSC_s interpolates the midpoint only; capture it with time=None")
         # Side-stream warm-up, as torch.cuda.graphs asks: lazy initialisation stays out of the graph.
-        stream = torch.cuda.Stream(device=first.device)
-        stream.wait_stream(torch.cuda.current_stream(first.device))
-        with torch.cuda.stream(stream):
-            for _ in range(warmup):
-                self._run()
-        torch.cuda.current_stream(first.device).wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.output = self._run()
+        with cudnn_autotuning(cudnn_benchmark):
+            stream = torch.cuda.Stream(device=first.device)
+            stream.wait_stream(torch.cuda.current_stream(first.device))
+            with torch.cuda.stream(stream):
+                for _ in range(warmup):
+                    self._run()
+            torch.cuda.current_stream(first.device).wait_stream(stream)
+            self.graph = torch.cuda.CUDAGraph()
+            # A capture stream on the frames' device: torch.cuda.graph's default one is made once, on the
+            # device current at the first capture, and would leave a later capture on another GPU empty.
+            with torch.cuda.graph(self.graph, stream=torch.cuda.Stream(device=first.device)):
+                self.output = self._run()
+        # The graph reads the kept weights by address: hold them for its life (cache_weights).
+        self._weights = [cached for module in model.modules()
+                         for _, cached in module.__dict__.get("_weight_cache", {}).values()]
 
     def _run(self) -> Tensor:
         # The autocast cache holds casts made outside the graph's memory pool: off while capturing.
@@ -695,6 +1001,86 @@ class CapturedEDSC:
         self.second.copy_(second, non_blocking=True)
         self.graph.replay()
         return self.output.clone() if copy else self.output
+
+
+@contextlib.contextmanager
+def cudnn_autotuning(on: bool) -> Iterator[None]:
+    """``torch.backends.cudnn.benchmark`` on inside the block when ``on`` (else as the process set it),
+    and restored after: cuDNN then times its algorithms for each new convolution shape and keeps the
+    fastest, for the block only."""
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = before or bool(on)
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = before
+
+
+class CompiledEDSC:
+    """README's speed recipe: ``torch.compile`` of a function that enters autocast itself (so that the
+    half type is part of the compiled graph; entered around a compiled model, torch's compile caches could
+    hand a float16 graph to a bfloat16 run, pytorch/pytorch#181564) and calls ``model``, replayed as CUDA
+    graphs (``cuda_graphs``, what mode "reduce-overhead" turns on: inductor's ``triton.cudagraphs``).
+    ``compiled(first, second[, time])`` calls it; with graphs, each call starts a new graph step
+    (``torch.compiler.cudagraph_mark_step_begin``), so the output is overwritten by the next call: clone
+    what you keep. Under gradients it is a training step's forward (its backward is compiled and replayed
+    too).
+
+    Options, each a candidate speed-up (issue #43, timed by ``tools/network_variants.py``):
+
+    - ``cudnn_benchmark``: cuDNN times its algorithms during each call (:func:`cudnn_autotuning`); the
+      graphs keep the ones chosen at their warm-up. A training step's backward runs outside the call:
+      enter ``cudnn_autotuning(True)`` around it too.
+    - ``freezing``: inductor's freezing (inference, compiled under ``torch.no_grad()``): the parameters
+      become constants of the compiled code, so the fused weights (folded, padded, concatenated, cast)
+      are computed once at compile time; later parameter updates are not seen (compile again).
+    - ``max_autotune``: inductor's autotuning of convolutions and matrix products (Triton templates
+      against cuDNN/cuBLAS), timed at compile time: minutes of compilation.
+
+    Compiles once per input shape (``dynamic=False``: a frame loop's fixed size); the first call's time
+    is the compile's.
+    """
+
+    def __init__(self, model: nn.Module, autocast_dtype: Optional[torch.dtype] = None, *, cuda_graphs: bool = True,
+                 cudnn_benchmark: bool = DEFAULT_CUDNN_BENCHMARK, freezing: bool = DEFAULT_FREEZING,
+                 max_autotune: bool = False, fullgraph: bool = False, backend: str = "inductor"):
+        if autocast_dtype not in (None, torch.float16, torch.bfloat16):
+            raise ValueError(f"autocast_dtype must be None, torch.float16 or torch.bfloat16, got {autocast_dtype}")
+        self.model = model
+        self.autocast_dtype = autocast_dtype
+        self.cuda_graphs = bool(cuda_graphs)
+        self.cudnn_benchmark = bool(cudnn_benchmark)
+        self.freezing = bool(freezing)
+        self.max_autotune = bool(max_autotune)
+        options: Dict[str, Any] = {"triton.cudagraphs": self.cuda_graphs}
+        if self.freezing:
+            options["freezing"] = True
+        if self.max_autotune:
+            options["max_autotune"] = True
+        self.options = options
+        # The options are inductor's configuration; other backends (tests trace with "aot_eager") take none.
+        self._compiled = torch.compile(self._forward, backend=backend, fullgraph=fullgraph, dynamic=False,
+                                       options=options if backend == "inductor" else None)
+
+    def _forward(self, first: Tensor, second: Tensor, time: Union[float, Tensor, None] = None) -> Tensor:
+        with torch.autocast(first.device.type, dtype=self.autocast_dtype or torch.float16,
+                            enabled=self.autocast_dtype is not None):
+            return self.model(first, second, time)
+
+    def __call__(self, first: Tensor, second: Tensor, time: Union[float, Tensor, None] = None) -> Tensor:
+        if self.cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        with cudnn_autotuning(self.cudnn_benchmark):
+            return self._compiled(first, second, time)
+
+
+def compile_edsc(model: nn.Module, autocast_dtype: Optional[torch.dtype] = torch.float16, *, cuda_graphs: bool = True,
+                 cudnn_benchmark: bool = DEFAULT_CUDNN_BENCHMARK, freezing: bool = DEFAULT_FREEZING,
+                 max_autotune: bool = False, fullgraph: bool = False, backend: str = "inductor") -> CompiledEDSC:
+    """The compiled recipe (:class:`CompiledEDSC`): float16 autocast by default (``torch.bfloat16`` for
+    training, ``None`` for float32). Put the model and the frames in channels_last first."""
+    return CompiledEDSC(model, autocast_dtype, cuda_graphs=cuda_graphs, cudnn_benchmark=cudnn_benchmark,
+                        freezing=freezing, max_autotune=max_autotune, fullgraph=fullgraph, backend=backend)
 
 
 def EDSC_s(**kwargs) -> EDSC:  # noqa: N802 (the paper's name)
