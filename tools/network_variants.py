@@ -7,9 +7,9 @@
 A variant is ``PATH:OPTION[+OPTION...]``. PATH: ``compiled`` (README's recipe, :func:`edsc_ext.models.compile_edsc`:
 torch.compile of a function entering autocast, replayed as CUDA graphs), ``graph`` (``EDSC.capture``: the eager
 network replayed as a CUDA graph, no compiler: a cheap screen of what changes the kernels) or ``eager``. OPTIONs
-(each an explicit argument of the model or of the recipe, off by default until measured):
+(each an explicit argument of the model or of the recipe):
 
-- ``base``: nothing changed (today's recipe: "auto" heads, padded on CUDA);
+- ``base``: the recipe before issue #43 (padded heads, every option off); ``default``: the model's defaults;
 - ``wide`` / ``widegrp`` / ``grouped`` / ``perhead`` / ``padded``: ``EDSC(head_layout=...)``: "wide", "wide_grouped",
   "grouped", "per_head", "padded";
 - ``halfup``: ``EDSC(half_upsampling=True)``; ``convrelu``: ``EDSC(conv_relu=True)`` (inference);
@@ -60,7 +60,7 @@ import torch.nn.functional as F
 
 from edsc_ext.benchmarks import harness
 from edsc_ext.benchmarks import networks as bench
-from edsc_ext.models import MODEL_NAMES, compile_edsc, cudnn_autotuning
+from edsc_ext.models import EDSC, MODEL_NAMES, compile_edsc, cudnn_autotuning
 
 PATHS = ("compiled", "graph", "eager")
 MODEL_OPTIONS = {"wide": {"head_layout": "wide"}, "widegrp": {"head_layout": "wide_grouped"},
@@ -126,6 +126,9 @@ def parse_variant(text: str) -> Variant:
     options: List[str] = []
     for option in rest.split("+"):
         if option == "base":
+            continue
+        if option == "default":
+            options.append(option)
             continue
         if option == "all":
             options += ALL[path]
@@ -211,7 +214,14 @@ def release_compiled() -> None:
 
 
 def _apply(model, options: Sequence[str]) -> None:
-    model.head_layout, model.half_upsampling, model.conv_relu, model.cache_weights = "auto", False, False, False
+    """The model as ``options`` say: "base" is the recipe before issue #43 (padded heads, every option off),
+    "default" the model's defaults (the DEFAULT_* constants of edsc_ext.models.networks)."""
+    if "default" in options:
+        defaults = EDSC()
+        model.head_layout, model.half_upsampling, model.conv_relu, model.cache_weights = (
+            defaults.head_layout, defaults.half_upsampling, defaults.conv_relu, defaults.cache_weights)
+        return
+    model.head_layout, model.half_upsampling, model.conv_relu, model.cache_weights = "padded", False, False, False
     for option in options:
         for key, value in MODEL_OPTIONS.get(option, {}).items():
             setattr(model, key, value)

@@ -86,6 +86,8 @@ def load_model(weights, model_name: Optional[str] = None, sampling: str = "compa
         raise UserError(f"{what}: not an EDSC checkpoint ({_checkpoint_problem(e)})") from None
     if model_name is not None and model.name != model_name:
         raise ValueError(f"--model {model_name} but the weights in {weights} are those of {model.name}")
+    # The tools' weights never change after loading: keep the fused weights instead of making them per call.
+    model.cache_weights = True
     return model.to(device).eval()
 
 

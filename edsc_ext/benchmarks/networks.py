@@ -329,6 +329,11 @@ def profile_complete(kernel_ms: Optional[float], ms: Optional[float], kernels: S
     return kernel_ms >= 0.5 * ms and any(k["kind"] in CONVOLUTION_KINDS for k in kernels)
 
 
+def _is_convolution(op_name: str) -> bool:
+    """Whether a FlopCounterMode key is a convolution: aten's, or the networks' fused ``conv2d_relu``."""
+    return "convolution" in op_name or op_name.endswith("conv2d_relu")
+
+
 def network_flops(model: EDSC, case: Case, head_layout: str = "auto", compiled: bool = False,
                   fused: bool = True) -> Dict[str, float]:
     """FLOPs (two per multiply-add) of one call of a network like ``model`` at ``case``'s size, training:
@@ -355,7 +360,7 @@ def network_flops(model: EDSC, case: Case, head_layout: str = "auto", compiled: 
                 twin(first, second, time_arg)
     counts = counter.get_flop_counts().get("Global", {})
     return {"total": float(counter.get_total_flops()),
-            "convolution": float(sum(v for op, v in counts.items() if "convolution" in str(op)))}
+            "convolution": float(sum(v for op, v in counts.items() if _is_convolution(str(op))))}
 
 
 def add_flop_rates(row: Row, model: EDSC, case: Case, head_layout: str, compiled: bool,

@@ -23,13 +23,13 @@ code's composition, module by module. :meth:`EDSC.capture` replays a fixed-shape
 CUDA graph; :func:`compile_edsc` is the compiled recipe (torch.compile of a function entering autocast,
 replayed as CUDA graphs).
 
-The speed options of issue #43 are explicit arguments, each off until measured on the H200
-(``tools/network_variants.py`` times them all in one run): ``head_layout="wide"`` (the eleven heads'
-first convolutions as one), ``half_upsampling`` (bilinear upsampling in the activations' half type
-under autocast, not float32), ``conv_relu`` (inference: cuDNN's fused convolution, bias and ReLU),
-``cache_weights`` (inference: the fused weights kept while the parameters are unchanged), and
-:func:`compile_edsc`'s ``cudnn_benchmark``, ``freezing`` and ``max_autotune``. The ``DEFAULT_*``
-constants below are their defaults: switching one is its line.
+The speed options of issue #43 are explicit arguments (``tools/network_variants.py`` times them all in
+one run): ``head_layout="wide"`` (on CUDA in inference, what "auto" runs: the eleven heads' first
+convolutions as one), ``half_upsampling`` (bilinear upsampling in the activations' half type under
+autocast, not float32), ``conv_relu`` (inference: cuDNN's fused convolution, bias and ReLU),
+on by default since they measured faster; ``cache_weights`` (inference: the fused weights kept while
+the parameters are unchanged; off, on in the tools) and :func:`compile_edsc`'s ``cudnn_benchmark``,
+``freezing`` and ``max_autotune``, off. The ``DEFAULT_*`` constants below are the defaults: switching one is its line.
 """
 
 from __future__ import annotations
@@ -73,10 +73,14 @@ PADDED_LAYOUTS = ("padded", "wide", "wide_grouped")
 # (tools/network_variants.py): what head_layout="auto" runs on CUDA for inference and for compiled
 # training, and the EDSC arguments half_upsampling, conv_relu and cache_weights; compile_edsc's and
 # EDSC.capture's cudnn_benchmark, and compile_edsc's freezing.
-DEFAULT_CUDA_INFERENCE_HEAD_LAYOUT = "padded"
+# On: what measured faster on the H200 for inference (BENCHMARKS.md, issue #43). Off: cache_weights (an edit
+# through .data would go unseen: the tools, whose weights never change, turn it on), cudnn_benchmark (no gain
+# measured) and freezing (a compiled model would ignore later weight updates); compiled training keeps
+# "padded" until its variants are measured.
+DEFAULT_CUDA_INFERENCE_HEAD_LAYOUT = "wide"
 DEFAULT_CUDA_COMPILED_TRAINING_HEAD_LAYOUT = "padded"
-DEFAULT_HALF_UPSAMPLING = False
-DEFAULT_CONV_RELU = False
+DEFAULT_HALF_UPSAMPLING = True
+DEFAULT_CONV_RELU = True
 DEFAULT_CACHE_WEIGHTS = False
 DEFAULT_CUDNN_BENCHMARK = False
 DEFAULT_FREEZING = False
@@ -102,8 +106,13 @@ def block_diagonal(weight: Tensor, groups: int) -> Tensor:
 
 
 def _autocast_dtype(device_type: str) -> Optional[torch.dtype]:
-    """The dtype autocast casts convolutions to on ``device_type`` now, or None where it is off."""
-    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+    """The dtype autocast casts convolutions to on ``device_type`` now, or None where it is off (or has no
+    autocast: meta tensors)."""
+    try:
+        enabled = torch.is_autocast_enabled(device_type)
+    except RuntimeError:  # a device type autocast does not know
+        return None
+    return torch.get_autocast_dtype(device_type) if enabled else None
 
 
 def _cached(owner: nn.Module, slot, params: Sequence[Tensor], make: Callable[[], Tuple[Tensor, ...]]
@@ -165,6 +174,23 @@ def _conv2d_relu_fake(input: Tensor, weight: Tensor, bias: Tensor, padding: int,
     out_h, out_w = h + 2 * padding - weight.shape[2] + 1, w + 2 * padding - weight.shape[3] + 1
     return torch.empty((n, weight.shape[0], out_h, out_w), dtype=input.dtype, device=input.device,
                        memory_format=_memory_format(input))
+
+
+def _register_conv2d_relu_flops() -> None:
+    """FlopCounterMode counts ``conv2d_relu`` as the convolution it is (the ReLU's comparisons are not
+    FLOPs there either), so the networks' FLOP figures do not depend on ``conv_relu``."""
+    from torch.utils.flop_counter import conv_flop_count, flop_registry, register_flop_formula
+
+    target = torch.ops.edsc_ext_models.conv2d_relu
+    if target in flop_registry:  # a reload of this module
+        return
+
+    @register_flop_formula(target)
+    def _conv2d_relu_flops(x_shape, w_shape, _bias, _padding, _groups, *, out_shape=None, **kwargs) -> int:
+        return conv_flop_count(x_shape, w_shape, out_shape, transposed=False)
+
+
+_register_conv2d_relu_flops()
 
 
 def conv2d_relu(x: Tensor, weight: Tensor, bias: Tensor, padding: int, groups: int = 1) -> Tensor:
@@ -379,12 +405,12 @@ def _head(in_channels: int, out_channels: int, sigmoid: bool = False) -> nn.Sequ
 
 
 def auto_head_layout(device_type: str, grad_enabled: bool, compiling: bool = False) -> str:
-    """What ``head_layout="auto"`` runs: "padded" on CUDA for inference and under torch.compile,
-    "per_head" otherwise. Measured on the H200 (BENCHMARKS.md, issue #20): padding wins inference
-    (most in half precision and compiled) and the compiled training step (a quarter faster in
-    bfloat16: no padding copies inside cuDNN, fewer launches), not the eager training step, whose
-    backward convolutions it made slower in float16. (The CUDA layouts are
-    ``DEFAULT_CUDA_INFERENCE_HEAD_LAYOUT`` and ``DEFAULT_CUDA_COMPILED_TRAINING_HEAD_LAYOUT``.)"""
+    """What ``head_layout="auto"`` runs: on CUDA ``DEFAULT_CUDA_INFERENCE_HEAD_LAYOUT`` for inference
+    and ``DEFAULT_CUDA_COMPILED_TRAINING_HEAD_LAYOUT`` for training under torch.compile, "per_head"
+    otherwise. Measured on the H200 (BENCHMARKS.md, issues #20 and #43): padded channel counts win
+    inference (most in half precision and compiled) and the compiled training step (no padding copies
+    inside cuDNN, fewer launches), not the eager training step, whose backward convolutions they made
+    slower in float16; the wide first layer wins inference on top of them."""
     if device_type != "cuda":
         return "per_head"
     if not grad_enabled:
