@@ -19,6 +19,9 @@ import subprocess
 CPU_SOURCE_GLOBS = ("src/*.cpp", "src/cpu/*.cpp", "src/cuda/*.cpp")
 CUDA_SOURCE_GLOBS = ("src/cuda/*.cu",)
 HEADER_GLOBS = ("include/edsc_ext/*.h", "src/*.h", "src/cpu/*.h", "src/cuda/*.h", "src/cuda/*.cuh")
+# The include folders of every build: include/ holds the C++ API (edsc_ext/edsc_ext.h and the
+# edsc_ext/spec.h it takes, the headers CMake installs), src/ the internal headers.
+INCLUDE_DIRS = ("include", "src")
 
 # Where an installed wheel keeps a copy of src/ and include/ for the JIT build.
 SHIPPED_SOURCES_DIR = "_csrc"

@@ -116,7 +116,7 @@ def load(verbose=False):
 
     macros = bs.stable_abi_macros() + (bs.arch_macros(arch_list) if with_cuda else [])
     sources = [os.path.join(root, s) for s in bs.source_files(root, with_cuda)]
-    include_dirs = [os.path.join(root, "include")] + (bs.pip_cuda_include_dirs() if with_cuda else [])
+    include_dirs = [os.path.join(root, d) for d in bs.INCLUDE_DIRS] + (bs.pip_cuda_include_dirs() if with_cuda else [])
     saved = {k: os.environ.get(k) for k in ("TORCH_CUDA_ARCH_LIST", "CUDA_HOME")}
     saved_cuda_home = cpp_extension.CUDA_HOME
     try:

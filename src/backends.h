@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "edsc_ext/ops.h"
+#include "ops.h"
 
 namespace edsc_ext {
 

@@ -9,10 +9,10 @@
 #include "backends.h"
 #include "cpu/cpu_plan.h"
 #include "cuda/cuda_plan.h"
-#include "edsc_ext/deform_sepconv_call.h"
-#include "edsc_ext/kernel_policy.h"
-#include "edsc_ext/ops.h"
-#include "edsc_ext/torch_stable.h"
+#include "deform_sepconv_call.h"
+#include "kernel_policy.h"
+#include "ops.h"
+#include "torch_stable.h"
 
 namespace edsc_ext {
 

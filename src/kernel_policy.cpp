@@ -1,6 +1,6 @@
 // The process-wide kernel policy (include/edsc_ext/kernel_policy.h), packed into one atomic word so
 // that a call reads all of it at once, without a lock.
-#include "edsc_ext/kernel_policy.h"
+#include "kernel_policy.h"
 
 #include <algorithm>
 #include <atomic>

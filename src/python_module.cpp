@@ -7,7 +7,7 @@
 #include <Python.h>
 #include <torch/headeronly/version.h>
 
-#include "edsc_ext/torch_stable.h"  // EDSC_EXT_STRINGIFY
+#include "torch_stable.h"  // EDSC_EXT_STRINGIFY
 
 #ifdef EDSC_EXT_WITH_CUDA
 #include <cuda.h>  // CUDA_VERSION of the toolkit this binary was built with

@@ -14,7 +14,7 @@
 #include <optional>
 #include <tuple>
 
-#include "edsc_ext/sampling.h"  // PaddingMode (kPaddingZeros, kPaddingBorder, kPaddingEdsc), kMaxKernelWidth
+#include "edsc_ext/spec.h"  // PaddingMode (kPaddingZeros, kPaddingBorder, kPaddingEdsc), kMaxKernelWidth
 
 namespace edsc_ext {
 

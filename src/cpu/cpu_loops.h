@@ -8,7 +8,7 @@
 #include <utility>
 
 #include "cpu_plan.h"
-#include "edsc_ext/ops.h"
+#include "ops.h"
 
 namespace edsc_ext {
 namespace {

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <string>
 
-#include "edsc_ext/deform_sepconv_call.h"
-#include "edsc_ext/kernel_policy.h"
+#include "deform_sepconv_call.h"
+#include "kernel_policy.h"
 
 // The wheels target the x86-64 baseline (SSE2); on x86-64 the loops are also compiled for AVX2 + FMA
 // (cpu_loops.h: run_avx2).

@@ -5,11 +5,11 @@
 #include <optional>
 #include <utility>
 
-#include "../backends.h"
+#include "backends.h"
 #include "cpu_plan.h"
-#include "edsc_ext/deform_sepconv_call.h"
-#include "edsc_ext/kernel_policy.h"
-#include "edsc_ext/ops.h"
+#include "deform_sepconv_call.h"
+#include "kernel_policy.h"
+#include "ops.h"
 
 namespace edsc_ext {
 // See run_deform_sepconv_backward_cpu (deform_sepconv_backward_loops_cpu.h) for how the work is split.

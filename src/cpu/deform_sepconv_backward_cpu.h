@@ -4,7 +4,7 @@
 #pragma once
 
 #include "cpu_plan.h"
-#include "edsc_ext/ops.h"
+#include "ops.h"
 
 namespace edsc_ext {
 

@@ -8,7 +8,7 @@
 
 #include "cpu_loops.h"
 #include "deform_sepconv_backward_cpu.h"
-#include "edsc_ext/deform_sepconv_call.h"
+#include "deform_sepconv_call.h"
 
 namespace edsc_ext {
 namespace cpu_backward {

@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <vector>
 
-#include "../backends.h"
+#include "backends.h"
 #include "cpu_loops.h"
 #include "cpu_plan.h"
-#include "edsc_ext/deform_sepconv_call.h"
-#include "edsc_ext/kernel_policy.h"
-#include "edsc_ext/ops.h"
+#include "deform_sepconv_call.h"
+#include "kernel_policy.h"
+#include "ops.h"
 
 namespace edsc_ext {
 namespace {

@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "cpu_plan.h"
-#include "edsc_ext/torch_stable.h"
+#include "torch_stable.h"
 
 namespace edsc_ext {
 namespace {

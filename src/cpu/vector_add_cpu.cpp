@@ -1,6 +1,6 @@
 // CPU kernel of vector_add, the smallest end-to-end example of the build and of dispatch.
-#include "../backends.h"
-#include "edsc_ext/kernel_dispatch.h"
+#include "backends.h"
+#include "kernel_dispatch.h"
 
 namespace edsc_ext {
 

@@ -10,9 +10,9 @@
 #include <cstdint>
 #include <string>
 
-#include "edsc_ext/deform_sepconv_call.h"
-#include "edsc_ext/kernel_policy.h"
-#include "edsc_ext/sampling.h"  // EDSC_HOST_DEVICE
+#include "deform_sepconv_call.h"
+#include "kernel_policy.h"
+#include "sampling.h"  // EDSC_HOST_DEVICE
 #include "launch.cuh"
 
 namespace edsc_ext {

@@ -5,9 +5,9 @@
 // bilinear one for the rest (deform_sepconv_backward_launch.cuh, compiled once per dtype).
 #include <limits>
 
-#include "../backends.h"
+#include "backends.h"
 #include "deform_sepconv_backward_cuda.cuh"
-#include "edsc_ext/ops.h"
+#include "ops.h"
 
 namespace edsc_ext {
 namespace {

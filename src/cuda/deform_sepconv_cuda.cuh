@@ -9,9 +9,9 @@
 
 #include "cuda_host.cuh"
 #include "cuda_plan.h"
-#include "edsc_ext/deform_sepconv_call.h"
-#include "edsc_ext/deform_sepconv_tensors.h"
-#include "edsc_ext/kernel_policy.h"
+#include "deform_sepconv_call.h"
+#include "deform_sepconv_tensors.h"
+#include "kernel_policy.h"
 #include "launch.cuh"
 
 namespace edsc_ext {

@@ -3,9 +3,9 @@
 // device is. plan_cuda_forward (cuda_plan.h) chooses the kernel; each family has its own
 // unit (deform_sepconv_forward_{grid_taps,staged,lane_pairs,pixels}_cuda.cu), the per-pixel work of
 // the bilinear ones from include/edsc_ext/deform_sepconv_pixel.h.
-#include "../backends.h"
+#include "backends.h"
 #include "deform_sepconv_forward_cuda.cuh"
-#include "edsc_ext/ops.h"
+#include "ops.h"
 
 namespace edsc_ext {
 

@@ -1,8 +1,8 @@
 // CUDA kernel of vector_add: the smallest example of the device rules every op here follows
 // (guard on the tensors' device, launch on that device's current stream, check the launch).
-#include "../backends.h"
+#include "backends.h"
 #include "cuda_host.cuh"
-#include "edsc_ext/kernel_dispatch.h"
+#include "kernel_dispatch.h"
 #include "launch.cuh"
 
 namespace edsc_ext {

@@ -8,8 +8,8 @@
 #include <array>
 #include <cstdint>
 
-#include "edsc_ext/deform_sepconv_tensors.h"
-#include "edsc_ext/kernel_policy.h"
+#include "deform_sepconv_tensors.h"
+#include "kernel_policy.h"
 
 namespace edsc_ext {
 

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "edsc_ext/deform_sepconv_tensors.h"
+#include "deform_sepconv_tensors.h"
 
 namespace edsc_ext {
 

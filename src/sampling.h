@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "edsc_ext/spec.h"  // PaddingMode, kMaxKernelWidth
+
 #if defined(__CUDACC__) || defined(__HIPCC__)
 #define EDSC_HOST_DEVICE __host__ __device__ __forceinline__
 #define EDSC_UNROLL _Pragma("unroll")
@@ -22,20 +24,6 @@
 #endif
 
 namespace edsc_ext {
-
-// The widest horizontal kernel (KW) the ops take: the backward keeps one accumulator per horizontal
-// tap; edsc_ext/ops.py has the same bound.
-constexpr int64_t kMaxKernelWidth = 128;
-
-// Integer codes of padding_mode; edsc_ext/ops.py (PADDING_MODES) holds the names.
-enum PaddingMode : int64_t {
-  kPaddingZeros = 0,   // outside pixels are 0
-  kPaddingBorder = 1,  // coordinates clamped into the image (replicate padding)
-  // The EDSC layer's sampling (edsc_ext/compat.py): border mode, except that a coordinate beyond
-  // the frame replicate-padded by the call's padding counts the border pixel twice along that axis.
-  // Its tap origin shift (edsc_tap_shift) is applied where the kernel parameters are made.
-  kPaddingEdsc = 2,
-};
 
 // The EDSC layer's first tap sits at 1 - (K-1)//2 relative to the output pixel in the padded
 // frame, one pixel before a centred kernel's at K=5.

@@ -15,7 +15,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "edsc_ext/torch_stable.h"
+#include "torch_stable.h"
 
 namespace edsc_ext {
 

@@ -6,9 +6,9 @@
 #include <cstdint>
 #include <optional>
 
-#include "edsc_ext/deform_sepconv_pixel.h"
-#include "edsc_ext/kernel_dispatch.h"
-#include "edsc_ext/torch_stable.h"
+#include "deform_sepconv_pixel.h"
+#include "kernel_dispatch.h"
+#include "torch_stable.h"
 
 namespace edsc_ext {
 

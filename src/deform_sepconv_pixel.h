@@ -5,7 +5,7 @@
 
 #include <cmath>
 
-#include "edsc_ext/sampling.h"
+#include "sampling.h"
 
 namespace edsc_ext {
 
