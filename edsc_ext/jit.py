@@ -37,7 +37,7 @@ def source_root():
     """The folder holding src/ and include/: the checkout, or the copy inside the installed package."""
     package = os.path.dirname(os.path.abspath(__file__))
     for root in (os.path.dirname(package), os.path.join(package, bs.SHIPPED_SOURCES_DIR)):
-        if os.path.isfile(os.path.join(root, "src", "deform_sepconv.cpp")) and os.path.isdir(
+        if os.path.isfile(os.path.join(root, "src", "registration.cpp")) and os.path.isdir(
                 os.path.join(root, "include", "edsc_ext")):
             return root
     raise RuntimeError("edsc_ext.jit: the C++/CUDA sources are not installed with this package; reinstall "

@@ -117,24 +117,19 @@ def test_raw_ops_check_shapes(gen):
     variants raise RuntimeError, ValueError or TypeError; any of them, never a crash)."""
     ERRORS = (RuntimeError, ValueError, TypeError)
     case = make_inputs(1, 2, 5, 6, 3, 3, 1, 1, generator=gen)
-    args = list(normalize_args(*case.tensors, **case.kwargs).op_args())
-    bad_offset = list(args)
-    bad_offset[3] = case.offset[:, :16]
+    args = normalize_args(*case.tensors, **case.kwargs).op_kwargs()
     with pytest.raises(ERRORS, match="offset"):
-        FORWARD(*bad_offset)
-    bad_kernel = list(args)
-    bad_kernel[5] = 4  # kernel_h disagrees with vertical
+        FORWARD(**{**args, "offset": case.offset[:, :16]})
     with pytest.raises(ERRORS):
-        FORWARD(*bad_kernel)
-    bad_mode = args[:-1] + [7]
+        FORWARD(**{**args, "kernel_h": 4})  # kernel_h disagrees with vertical
     with pytest.raises(ERRORS, match="padding"):
-        FORWARD(*bad_mode)
+        FORWARD(**{**args, "padding_mode": 7})
     with pytest.raises(ERRORS):
-        FORWARD(*args[:8], -1, *args[9:])  # negative padding
+        FORWARD(**{**args, "pad_w": -1})  # negative padding
+    with pytest.raises(ERRORS):  # grad_output of the wrong size
+        BACKWARD(grad_output=torch.zeros(1, 2, 4, 4, dtype=F64), **args, output_mask=[True] * 5)
     with pytest.raises(ERRORS):
-        BACKWARD(torch.zeros(1, 2, 4, 4, dtype=F64), *args, [True] * 5)  # grad_output of the wrong size
-    with pytest.raises(ERRORS):
-        FORWARD(case.input.float(), *args[1:])  # mixed dtypes
+        FORWARD(**{**args, "input": case.input.float()})  # mixed dtypes
 
 
 def test_does_not_modify_inputs(gen):
@@ -223,7 +218,7 @@ def test_channels_last(gen, layout, padding_mode, device):
     # it (the leaves' .grad then follow autograd's layout contract: each leaf's own strides).
     format = torch.channels_last if CHANNELS_LAST[layout][0] else torch.contiguous_format
     args = normalize_args(*odd.tensors, **odd.kwargs, padding_mode=padding_mode)
-    raw_grads = BACKWARD(default_grad_output(out.shape).to(out), *args.op_args(), [True] * 5)
+    raw_grads = BACKWARD(grad_output=default_grad_output(out.shape).to(out), **args.op_kwargs(), output_mask=[True] * 5)
     for name, t in zip(("output",) + ARG_NAMES, (out,) + tuple(raw_grads)):
         assert t.is_contiguous(memory_format=format), (name, t.stride())
     expected, expected_grads = reference_and_grads(case, padding_mode)
@@ -264,11 +259,11 @@ def test_layout_copies(gen, layout, device):
     if layout != "contiguous":
         as_cl = lambda t: t.contiguous(memory_format=torch.channels_last)  # noqa: E731
         case = case.replace(input=as_cl(case.input)) if layout == "input-only" else case.map(as_cl)
-    args = normalize_args(*case.tensors, **case.kwargs, padding_mode="zeros").op_args()
+    args = normalize_args(*case.tensors, **case.kwargs, padding_mode="zeros").op_kwargs()
     grad_output = torch.randn((2, 3, 9, 10), generator=gen, dtype=F32).to(device)
     if layout != "contiguous":
         grad_output = grad_output.contiguous(memory_format=torch.channels_last)
-    ops = _ops_run_by(lambda: (FORWARD(*args), BACKWARD(grad_output, *args, [True] * 5)))
+    ops = _ops_run_by(lambda: (FORWARD(**args), BACKWARD(grad_output=grad_output, **args, output_mask=[True] * 5)))
     assert {"edsc_ext::deform_sepconv_forward", "edsc_ext::deform_sepconv_backward"} <= ops, ops
     if layout == "input-only":
         assert ops & COPY_OPS, ops
@@ -311,12 +306,12 @@ def test_per_pixel_views(gen, layout, offsets, device):
     assert not any(v.is_contiguous(memory_format=fmt) for v in views)
     kwargs = dict(kernel_size=5, padding=2, padding_mode="border")
     normalized = normalize_args(frame, vertical, horizontal, offset, mask, **kwargs)
-    args, op_kwargs = normalized.op_args(), normalized.op_kwargs()
-    ops = _ops_run_by(lambda: FORWARD(*args, **op_kwargs))
+    op_kwargs = normalized.op_kwargs()
+    ops = _ops_run_by(lambda: FORWARD(**op_kwargs))
     assert not ops & COPY_OPS, sorted(ops & COPY_OPS)
     plan = edsc_ext._plan(frame, vertical, horizontal, offset, mask, **kwargs).forward
     assert (plan == "pixels_rgb") if device == "cuda" else plan.startswith("pixels/"), plan
-    out = FORWARD(*args, **op_kwargs)
+    out = FORWARD(**op_kwargs)
     assert out.is_contiguous(memory_format=fmt)
     assert_close(out, reference(dense, "border"), F32)
 
@@ -359,9 +354,9 @@ def test_cpu_views_without_offsets_take_the_per_pixel_loops(gen):
     isa = edsc_ext._plan(*case.tensors, **kwargs).forward.split("/")[1]
     assert edsc_ext._plan(*case.tensors, **kwargs).forward == "grid_taps_rows/" + isa
     assert edsc_ext._plan(*view.tensors, **kwargs).forward == "pixels/" + isa
-    args = normalize_args(*view.tensors, **kwargs).op_args()
-    assert not _ops_run_by(lambda: FORWARD(*args)) & COPY_OPS
-    assert_close(FORWARD(*args), reference(case, "border"), F32)
+    args = normalize_args(*view.tensors, **kwargs).op_kwargs()
+    assert not _ops_run_by(lambda: FORWARD(**args)) & COPY_OPS
+    assert_close(FORWARD(**args), reference(case, "border"), F32)
 
 
 def test_per_pixel_views_of_other_patterns_are_copied(gen):
@@ -371,9 +366,9 @@ def test_per_pixel_views_of_other_patterns_are_copied(gen):
     wide = torch.randn(2, 100, 9, 10, generator=gen)
     wide[:, 0::2] = case.offset
     odd = case.replace(offset=wide[:, 0::2])
-    args = normalize_args(*odd.tensors, **odd.kwargs, padding_mode="border").op_args()
-    assert _ops_run_by(lambda: FORWARD(*args)) & COPY_OPS
-    assert_close(FORWARD(*args), reference(case, "border"), F32)
+    args = normalize_args(*odd.tensors, **odd.kwargs, padding_mode="border").op_kwargs()
+    assert _ops_run_by(lambda: FORWARD(**args)) & COPY_OPS
+    assert_close(FORWARD(**args), reference(case, "border"), F32)
 
 
 # ---------------------------------------------------------------------------------------------
