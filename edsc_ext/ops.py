@@ -486,7 +486,7 @@ def _deform_sepconv_forward_fake(input, vertical, horizontal, offset, mask,
 
 
 def _in_layout_of(input, result):
-    """A channels_last input makes the call channels_last (wants_channels_last in src/deform_sepconv.cpp)."""
+    """A channels_last input makes the call channels_last (wants_channels_last in src/deform_sepconv_call.cpp)."""
     if (result.dim() == 4 and not input.is_contiguous()
             and input.is_contiguous(memory_format=torch.channels_last)):
         return result.contiguous(memory_format=torch.channels_last)
@@ -498,7 +498,7 @@ def _deform_sepconv_backward_fake(grad_output, input, vertical, horizontal, offs
                                   kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode,
                                   output_mask, offset_dx=None, deterministic=False):
     def like(t, wanted):
-        # Gradients that were not asked for come back as empty tensors (see src/deform_sepconv.cpp).
+        # Gradients that were not asked for come back as empty tensors (allocate_grads in src/deform_sepconv_call.cpp).
         return t.new_empty(t.shape) if (t is not None and wanted) else input.new_empty((0,))
 
     # Every requested gradient comes in the call's memory format, as the output does; output_mask[3]

@@ -278,7 +278,7 @@ def test_unbuilt_checkout_refuses_a_build_of_other_sources(tmp_path):
     checkout, site = _checkout_and_site(tmp_path)
     # An edit of the checkout's sources after the build: no installed build (this environment's own
     # included) was made from them any more.
-    with open(checkout / "src" / "deform_sepconv.cpp", "a") as f:
+    with open(checkout / "src" / "registration.cpp", "a") as f:
         f.write("// edited after the build\n")
     result = _python_in(checkout, "import edsc_ext", site)
     assert result.returncode != 0
@@ -559,7 +559,7 @@ def test_default_jobs_uses_the_cores():
 
 def test_sources_digest_follows_the_sources(tmp_path):
     root = tmp_path / "tree"
-    for rel in ("src/deform_sepconv.cpp", "src/cpu/a.cpp", "include/edsc_ext/a.h"):
+    for rel in ("src/registration.cpp", "src/cpu/a.cpp", "include/edsc_ext/a.h"):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(rel)
     digest = bs.sources_digest(str(root))
