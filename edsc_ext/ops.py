@@ -75,7 +75,10 @@ MIXED_PRECISION: Dict[torch.dtype, Tuple[torch.dtype, ...]] = {}
 for _frame, _per_pixel in SPEC.dtype_pairs:
     if _per_pixel != _frame:
         MIXED_PRECISION[_frame] = MIXED_PRECISION.get(_frame, ()) + (_per_pixel,)
-_FRAME_DTYPES = {frame for frame, _ in SPEC.dtype_pairs}
+# For the checks of every call: the spec's values as plain module constants (a set lookup, no attribute).
+_FRAME_DTYPES = frozenset(frame for frame, _ in SPEC.dtype_pairs)
+_DTYPE_PAIRS = frozenset(SPEC.dtype_pairs)
+_MIN_KERNEL_SIZE, _MIN_PADDING, _MIN_DILATION = SPEC.min_kernel_size, SPEC.min_padding, SPEC.min_dilation
 
 IntPair = Union[int, Sequence[int]]
 
@@ -112,10 +115,19 @@ class DeformSepconvArgs(NamedTuple):
         kwargs["padding_mode"] = PADDING_MODES[self.padding_mode]
         return kwargs
 
+    def op_args(self) -> tuple:
+        """The same values in the forward schema's order, which the fields follow (checked at import
+        against the schema's names): torch parses keyword arguments by name, a few µs a call."""
+        return (*self[:_PADDING_MODE], PADDING_MODES[self.padding_mode], *self[_PADDING_MODE + 1:])
+
     @property
     def output_size(self) -> Tuple[int, int]:
         return output_size(self.input.shape[2], self.input.shape[3], self.kernel_h, self.kernel_w,
                            self.pad_h, self.pad_w, self.dilation_h, self.dilation_w)
+
+
+# Where padding_mode sits among the fields (op_args puts its code there).
+_PADDING_MODE = DeformSepconvArgs._fields.index("padding_mode")
 
 
 def output_size(h_in: int, w_in: int, kh: int, kw: int, ph: int, pw: int, dh: int, dw: int) -> Tuple[int, int]:
@@ -161,25 +173,27 @@ def _check_tensor(t, name: str, input: Tensor, optional: bool = True) -> None:
 def natively_supported(frame_dtype: torch.dtype, per_pixel_dtype: torch.dtype) -> bool:
     """Whether the kernels take a frame of ``frame_dtype`` with per-pixel tensors of ``per_pixel_dtype``
     (a pair of ``SPEC.dtype_pairs``)."""
-    return (frame_dtype, per_pixel_dtype) in SPEC.dtype_pairs
+    return (frame_dtype, per_pixel_dtype) in _DTYPE_PAIRS
 
 
 def _check_dtypes(input: Tensor, named_per_pixel) -> None:
     """The dtype rule: the per-pixel tensors share one dtype, the input's or (mixed precision) a
     half type with a float32 input (``SPEC.dtype_pairs``); the output and the input's gradient have
     the input's dtype, each per-pixel gradient its tensor's."""
-    if input.dtype not in _FRAME_DTYPES:
-        raise TypeError(f"input must be {SPEC.frame_dtypes_text}, got {input.dtype}")
+    frame = input.dtype
+    if frame not in _FRAME_DTYPES:
+        raise TypeError(f"input must be {SPEC.frame_dtypes_text}, got {frame}")
     present = [(name, t) for name, t in named_per_pixel if t is not None]
     if not present:
         return
     first_name, first = present[0]
+    per_pixel = first.dtype
     for name, t in present[1:]:
-        if t.dtype != first.dtype:
-            raise TypeError(f"{name} has dtype {t.dtype} but {first_name} has dtype {first.dtype}; the per-pixel "
+        if t.dtype != per_pixel:
+            raise TypeError(f"{name} has dtype {t.dtype} but {first_name} has dtype {per_pixel}; the per-pixel "
                             "tensors must share one dtype (cast them, or use autocast)")
-    if not natively_supported(input.dtype, first.dtype):
-        raise TypeError(f"{first_name} has dtype {first.dtype} but input has dtype {input.dtype}; {SPEC.dtype_rule} "
+    if (frame, per_pixel) not in _DTYPE_PAIRS:
+        raise TypeError(f"{first_name} has dtype {per_pixel} but input has dtype {frame}; {SPEC.dtype_rule} "
                         "(cast them, or use autocast)")
 
 
@@ -187,8 +201,8 @@ def check_geometry(kernel_size, padding, dilation, padding_mode):
     """Checks the call's geometry arguments; returns (kernel_size pair or None, padding, dilation)."""
     if padding_mode not in PADDING_MODES:
         raise ValueError(f"padding_mode must be one of {sorted(PADDING_MODES)}, got {padding_mode!r}")
-    kernel_size = None if kernel_size is None else _pair(kernel_size, "kernel_size", SPEC.min_kernel_size)
-    return kernel_size, _pair(padding, "padding", SPEC.min_padding), _pair(dilation, "dilation", SPEC.min_dilation)
+    kernel_size = None if kernel_size is None else _pair(kernel_size, "kernel_size", _MIN_KERNEL_SIZE)
+    return kernel_size, _pair(padding, "padding", _MIN_PADDING), _pair(dilation, "dilation", _MIN_DILATION)
 
 
 def split_offset(offset):
@@ -232,8 +246,8 @@ def normalize_args(input, vertical=None, horizontal=None, offset=None, mask=None
         # Split offsets have one channel a tap, as the mask has.
         kh, kw = _infer_kernel_size(kh, kw, offset if offset_dx is None else None,
                                     mask if offset_dx is None or mask is not None else offset)
-    if kh < SPEC.min_kernel_size or kw < SPEC.min_kernel_size:
-        raise ValueError(f"vertical/horizontal must have at least {SPEC.min_kernel_size} tap, got KH={kh}, KW={kw}")
+    if kh < _MIN_KERNEL_SIZE or kw < _MIN_KERNEL_SIZE:
+        raise ValueError(f"vertical/horizontal must have at least {_MIN_KERNEL_SIZE} tap, got KH={kh}, KW={kw}")
     if kw > MAX_KERNEL_WIDTH:
         raise ValueError(f"kernel width KW={kw} exceeds the supported maximum {MAX_KERNEL_WIDTH}")
 
@@ -330,7 +344,7 @@ def deform_sepconv(input: Tensor, vertical: Optional[Tensor] = None, horizontal:
     """
     args = _promoted_args(input, vertical, horizontal, offset, mask, kernel_size=kernel_size, padding=padding,
                           dilation=dilation, padding_mode=padding_mode)
-    return torch.ops.edsc_ext.deform_sepconv_forward(**args.op_kwargs())
+    return torch.ops.edsc_ext.deform_sepconv_forward(*args.op_args())
 
 
 def _promoted_args(input, vertical, horizontal, offset, mask, **geometry) -> DeformSepconvArgs:
@@ -515,8 +529,12 @@ def _deform_sepconv_backward_fake(grad_output, input, vertical, horizontal, offs
 _FORWARD_SCHEMA = torch.ops.edsc_ext.deform_sepconv_forward.default._schema
 _FORWARD_ARGUMENTS = tuple(a.name for a in _FORWARD_SCHEMA.arguments)
 _FORWARD_TENSORS = tuple(a.name for a in _FORWARD_SCHEMA.arguments if "Tensor" in str(a.type))
-_GRADIENT_OF = tuple(r.name.removeprefix("grad_")
-                     for r in torch.ops.edsc_ext.deform_sepconv_backward.default._schema.returns)
+_BACKWARD_SCHEMA = torch.ops.edsc_ext.deform_sepconv_backward.default._schema
+_BACKWARD_ARGUMENTS = tuple(a.name for a in _BACKWARD_SCHEMA.arguments)
+_GRADIENT_OF = tuple(r.name.removeprefix("grad_") for r in _BACKWARD_SCHEMA.returns)
+if DeformSepconvArgs._fields != _FORWARD_ARGUMENTS:
+    raise ImportError(f"edsc_ext.ops: DeformSepconvArgs has the fields {DeformSepconvArgs._fields}, but the compiled "
+                      f"deform_sepconv_forward takes {_FORWARD_ARGUMENTS}: the Python package and the binary differ")
 
 
 def _setup_context(ctx, inputs, output):
@@ -534,9 +552,10 @@ def _backward(ctx, grad_output):
     grads = {}
     if any(output_mask):
         # The compiled op cannot ask torch for the determinism setting (the stable ABI has no call for it).
-        returned = torch.ops.edsc_ext.deform_sepconv_backward(
-            grad_output=grad_output, **tensors, **ctx.geometry, output_mask=output_mask,
-            deterministic=torch.are_deterministic_algorithms_enabled())
+        values = {**tensors, **ctx.geometry, "grad_output": grad_output, "output_mask": output_mask,
+                  "deterministic": torch.are_deterministic_algorithms_enabled()}
+        # In the schema's order, by its names (torch parses keyword arguments by name, a few µs a call).
+        returned = torch.ops.edsc_ext.deform_sepconv_backward(*(values[name] for name in _BACKWARD_ARGUMENTS))
         grads = dict(zip(_GRADIENT_OF, returned))
     # One gradient per input the call passed (None for the geometry and for what was not wanted).
     return tuple(grads[name] if wanted.get(name) else None for name in _FORWARD_ARGUMENTS[:len(ctx.needs_input_grad)])

@@ -193,9 +193,11 @@ def test_only_required_grads(gen, monkeypatch, which):
     calls = []
     real = BACKWARD
 
-    def spy(**kwargs):  # edsc_ext.ops passes the op's arguments by name
-        calls.append(list(kwargs["output_mask"]))
-        return real(**kwargs)
+    names = [argument.name for argument in BACKWARD.default._schema.arguments]
+
+    def spy(*args, **kwargs):
+        calls.append(list({**dict(zip(names, args)), **kwargs}["output_mask"]))
+        return real(*args, **kwargs)
 
     monkeypatch.setattr(torch.ops.edsc_ext, "deform_sepconv_backward", spy)
     case = make_inputs(1, 2, 5, 6, 3, 3, 1, 1, generator=gen)
