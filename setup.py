@@ -189,7 +189,7 @@ def configure():
     _glibc_wheel = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
     if _glibc_wheel:
         sources.append(os.path.join("src", "compat", "manylinux_glibc.cpp"))  # see that file
-    include_dirs = [os.path.join(ROOT, "include")]
+    include_dirs = [os.path.join(ROOT, d) for d in bs.INCLUDE_DIRS]
     arch_list = None
     macros = bs.stable_abi_macros()
     n_archs = 0

@@ -19,6 +19,9 @@ import subprocess
 CPU_SOURCE_GLOBS = ("src/*.cpp", "src/cpu/*.cpp", "src/cuda/*.cpp")
 CUDA_SOURCE_GLOBS = ("src/cuda/*.cu",)
 HEADER_GLOBS = ("include/edsc_ext/*.h", "src/*.h", "src/cpu/*.h", "src/cuda/*.h", "src/cuda/*.cuh")
+# The include folders of every build: include/ holds the C++ API (edsc_ext/edsc_ext.h and the
+# edsc_ext/spec.h it takes, the headers CMake installs), src/ the internal headers.
+INCLUDE_DIRS = ("include", "src")
 
 # Where an installed wheel keeps a copy of src/ and include/ for the JIT build.
 SHIPPED_SOURCES_DIR = "_csrc"
@@ -36,7 +39,7 @@ CXX_FLAGS = ["-O3", "-g0", "-fvisibility=hidden"]
 NVCC_FLAGS = ["-O3", "-lineinfo", "-Xcompiler=-fvisibility=hidden"]
 
 # The oldest torch the binary runs with: the host code uses torch only through the LibTorch stable
-# ABI (include/edsc_ext/torch_stable.h), compiled for this version's stable API (TORCH_TARGET_VERSION).
+# ABI (src/torch_stable.h), compiled for this version's stable API (TORCH_TARGET_VERSION).
 # 2.10 is the first whose stable API has what the op needs: torch_call_dispatcher (empty with a
 # memory format, contiguous, to, new_zeros, copy_, zero_, and any ATen op by name), parallel_for and
 # get_num_threads, typed data pointers, std::vector / std::string arguments (bool[5], int[], str[])

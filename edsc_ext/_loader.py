@@ -133,7 +133,7 @@ def checkout_root():
     """The source checkout this package is imported from (its root folder), or None when the
     package is an installed one."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    markers = ("setup.py", "pyproject.toml", os.path.join("src", "deform_sepconv.cpp"))
+    markers = ("setup.py", "pyproject.toml", os.path.join("src", "registration.cpp"))
     return root if all(os.path.isfile(os.path.join(root, m)) for m in markers) else None
 
 

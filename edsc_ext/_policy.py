@@ -4,9 +4,11 @@ src/cuda/cuda_plan.h), and the CPU backward's scratch budget.
     with edsc_ext.kernel_policy(grid_taps=False):
         out = edsc_ext.deform_sepconv(...)   # sepconv calls run the bilinear kernels
 
+Its switches, their defaults and descriptions are the compiled library's (src/kernel_policy.h, read
+once through ``torch.ops.edsc_ext.kernel_policy_switches``): :class:`KernelPolicy` is made from them.
 The policy is one process-wide value, not per thread: the backward of a call runs on autograd's
 own threads, so a per-thread value would not reach it. The compiled op reads it once per call with
-one atomic load (include/edsc_ext/kernel_policy.h), so a call always sees one consistent policy and
+one atomic load (src/kernel_policy.h), so a call always sees one consistent policy and
 changing it never races with calls in flight on other threads; ``kernel_policy`` blocks are
 serialised by a lock and restore the policy they found. It is read when a kernel is launched: a
 CUDA graph replays the kernels chosen at capture, and a torch.compile'd function reads it at run
@@ -19,70 +21,51 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import json
 import os
 import sys
+import textwrap
 import threading
-from typing import Iterator, Mapping, Optional
+from typing import Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["KernelPolicy", "kernel_policy", "current_kernel_policy"]
+__all__ = ["KernelPolicy", "kernel_policy", "current_kernel_policy", "compiled_kernel_policy"]
 
 
-@dataclasses.dataclass(frozen=True)
-class KernelPolicy:
-    """What the planners may choose. The defaults are the fastest choices; the others exist to test
-    and time the kernels they fall back to.
+# The switches as the compiled library states them (src/kernel_policy.h, kPolicySwitches): name, kind
+# (a flag, a count, or a choice between two names), default and description, read once.
+_SWITCHES = json.loads(torch.ops.edsc_ext.kernel_policy_switches())
+_FIELD_TYPES = {"flag": bool, "count": int, "choice": str}
 
-    Attributes:
-        grid_taps: calls without offsets or dilation (sepconv) may take the grid-tap kernels, which
-            read each tap's pixel directly (CUDA: from each tile's input window in shared memory;
-            CPU: row by row). False sends them to the bilinear kernels.
-        plain_forward: CUDA: every forward takes the one-thread-per-(pixel, channel block) kernel
-            (no grid-tap, staged or lane-pair forward).
-        prefetch: CUDA, NCHW 5x5: each warp first prefetches its per-pixel values into L2.
-        input_grad_tile: CUDA backward: the input gradient goes through the shared-memory tile;
-            False adds every sample with a global atomic (the path otherwise taken only for
-            footprints too large for shared memory or tensors that need 64-bit indices).
-        warp_staging: CUDA, channels_last 5x5 backward: the per-pixel values are staged through
-            shared memory a warp at a time; False reads them in place.
-        vector_loads: CUDA, channels_last forward of a multiple of 4 channels in the
-            one-thread-per-(pixel, channel block) kernel (many channels, mixed precision): each
-            bilinear corner's block of 4 or 8 channels is read with vector loads; False reads them
-            one by one.
-        channel_lanes: CUDA, channels_last backward of a multiple of 8 channels (float32 and the
-            half types; not a deterministic input gradient): adjacent threads share a pixel's
-            channels in blocks of 8 read with vector loads, and add the input gradient with vector
-            atomics, instead of running on NCHW copies; False runs it on NCHW copies.
-        cpu_scratch_mb: CPU backward: megabytes of scratch planes that may be used to split one
-            image over threads; beyond it (or at 0) the input gradient takes a slower pass per
-            (image, channel block) instead.
-        cpu_isa: CPU loops: ``"auto"`` runs them compiled for AVX2 + FMA where torch reports that
-            capability (``torch.backends.cpu.get_cpu_capability()`` is AVX2 or AVX512; torch's
-            ``ATEN_CPU_CAPABILITY`` lowers it), ``"baseline"`` the plain x86-64 build (results then
-            differ in the last bits: FMA rounds once).
-    """
 
-    grid_taps: bool = True
-    plain_forward: bool = False
-    prefetch: bool = True
-    input_grad_tile: bool = True
-    warp_staging: bool = True
-    vector_loads: bool = True
-    channel_lanes: bool = True
-    cpu_scratch_mb: int = 256
-    cpu_isa: str = "auto"
+def _check_values(policy) -> None:
+    for switch in _SWITCHES:
+        name, value = switch["name"], getattr(policy, switch["name"])
+        if switch["kind"] == "flag" and not isinstance(value, bool):
+            raise TypeError(f"kernel_policy: {name} must be a bool, got {value!r}")
+        if switch["kind"] == "count" and (isinstance(value, bool) or not isinstance(value, int)
+                                          or not 0 <= value <= switch["max"]):
+            raise ValueError(f"kernel_policy: {name} must be an int >= 0 (at most {switch['max']}), got {value!r}")
+        if switch["kind"] == "choice" and value not in switch["choices"]:
+            raise ValueError(f"kernel_policy: {name} must be {' or '.join(map(repr, switch['choices']))}, "
+                             f"got {value!r}")
 
-    def __post_init__(self):
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if field.type in ("bool", bool):
-                if not isinstance(value, bool):
-                    raise TypeError(f"kernel_policy: {field.name} must be a bool, got {value!r}")
-        if isinstance(self.cpu_scratch_mb, bool) or not isinstance(self.cpu_scratch_mb, int) or self.cpu_scratch_mb < 0:
-            raise ValueError(f"kernel_policy: cpu_scratch_mb must be an int >= 0, got {self.cpu_scratch_mb!r}")
-        if self.cpu_isa not in ("auto", "baseline"):
-            raise ValueError(f"kernel_policy: cpu_isa must be 'auto' or 'baseline', got {self.cpu_isa!r}")
+
+def _docstring() -> str:
+    attributes = "\n".join(textwrap.fill(f"{switch['name']}: {switch['description']} (default {switch['default']!r}).",
+                                          width=100, initial_indent=" " * 8, subsequent_indent=" " * 12,
+                                          break_long_words=False, break_on_hyphens=False)
+                            for switch in _SWITCHES)
+    return ("What the planners may choose. The defaults are the fastest choices; the others exist to test\n"
+            "    and time the kernels they fall back to.\n\n    Attributes:\n" + attributes + "\n    ")
+
+
+KernelPolicy = dataclasses.make_dataclass(
+    "KernelPolicy",
+    [(switch["name"], _FIELD_TYPES[switch["kind"]], dataclasses.field(default=switch["default"]))
+     for switch in _SWITCHES],
+    namespace={"__post_init__": _check_values, "__doc__": _docstring(), "__module__": __name__}, frozen=True)
 
 
 _lock = threading.RLock()
@@ -94,18 +77,37 @@ def current_kernel_policy() -> KernelPolicy:
     return _current
 
 
-def _op_arguments(policy: KernelPolicy) -> dict:
-    """The set_kernel_policy op's arguments, by name: the C++ switches (EDSC_KERNEL_POLICY_SWITCHES in
-    include/edsc_ext/kernel_policy.h, which makes the op's schema) are the bool fields here, so
-    neither side lists the other's; cpu_isa goes as its bool, cpu_baseline."""
-    arguments = {f.name: getattr(policy, f.name) for f in dataclasses.fields(policy) if f.name != "cpu_isa"}
-    arguments["cpu_baseline"] = policy.cpu_isa == "baseline"
-    return arguments
+def _op_values(policy: KernelPolicy) -> Tuple[List[str], List[int]]:
+    """The switches' names and values as the set_kernel_policy op takes them (get_kernel_policy returns
+    them): a flag 0 or 1, a count itself, a choice its index."""
+    values = []
+    for switch in _SWITCHES:
+        value = getattr(policy, switch["name"])
+        values.append(switch["choices"].index(value) if switch["kind"] == "choice" else int(value))
+    return [switch["name"] for switch in _SWITCHES], values
+
+
+def _from_op_values(names: Sequence[str], values: Sequence[int]) -> KernelPolicy:
+    """The KernelPolicy of get_kernel_policy's names and values."""
+    switches = {switch["name"]: switch for switch in _SWITCHES}
+    fields = {}
+    for name, value in zip(names, values):
+        switch = switches[name]
+        if switch["kind"] == "choice":
+            fields[name] = switch["choices"][value]
+        else:
+            fields[name] = bool(value) if switch["kind"] == "flag" else value
+    return KernelPolicy(**fields)
+
+
+def compiled_kernel_policy() -> KernelPolicy:
+    """The policy the compiled ops hold (``torch.ops.edsc_ext.get_kernel_policy``): the current one."""
+    return _from_op_values(*torch.ops.edsc_ext.get_kernel_policy())
 
 
 def _set(policy: KernelPolicy) -> None:
     global _current
-    torch.ops.edsc_ext.set_kernel_policy(**_op_arguments(policy))
+    torch.ops.edsc_ext.set_kernel_policy(*_op_values(policy))
     _current = policy
 
 

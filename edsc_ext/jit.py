@@ -37,7 +37,7 @@ def source_root():
     """The folder holding src/ and include/: the checkout, or the copy inside the installed package."""
     package = os.path.dirname(os.path.abspath(__file__))
     for root in (os.path.dirname(package), os.path.join(package, bs.SHIPPED_SOURCES_DIR)):
-        if os.path.isfile(os.path.join(root, "src", "deform_sepconv.cpp")) and os.path.isdir(
+        if os.path.isfile(os.path.join(root, "src", "registration.cpp")) and os.path.isdir(
                 os.path.join(root, "include", "edsc_ext")):
             return root
     raise RuntimeError("edsc_ext.jit: the C++/CUDA sources are not installed with this package; reinstall "
@@ -116,7 +116,7 @@ def load(verbose=False):
 
     macros = bs.stable_abi_macros() + (bs.arch_macros(arch_list) if with_cuda else [])
     sources = [os.path.join(root, s) for s in bs.source_files(root, with_cuda)]
-    include_dirs = [os.path.join(root, "include")] + (bs.pip_cuda_include_dirs() if with_cuda else [])
+    include_dirs = [os.path.join(root, d) for d in bs.INCLUDE_DIRS] + (bs.pip_cuda_include_dirs() if with_cuda else [])
     saved = {k: os.environ.get(k) for k in ("TORCH_CUDA_ARCH_LIST", "CUDA_HOME")}
     saved_cuda_home = cpp_extension.CUDA_HOME
     try:

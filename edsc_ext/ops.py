@@ -8,19 +8,77 @@ two can never disagree about what a call means.
 
 from __future__ import annotations
 
+import json
 import math
-from typing import NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Dict, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 
-__all__ = ["deform_sepconv", "normalize_args", "check_geometry", "split_offset", "DeformSepconvArgs", "PADDING_MODES",
-           "MAX_KERNEL_WIDTH"]
+__all__ = ["deform_sepconv", "normalize_args", "check_geometry", "split_offset", "DeformSepconvArgs", "SPEC",
+           "PADDING_MODES", "MAX_KERNEL_WIDTH", "MIXED_PRECISION"]
 
-# padding_mode name -> the integer code the C++ kernels take (include/edsc_ext/sampling.h).
-PADDING_MODES = {"zeros": 0, "border": 1, "edsc": 2}
-# The backward keeps one accumulator per horizontal tap in a fixed-size array.
-MAX_KERNEL_WIDTH = 128
+
+# --------------------------------------------------------------------------------------------
+# What the op accepts: the compiled library's spec (include/edsc_ext/spec.h), read once.
+
+
+class PaddingModeSpec(NamedTuple):
+    """A padding mode and its traits, as the kernels branch on them (include/edsc_ext/spec.h)."""
+
+    name: str
+    code: int  # padding_mode in the compiled ops' schemas
+    clamps: bool  # coordinates clamped into the image (replicate padding); else pixels outside are 0
+    doubles_border: bool  # the border pixel counts twice outside [-pad, size - 1 + pad) along an axis
+    shifts_taps: bool  # tap 0 moved by 1 - (K-1)//2 along each axis
+    grid_taps: bool  # calls without offsets or dilation may take the grid-tap kernels
+    bound_factor: int  # the largest factor of a sample's weight
+    description: str
+
+
+class OpSpec(NamedTuple):
+    """What ``deform_sepconv`` accepts, as the compiled library states it
+    (``torch.ops.edsc_ext.deform_sepconv_spec``)."""
+
+    padding_modes: Tuple[PaddingModeSpec, ...]
+    dtype_pairs: Tuple[Tuple[torch.dtype, torch.dtype], ...]  # (frame, per-pixel tensors)
+    min_kernel_size: int
+    max_kernel_width: int  # the backward keeps one accumulator per horizontal tap
+    min_padding: int
+    min_dilation: int
+    specialized_kernel: int  # KH = KW of the specialised kernels (EDSC's 5x5)
+    frame_dtypes_text: str  # "float64, float32, float16 or bfloat16", as the messages name them
+    dtype_rule: str  # "per-pixel tensors must have the input's dtype, or ..."
+
+    def padding_mode(self, name: str) -> PaddingModeSpec:
+        return next(mode for mode in self.padding_modes if mode.name == name)
+
+
+def _read_spec() -> OpSpec:
+    raw = json.loads(torch.ops.edsc_ext.deform_sepconv_spec())
+    dtype = {str(d).removeprefix("torch."): d for d in (torch.float64, torch.float32, torch.float16, torch.bfloat16)}
+    return OpSpec(padding_modes=tuple(PaddingModeSpec(**mode) for mode in raw["padding_modes"]),
+                  dtype_pairs=tuple((dtype[frame], dtype[per_pixel]) for frame, per_pixel in raw["dtype_pairs"]),
+                  min_kernel_size=raw["min_kernel_size"], max_kernel_width=raw["max_kernel_width"],
+                  min_padding=raw["min_padding"], min_dilation=raw["min_dilation"],
+                  specialized_kernel=raw["specialized_kernel"], frame_dtypes_text=raw["messages"]["frame_dtypes"],
+                  dtype_rule=raw["messages"]["dtype_rule"])
+
+
+SPEC = _read_spec()
+# padding_mode name -> the integer code the compiled ops take.
+PADDING_MODES: Dict[str, int] = {mode.name: mode.code for mode in SPEC.padding_modes}
+MAX_KERNEL_WIDTH = SPEC.max_kernel_width
+# The per-pixel dtypes the kernels read natively with a frame of another dtype (mixed precision):
+# float16 / bfloat16 kernels, offsets and masks with a float32 frame, as autocast makes them.
+MIXED_PRECISION: Dict[torch.dtype, Tuple[torch.dtype, ...]] = {}
+for _frame, _per_pixel in SPEC.dtype_pairs:
+    if _per_pixel != _frame:
+        MIXED_PRECISION[_frame] = MIXED_PRECISION.get(_frame, ()) + (_per_pixel,)
+# For the checks of every call: the spec's values as plain module constants (a set lookup, no attribute).
+_FRAME_DTYPES = frozenset(frame for frame, _ in SPEC.dtype_pairs)
+_DTYPE_PAIRS = frozenset(SPEC.dtype_pairs)
+_MIN_KERNEL_SIZE, _MIN_PADDING, _MIN_DILATION = SPEC.min_kernel_size, SPEC.min_padding, SPEC.min_dilation
 
 IntPair = Union[int, Sequence[int]]
 
@@ -51,19 +109,25 @@ class DeformSepconvArgs(NamedTuple):
         return (self.vertical, self.horizontal, self.offset, self.mask, self.offset_dx)
 
     def op_kwargs(self) -> dict:
-        """The keyword arguments of the compiled ops beyond op_args(): ``offset_dx`` for split offsets."""
-        return {} if self.offset_dx is None else {"offset_dx": self.offset_dx}
+        """The arguments of ``torch.ops.edsc_ext.deform_sepconv_forward`` by their schema names (the fields
+        here, padding_mode as its code); the backward and the plan op take them too, with their own."""
+        kwargs = self._asdict()
+        kwargs["padding_mode"] = PADDING_MODES[self.padding_mode]
+        return kwargs
+
+    def op_args(self) -> tuple:
+        """The same values in the forward schema's order, which the fields follow (checked at import
+        against the schema's names): torch parses keyword arguments by name, a few µs a call."""
+        return (*self[:_PADDING_MODE], PADDING_MODES[self.padding_mode], *self[_PADDING_MODE + 1:])
 
     @property
     def output_size(self) -> Tuple[int, int]:
         return output_size(self.input.shape[2], self.input.shape[3], self.kernel_h, self.kernel_w,
                            self.pad_h, self.pad_w, self.dilation_h, self.dilation_w)
 
-    def op_args(self) -> tuple:
-        """The positional arguments of ``torch.ops.edsc_ext.deform_sepconv_forward``."""
-        return (self.input, self.vertical, self.horizontal, self.offset, self.mask,
-                self.kernel_h, self.kernel_w, self.pad_h, self.pad_w,
-                self.dilation_h, self.dilation_w, self.padding_mode_code)
+
+# Where padding_mode sits among the fields (op_args puts its code there).
+_PADDING_MODE = DeformSepconvArgs._fields.index("padding_mode")
 
 
 def output_size(h_in: int, w_in: int, kh: int, kw: int, ph: int, pw: int, dh: int, dw: int) -> Tuple[int, int]:
@@ -94,8 +158,7 @@ def _check_tensor(t, name: str, input: Tensor, optional: bool = True) -> None:
     if not isinstance(t, Tensor):
         raise TypeError(f"{name} must be a Tensor{' or None' if optional else ''}, got {type(t).__name__}")
     if not t.dtype.is_floating_point:
-        raise TypeError(
-            f"{name} must have a floating dtype (float32, float64, float16 or bfloat16), got {t.dtype}")
+        raise TypeError(f"{name} must have a floating dtype ({SPEC.frame_dtypes_text}), got {t.dtype}")
     if t.dim() != 4:
         raise ValueError(f"{name} must be 4-D, got {t.dim()}-D tensor of shape {tuple(t.shape)}")
     if t is input:
@@ -107,40 +170,39 @@ def _check_tensor(t, name: str, input: Tensor, optional: bool = True) -> None:
         raise ValueError(f"{name} has batch size {t.shape[0]} but input has batch size {input.shape[0]}")
 
 
-# The per-pixel dtypes the kernels read natively with a frame of another dtype (mixed precision):
-# float16 / bfloat16 kernels, offsets and masks with a float32 frame, as autocast makes them.
-MIXED_PRECISION = {torch.float32: (torch.float16, torch.bfloat16)}
-
-
 def natively_supported(frame_dtype: torch.dtype, per_pixel_dtype: torch.dtype) -> bool:
-    """Whether the kernels take a frame of ``frame_dtype`` with per-pixel tensors of ``per_pixel_dtype``."""
-    return per_pixel_dtype == frame_dtype or per_pixel_dtype in MIXED_PRECISION.get(frame_dtype, ())
+    """Whether the kernels take a frame of ``frame_dtype`` with per-pixel tensors of ``per_pixel_dtype``
+    (a pair of ``SPEC.dtype_pairs``)."""
+    return (frame_dtype, per_pixel_dtype) in _DTYPE_PAIRS
 
 
 def _check_dtypes(input: Tensor, named_per_pixel) -> None:
     """The dtype rule: the per-pixel tensors share one dtype, the input's or (mixed precision) a
-    half type with a float32 input; the output and the input's gradient have the input's dtype,
-    each per-pixel gradient its tensor's."""
+    half type with a float32 input (``SPEC.dtype_pairs``); the output and the input's gradient have
+    the input's dtype, each per-pixel gradient its tensor's."""
+    frame = input.dtype
+    if frame not in _FRAME_DTYPES:
+        raise TypeError(f"input must be {SPEC.frame_dtypes_text}, got {frame}")
     present = [(name, t) for name, t in named_per_pixel if t is not None]
     if not present:
         return
     first_name, first = present[0]
+    per_pixel = first.dtype
     for name, t in present[1:]:
-        if t.dtype != first.dtype:
-            raise TypeError(f"{name} has dtype {t.dtype} but {first_name} has dtype {first.dtype}; the per-pixel "
+        if t.dtype != per_pixel:
+            raise TypeError(f"{name} has dtype {t.dtype} but {first_name} has dtype {per_pixel}; the per-pixel "
                             "tensors must share one dtype (cast them, or use autocast)")
-    if not natively_supported(input.dtype, first.dtype):
-        raise TypeError(f"{first_name} has dtype {first.dtype} but input has dtype {input.dtype}; per-pixel tensors "
-                        "must have the input's dtype, or float16 / bfloat16 with a float32 input (cast them, or use "
-                        "autocast)")
+    if (frame, per_pixel) not in _DTYPE_PAIRS:
+        raise TypeError(f"{first_name} has dtype {per_pixel} but input has dtype {frame}; {SPEC.dtype_rule} "
+                        "(cast them, or use autocast)")
 
 
 def check_geometry(kernel_size, padding, dilation, padding_mode):
     """Checks the call's geometry arguments; returns (kernel_size pair or None, padding, dilation)."""
     if padding_mode not in PADDING_MODES:
         raise ValueError(f"padding_mode must be one of {sorted(PADDING_MODES)}, got {padding_mode!r}")
-    kernel_size = None if kernel_size is None else _pair(kernel_size, "kernel_size", 1)
-    return kernel_size, _pair(padding, "padding", 0), _pair(dilation, "dilation", 1)
+    kernel_size = None if kernel_size is None else _pair(kernel_size, "kernel_size", _MIN_KERNEL_SIZE)
+    return kernel_size, _pair(padding, "padding", _MIN_PADDING), _pair(dilation, "dilation", _MIN_DILATION)
 
 
 def split_offset(offset):
@@ -184,8 +246,8 @@ def normalize_args(input, vertical=None, horizontal=None, offset=None, mask=None
         # Split offsets have one channel a tap, as the mask has.
         kh, kw = _infer_kernel_size(kh, kw, offset if offset_dx is None else None,
                                     mask if offset_dx is None or mask is not None else offset)
-    if kh < 1 or kw < 1:
-        raise ValueError(f"vertical/horizontal must have at least one tap, got KH={kh}, KW={kw}")
+    if kh < _MIN_KERNEL_SIZE or kw < _MIN_KERNEL_SIZE:
+        raise ValueError(f"vertical/horizontal must have at least {_MIN_KERNEL_SIZE} tap, got KH={kh}, KW={kw}")
     if kw > MAX_KERNEL_WIDTH:
         raise ValueError(f"kernel width KW={kw} exceeds the supported maximum {MAX_KERNEL_WIDTH}")
 
@@ -282,7 +344,7 @@ def deform_sepconv(input: Tensor, vertical: Optional[Tensor] = None, horizontal:
     """
     args = _promoted_args(input, vertical, horizontal, offset, mask, kernel_size=kernel_size, padding=padding,
                           dilation=dilation, padding_mode=padding_mode)
-    return torch.ops.edsc_ext.deform_sepconv_forward(*args.op_args(), **args.op_kwargs())
+    return torch.ops.edsc_ext.deform_sepconv_forward(*args.op_args())
 
 
 def _promoted_args(input, vertical, horizontal, offset, mask, **geometry) -> DeformSepconvArgs:
@@ -399,8 +461,9 @@ def _plan(input: Tensor, vertical: Optional[Tensor] = None, horizontal: Optional
     """
     args = _promoted_args(input, vertical, horizontal, offset, mask, kernel_size=kernel_size, padding=padding,
                           dilation=dilation, padding_mode=padding_mode)
-    tensors = args.op_args()[:5]
-    output_mask = [t is not None and t.requires_grad for t in tensors]
+    kwargs = args.op_kwargs()
+    # The gradients the backward would compute, in its output_mask's order.
+    output_mask = [kwargs[name] is not None and kwargs[name].requires_grad for name in _GRADIENT_OF[:5]]
     target = input.device if device is None else device
     if isinstance(target, str):
         target = torch.device(target)
@@ -416,10 +479,10 @@ def _plan(input: Tensor, vertical: Optional[Tensor] = None, horizontal: Optional
                          f"(meta tensors need device=...)")
     offset_dx = args.offset_dx
     output_mask[3] = output_mask[3] or (offset_dx is not None and offset_dx.requires_grad)
-    detached = [None if t is None else t.detach() for t in tensors]
-    names = torch.ops.edsc_ext.deform_sepconv_plan(*detached, *args.op_args()[5:], output_mask, cpu_facts, cuda_device,
-                                                   None if offset_dx is None else offset_dx.detach(),
-                                                   torch.are_deterministic_algorithms_enabled())
+    detached = {name: value.detach() if isinstance(value, Tensor) else value for name, value in kwargs.items()}
+    names = torch.ops.edsc_ext.deform_sepconv_plan(**detached, output_mask=output_mask, cpu_facts=cpu_facts,
+                                                   cuda_device=cuda_device,
+                                                   deterministic=torch.are_deterministic_algorithms_enabled())
     return KernelPlans(*names)
 
 
@@ -437,7 +500,7 @@ def _deform_sepconv_forward_fake(input, vertical, horizontal, offset, mask,
 
 
 def _in_layout_of(input, result):
-    """A channels_last input makes the call channels_last (wants_channels_last in src/deform_sepconv.cpp)."""
+    """A channels_last input makes the call channels_last (wants_channels_last in src/deform_sepconv_call.cpp)."""
     if (result.dim() == 4 and not input.is_contiguous()
             and input.is_contiguous(memory_format=torch.channels_last)):
         return result.contiguous(memory_format=torch.channels_last)
@@ -449,7 +512,7 @@ def _deform_sepconv_backward_fake(grad_output, input, vertical, horizontal, offs
                                   kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode,
                                   output_mask, offset_dx=None, deterministic=False):
     def like(t, wanted):
-        # Gradients that were not asked for come back as empty tensors (see src/deform_sepconv.cpp).
+        # Gradients that were not asked for come back as empty tensors (allocate_grads in src/deform_sepconv_call.cpp).
         return t.new_empty(t.shape) if (t is not None and wanted) else input.new_empty((0,))
 
     # Every requested gradient comes in the call's memory format, as the output does; output_mask[3]
@@ -459,35 +522,43 @@ def _deform_sepconv_backward_fake(grad_output, input, vertical, horizontal, offs
                                  [output_mask[3]]))
 
 
-# The forward op's arguments: five tensors, seven geometry ints, then offset_dx.
-_GEOMETRY = slice(5, 12)
+# The compiled ops' arguments by name, read from their schemas: the forward's, those of them that
+# are tensors (saved for the backward; the others are the geometry), and the tensor whose gradient
+# each of the backward's returns is (output_mask asks for the first five; grad_offset_dx comes with
+# grad_offset).
+_FORWARD_SCHEMA = torch.ops.edsc_ext.deform_sepconv_forward.default._schema
+_FORWARD_ARGUMENTS = tuple(a.name for a in _FORWARD_SCHEMA.arguments)
+_FORWARD_TENSORS = tuple(a.name for a in _FORWARD_SCHEMA.arguments if "Tensor" in str(a.type))
+_BACKWARD_SCHEMA = torch.ops.edsc_ext.deform_sepconv_backward.default._schema
+_BACKWARD_ARGUMENTS = tuple(a.name for a in _BACKWARD_SCHEMA.arguments)
+_GRADIENT_OF = tuple(r.name.removeprefix("grad_") for r in _BACKWARD_SCHEMA.returns)
+if DeformSepconvArgs._fields != _FORWARD_ARGUMENTS:
+    raise ImportError(f"edsc_ext.ops: DeformSepconvArgs has the fields {DeformSepconvArgs._fields}, but the compiled "
+                      f"deform_sepconv_forward takes {_FORWARD_ARGUMENTS}: the Python package and the binary differ")
 
 
 def _setup_context(ctx, inputs, output):
-    input, vertical, horizontal, offset, mask = inputs[:5]
-    offset_dx = inputs[12] if len(inputs) > 12 else None
-    ctx.save_for_backward(input, vertical, horizontal, offset, mask, offset_dx)
-    ctx.params = tuple(inputs[_GEOMETRY])
+    args = dict(zip(_FORWARD_ARGUMENTS, inputs))
+    ctx.save_for_backward(*(args.get(name) for name in _FORWARD_TENSORS))
+    ctx.geometry = {name: args[name] for name in _FORWARD_ARGUMENTS if name not in _FORWARD_TENSORS}
 
 
 def _backward(ctx, grad_output):
-    *tensors, offset_dx = ctx.saved_tensors
-    needs = list(ctx.needs_input_grad) + [False] * (13 - len(ctx.needs_input_grad))
-    output_mask = [bool(need) and t is not None for need, t in zip(needs[:5], tensors)]
-    dx_wanted = offset_dx is not None and bool(needs[12])
-    output_mask[3] = output_mask[3] or dx_wanted
-    grads = (None,) * 6
+    tensors = dict(zip(_FORWARD_TENSORS, ctx.saved_tensors))
+    needs = dict(zip(_FORWARD_ARGUMENTS, ctx.needs_input_grad))
+    wanted = {name: bool(needs.get(name)) and tensors[name] is not None for name in _FORWARD_TENSORS}
+    output_mask = [wanted[name] for name in _GRADIENT_OF[:5]]
+    output_mask[3] = output_mask[3] or wanted["offset_dx"]
+    grads = {}
     if any(output_mask):
-        extra = {} if offset_dx is None else {"offset_dx": offset_dx}
-        if torch.are_deterministic_algorithms_enabled():
-            # The compiled op cannot ask torch for the setting (the stable ABI has no call for it).
-            extra["deterministic"] = True
-        grads = torch.ops.edsc_ext.deform_sepconv_backward(grad_output, *tensors, *ctx.params, output_mask, **extra)
-    wanted = [m and bool(need) for m, need in zip(output_mask, needs[:5])]
-    result = tuple(g if w else None for g, w in zip(grads[:5], wanted)) + (None,) * len(ctx.params)
-    result += ((grads[5] if dx_wanted else None),)
-    # One gradient per input the call passed (offset_dx is left out of calls without split offsets).
-    return result[:len(ctx.needs_input_grad)]
+        # The compiled op cannot ask torch for the determinism setting (the stable ABI has no call for it).
+        values = {**tensors, **ctx.geometry, "grad_output": grad_output, "output_mask": output_mask,
+                  "deterministic": torch.are_deterministic_algorithms_enabled()}
+        # In the schema's order, by its names (torch parses keyword arguments by name, a few µs a call).
+        returned = torch.ops.edsc_ext.deform_sepconv_backward(*(values[name] for name in _BACKWARD_ARGUMENTS))
+        grads = dict(zip(_GRADIENT_OF, returned))
+    # One gradient per input the call passed (None for the geometry and for what was not wanted).
+    return tuple(grads[name] if wanted.get(name) else None for name in _FORWARD_ARGUMENTS[:len(ctx.needs_input_grad)])
 
 
 torch.library.register_autograd("edsc_ext::deform_sepconv_forward", _backward, setup_context=_setup_context)

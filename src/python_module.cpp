@@ -1,5 +1,5 @@
 // The Python module edsc_ext._C: importing it loads this binary, whose static initializers register
-// the ops (src/deform_sepconv.cpp); its one function reports how the binary was built. A plain
+// the ops (src/registration.cpp); its one function reports how the binary was built. A plain
 // CPython module on the limited API (abi3): no pybind11 and no libtorch_python, whose C++ ABI
 // changes with every torch release. EDSC_EXT_NO_PYTHON (the CMake build): a plain shared library
 // for torch.ops.load_library, without this module.
@@ -7,7 +7,7 @@
 #include <Python.h>
 #include <torch/headeronly/version.h>
 
-#include "edsc_ext/torch_stable.h"  // EDSC_EXT_STRINGIFY
+#include "torch_stable.h"  // EDSC_EXT_STRINGIFY
 
 #ifdef EDSC_EXT_WITH_CUDA
 #include <cuda.h>  // CUDA_VERSION of the toolkit this binary was built with

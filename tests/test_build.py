@@ -278,13 +278,59 @@ def test_unbuilt_checkout_refuses_a_build_of_other_sources(tmp_path):
     checkout, site = _checkout_and_site(tmp_path)
     # An edit of the checkout's sources after the build: no installed build (this environment's own
     # included) was made from them any more.
-    with open(checkout / "src" / "deform_sepconv.cpp", "a") as f:
+    with open(checkout / "src" / "registration.cpp", "a") as f:
         f.write("// edited after the build\n")
     result = _python_in(checkout, "import edsc_ext", site)
     assert result.returncode != 0
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(f"ImportError: edsc_ext is imported from the source checkout {checkout}, which is not built")
     assert "built from other sources" in last and f"run `pip install --no-build-isolation -e .` in {checkout}" in last
+
+
+# --------------------------------------------------------------------------- the installed C++ API
+
+PUBLIC_HEADERS = ["edsc_ext.h", "spec.h"]
+
+
+def test_the_installed_headers_are_the_api():
+    """include/edsc_ext holds the C++ API alone (edsc_ext.h and the spec.h it includes; the internal
+    headers live in src/), which is what CMake installs, and the public headers include no other header
+    of the project."""
+    include = os.path.join(REPO, "include", "edsc_ext")
+    if not os.path.isdir(include):
+        pytest.skip("needs the checkout")
+    assert sorted(os.listdir(include)) == PUBLIC_HEADERS
+    for name in PUBLIC_HEADERS:
+        with open(os.path.join(include, name)) as f:
+            own = re.findall(r'#include "([^"]+)"', f.read())
+        assert set(own) <= {f"edsc_ext/{h}" for h in PUBLIC_HEADERS}, (name, own)
+    with open(os.path.join(REPO, "CMakeLists.txt")) as f:
+        cmake = f.read()
+    installed = re.findall(r'install\(FILES ([^)]*) DESTINATION "\$\{CMAKE_INSTALL_INCLUDEDIR\}/edsc_ext"\)', cmake)
+    assert [sorted(files.split()) for files in installed] == [[f"include/edsc_ext/{h}" for h in PUBLIC_HEADERS]]
+    assert "install(DIRECTORY include" not in cmake
+    assert bs.INCLUDE_DIRS == ("include", "src")
+
+
+def test_the_api_compiles_from_the_installed_headers_alone(tmp_path):
+    """A C++ consumer (tests/cpp/consumer/main.cpp) compiles against include/ and torch's headers, with
+    nothing of src/ on its include path, in the oldest standard the torch releases build extensions
+    with (C++17)."""
+    compiler = shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")
+    consumer = os.path.join(REPO, "tests", "cpp", "consumer", "main.cpp")
+    if compiler is None or not os.path.isfile(consumer):
+        pytest.skip("needs a C++ compiler and the checkout")
+    from torch.utils.cpp_extension import include_paths
+
+    # The public headers copied alone, so that a stray include of an internal header cannot resolve.
+    copied = tmp_path / "include" / "edsc_ext"
+    copied.mkdir(parents=True)
+    for name in PUBLIC_HEADERS:
+        shutil.copy(os.path.join(REPO, "include", "edsc_ext", name), copied / name)
+    flags = [f"-I{d}" for d in [str(tmp_path / "include")] + include_paths()]
+    result = subprocess.run([compiler, "-std=c++17", "-fsyntax-only", "-w", *flags, consumer], capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
 
 
 # --------------------------------------------------------------------------- sdist and wheel config
@@ -513,7 +559,7 @@ def test_default_jobs_uses_the_cores():
 
 def test_sources_digest_follows_the_sources(tmp_path):
     root = tmp_path / "tree"
-    for rel in ("src/deform_sepconv.cpp", "src/cpu/a.cpp", "include/edsc_ext/a.h"):
+    for rel in ("src/registration.cpp", "src/cpu/a.cpp", "include/edsc_ext/a.h"):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(rel)
     digest = bs.sources_digest(str(root))

@@ -249,7 +249,7 @@ def test_plans_of_split_offsets_and_edsc_mode(gen):
         # 2-byte NCHW with 4 channels: not the staged forward, whose copies are of (dy, dx) pairs.
         (torch.float16, 4, "contiguous", "pixels_prefetch", "tiled_prefetch"),
         # channels_last: not the lane-pair forward nor the warp-staged backward.
-        (F32, 3, "channels_last", "pixels_rgb", "tiled"),
+        (F32, 3, "channels_last", "pixels_rgb", "tiled_blocks3"),
     ):
         fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
         case = make_inputs(2, channels, 12, 16, 5, 5, 2, 1, generator=gen).map(
@@ -262,8 +262,9 @@ def test_plans_of_split_offsets_and_edsc_mode(gen):
         assert interleaved.forward != forward or layout == "contiguous" and dtype == F32
     # Without offsets, edsc mode does not take the grid-tap kernels (their taps are not shifted).
     case = make_inputs(1, 3, 12, 16, 5, 5, 2, 1, present=(True, True, False, True), dtype=F32, generator=gen)
-    assert edsc_ext._plan(*case.tensors, **case.kwargs, padding_mode="border", device=cuda).forward == "grid_taps"
-    assert edsc_ext._plan(*case.tensors, **case.kwargs, padding_mode="edsc", device=cuda).forward != "grid_taps"
+    assert edsc_ext._plan(*case.tensors, **case.kwargs, padding_mode="border", device=cuda).forward == "grid_taps_pass3"
+    assert not edsc_ext._plan(*case.tensors, **case.kwargs, padding_mode="edsc", device=cuda).forward.startswith(
+        "grid_taps")
     assert not edsc_ext._plan(*case.tensors, **case.kwargs, padding_mode="edsc").forward.startswith("grid_taps")
 
 

@@ -251,12 +251,12 @@ def test_mixed_dtype_errors(gen, device):
     # cross the stable ABI as one type; the Python layer above raised the TypeErrors).
     args = normalize_args(*mixed(case, F16, device).tensors, **case.kwargs)
     with pytest.raises(RuntimeError, match="vertical has dtype Half but input has dtype Double"):
-        FORWARD(args.input.double(), *args.op_args()[1:])
+        FORWARD(**{**args.op_kwargs(), "input": args.input.double()})
     with pytest.raises(RuntimeError, match="mask has dtype BFloat16 but vertical has dtype Half"):
-        FORWARD(*args.op_args()[:4], args.mask.bfloat16(), *args.op_args()[5:])
-    out = FORWARD(*args.op_args())
+        FORWARD(**{**args.op_kwargs(), "mask": args.mask.bfloat16()})
+    out = FORWARD(**args.op_kwargs())
     with pytest.raises(RuntimeError, match="grad_output has dtype Half but input has dtype Float"):
-        BACKWARD(out.half(), *args.op_args(), [True] * 5)
+        BACKWARD(grad_output=out.half(), **args.op_kwargs(), output_mask=[True] * 5)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -274,10 +274,10 @@ def test_plans_of_mixed_precision_calls(gen):
             (4, "contiguous", (True,) * 4, ("pixels_prefetch", "tiled_prefetch"),
              ("pixels_prefetch", "tiled_prefetch")),
             (3, "channels_last", (True,) * 4, ("lane_pairs_rgb_staged", "tiled_warp_staged_rgb"),
-             ("pixels_rgb", "tiled")),
+             ("pixels_rgb", "tiled_blocks3")),
             (8, "channels_last", (True,) * 4, ("pixels_vectorized8", "channel_lanes1"),
              ("pixels_vectorized8", "channel_lanes1")),
-            (3, "contiguous", (True, True, False, False), ("grid_taps", "grid_taps_params+gather_input_grad"),
+            (3, "contiguous", (True, True, False, False), ("grid_taps_pass3", "grid_taps_params+gather_input_grad"),
              ("pixels_rgb_prefetch", "tiled_rgb_prefetch")),
         ):
             base = make_inputs(2, channels, 12, 16, 5, 5, 2, 1, present=present, generator=gen)

@@ -7,12 +7,16 @@ the ``cuda`` mark and skip cleanly without a GPU)."""
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 import torch
 
 import edsc_ext
 from edsc_ext import reference as R
-from edsc_ext.ops import normalize_args
+from edsc_ext.ops import MAX_KERNEL_WIDTH, MIXED_PRECISION, SPEC, normalize_args
+from edsc_ext.ops import PADDING_MODES as OP_PADDING_MODES
 
 from conftest import (
     ALL_PRESENT,
@@ -121,24 +125,19 @@ def test_raw_ops_check_shapes(gen):
     variants raise RuntimeError, ValueError or TypeError; any of them, never a crash)."""
     ERRORS = (RuntimeError, ValueError, TypeError)
     case = make_inputs(1, 2, 5, 6, 3, 3, 1, 1, generator=gen)
-    args = list(normalize_args(*case.tensors, **case.kwargs).op_args())
-    bad_offset = list(args)
-    bad_offset[3] = case.offset[:, :16]
+    args = normalize_args(*case.tensors, **case.kwargs).op_kwargs()
     with pytest.raises(ERRORS, match="offset"):
-        FORWARD(*bad_offset)
-    bad_kernel = list(args)
-    bad_kernel[5] = 4  # kernel_h disagrees with vertical
+        FORWARD(**{**args, "offset": case.offset[:, :16]})
     with pytest.raises(ERRORS):
-        FORWARD(*bad_kernel)
-    bad_mode = args[:-1] + [7]
+        FORWARD(**{**args, "kernel_h": 4})  # kernel_h disagrees with vertical
     with pytest.raises(ERRORS, match="padding"):
-        FORWARD(*bad_mode)
+        FORWARD(**{**args, "padding_mode": 7})
     with pytest.raises(ERRORS):
-        FORWARD(*args[:8], -1, *args[9:])  # negative padding
+        FORWARD(**{**args, "pad_w": -1})  # negative padding
+    with pytest.raises(ERRORS):  # grad_output of the wrong size
+        BACKWARD(grad_output=torch.zeros(1, 2, 4, 4, dtype=F64), **args, output_mask=[True] * 5)
     with pytest.raises(ERRORS):
-        BACKWARD(torch.zeros(1, 2, 4, 4, dtype=F64), *args, [True] * 5)  # grad_output of the wrong size
-    with pytest.raises(ERRORS):
-        FORWARD(case.input.float(), *args[1:])  # mixed dtypes
+        FORWARD(**{**args, "input": case.input.float()})  # mixed dtypes
 
 
 def test_does_not_modify_inputs(gen):
@@ -148,6 +147,125 @@ def test_does_not_modify_inputs(gen):
     out.backward(torch.ones_like(out))
     for name, a, b in zip(ARG_NAMES, case.tensors, before.tensors):
         assert torch.equal(a.detach(), b), name
+
+
+# ---------------------------------------------------------------------------------------------
+# The spec: what the op accepts and how each padding mode samples, stated once by the compiled
+# library (include/edsc_ext/spec.h, torch.ops.edsc_ext.deform_sepconv_spec)
+
+
+def test_python_reads_the_compiled_spec():
+    raw = json.loads(torch.ops.edsc_ext.deform_sepconv_spec())
+    assert [mode._asdict() for mode in SPEC.padding_modes] == raw["padding_modes"]
+    assert OP_PADDING_MODES == {mode["name"]: mode["code"] for mode in raw["padding_modes"]}
+    assert OP_PADDING_MODES == {"zeros": 0, "border": 1, "edsc": 2}
+    assert [[str(d).removeprefix("torch.") for d in pair] for pair in SPEC.dtype_pairs] == raw["dtype_pairs"]
+    assert MAX_KERNEL_WIDTH == raw["max_kernel_width"] == 128 and SPEC.specialized_kernel == 5
+    assert MIXED_PRECISION == {F32: (F16, torch.bfloat16)}
+    traits = {mode.name: (mode.clamps, mode.doubles_border, mode.shifts_taps, mode.grid_taps, mode.bound_factor)
+              for mode in SPEC.padding_modes}
+    assert traits == {"zeros": (False, False, False, True, 1), "border": (True, False, False, True, 1),
+                      "edsc": (True, True, True, False, 4)}
+
+
+def _sample_by_traits(image, mode, y, x, pad):
+    """input[y, x] of a 2-D image as a mode's traits say (integer coordinates: no interpolation):
+    clamped into the image, counted twice along an axis outside [-pad, size - 1 + pad) where the
+    border doubles, else 0 outside."""
+    value = 1.0
+    coordinates = []
+    for c, size in ((y, image.shape[0]), (x, image.shape[1])):
+        if mode.clamps:
+            if mode.doubles_border and (c < -pad or c >= size - 1 + pad):
+                value *= 2
+            c = min(max(c, 0), size - 1)
+        elif not 0 <= c < size:
+            return 0.0
+        coordinates.append(c)
+    return value * float(image[coordinates[0], coordinates[1]])
+
+
+@pytest.mark.parametrize("offsets", [False, True], ids=["grid", "offsets"])
+@pytest.mark.parametrize("mode", SPEC.padding_modes, ids=[mode.name for mode in SPEC.padding_modes])
+def test_each_padding_mode_samples_as_its_traits_say(gen, mode, offsets):
+    """The kernels branch on the spec's traits, not on a mode's name: at integer positions (taps on
+    the grid, or integer offsets reaching far outside) every mode's output is the sum of the samples
+    its traits describe (clamps, doubles_border, shifts_taps), on the per-pixel loops and, without
+    offsets, the row loops of the modes with the grid_taps trait."""
+    k, pad, size = 3, 1, 5
+    image = torch.randn(1, 1, size, size, generator=gen, dtype=F64)
+    offset = (torch.randint(-7, 8, (1, 2 * k * k, size, size), generator=gen).to(F64) if offsets
+              else torch.zeros(1, 2 * k * k, size, size, dtype=F64))
+    out = edsc_ext.deform_sepconv(image, offset=offset if offsets else None, kernel_size=k, padding=pad,
+                                  padding_mode=mode.name)
+    shift = 1 - (k - 1) // 2 if mode.shifts_taps else 0
+    expected = torch.zeros_like(out)
+    for y in range(size):
+        for x in range(size):
+            for i in range(k):
+                for j in range(k):
+                    t = i * k + j
+                    dy, dx = int(offset[0, 2 * t, y, x]), int(offset[0, 2 * t + 1, y, x])
+                    expected[0, 0, y, x] += _sample_by_traits(image[0, 0], mode, y - pad + i + shift + dy,
+                                                              x - pad + j + shift + dx, pad)
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+    plan = edsc_ext._plan(image, offset=offset if offsets else None, kernel_size=k, padding=pad,
+                          padding_mode=mode.name).forward
+    assert plan.startswith("grid_taps_rows/" if mode.grid_taps and not offsets else "pixels/"), plan
+
+
+def test_every_message_is_built_from_the_spec(gen):
+    """The messages name what the spec states, on both sides: the Python checks (ValueError,
+    TypeError) and the compiled op's own (a RuntimeError through the stable ABI)."""
+    case = make_inputs(1, 2, 5, 6, 3, 3, 1, 1, generator=gen)
+    kwargs = normalize_args(*case.tensors, **case.kwargs).op_kwargs()
+    call = lambda **changes: edsc_ext.deform_sepconv(*case.tensors, **{**case.kwargs, **changes})  # noqa: E731
+    raw = lambda **changes: FORWARD(**{**kwargs, **changes})  # noqa: E731
+
+    # padding_mode: every mode by name in Python, by code and name in the compiled op.
+    with pytest.raises(ValueError, match="padding_mode") as python:
+        call(padding_mode="reflect")
+    with pytest.raises(RuntimeError, match="padding_mode code") as compiled:
+        raw(padding_mode=len(SPEC.padding_modes))
+    for mode in SPEC.padding_modes:
+        assert repr(mode.name) in str(python.value) and f"{mode.code} ({mode.name})" in str(compiled.value)
+
+    # The frame's dtypes, and the rule of the pairs (every mixed pair named).
+    frames = SPEC.frame_dtypes_text
+    assert frames == "float64, float32, float16 or bfloat16"
+    assert all(str(frame).removeprefix("torch.") in frames for frame, _ in SPEC.dtype_pairs)
+    with pytest.raises(TypeError, match=re.escape(frames)):
+        edsc_ext.deform_sepconv(case.input.long(), kernel_size=3)
+    with pytest.raises(TypeError, match=re.escape(f"input must be {frames}")):
+        edsc_ext.deform_sepconv(case.input.to(torch.float8_e4m3fn), kernel_size=3)
+    with pytest.raises(RuntimeError, match=re.escape(f"input must be {frames}")):
+        raw(input=case.input.to(torch.float8_e4m3fn), vertical=None, horizontal=None, offset=None, mask=None)
+    for frame, per_pixel in SPEC.dtype_pairs:
+        if frame != per_pixel:
+            assert re.search(rf"{str(per_pixel).removeprefix('torch.')}\b.* with a {str(frame).removeprefix('torch.')}"
+                             " input", SPEC.dtype_rule)
+    with pytest.raises(TypeError, match=re.escape(SPEC.dtype_rule)):
+        edsc_ext.deform_sepconv(case.input, *(t.half() for t in case.tensors[1:]), **case.kwargs)
+    with pytest.raises(RuntimeError, match=re.escape(SPEC.dtype_rule)):
+        raw(vertical=case.vertical.half(), horizontal=case.horizontal.half(), offset=case.offset.half(),
+            mask=case.mask.half())
+
+    # The sizes.
+    limit = str(SPEC.max_kernel_width)
+    with pytest.raises(ValueError, match=f"maximum {limit}"):
+        edsc_ext.deform_sepconv(case.input, kernel_size=(1, SPEC.max_kernel_width + 1), padding=(0, 64))
+    with pytest.raises(RuntimeError, match=f"maximum {limit}"):
+        raw(kernel_w=SPEC.max_kernel_width + 1)
+    for name, python_changes, compiled_changes, minimum in (
+            ("padding", dict(padding=SPEC.min_padding - 1), dict(pad_h=SPEC.min_padding - 1), SPEC.min_padding),
+            ("dilation", dict(dilation=SPEC.min_dilation - 1), dict(dilation_w=SPEC.min_dilation - 1),
+             SPEC.min_dilation),
+            ("kernel", dict(kernel_size=SPEC.min_kernel_size - 1), dict(kernel_h=SPEC.min_kernel_size - 1),
+             SPEC.min_kernel_size)):
+        with pytest.raises(ValueError, match=f">= {minimum}"):
+            call(**python_changes)
+        with pytest.raises(RuntimeError, match=f"{name}.* must be >= {minimum}"):
+            raw(**compiled_changes)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,7 +345,7 @@ def test_channels_last(gen, layout, padding_mode, device):
     # it (the leaves' .grad then follow autograd's layout contract: each leaf's own strides).
     format = torch.channels_last if CHANNELS_LAST[layout][0] else torch.contiguous_format
     args = normalize_args(*odd.tensors, **odd.kwargs, padding_mode=padding_mode)
-    raw_grads = BACKWARD(default_grad_output(out.shape).to(out), *args.op_args(), [True] * 5)
+    raw_grads = BACKWARD(grad_output=default_grad_output(out.shape).to(out), **args.op_kwargs(), output_mask=[True] * 5)
     for name, t in zip(("output",) + ARG_NAMES, (out,) + tuple(raw_grads)):
         assert t.is_contiguous(memory_format=format), (name, t.stride())
     expected, expected_grads = reference_and_grads(case, padding_mode)
@@ -268,11 +386,11 @@ def test_layout_copies(gen, layout, device):
     if layout != "contiguous":
         as_cl = lambda t: t.contiguous(memory_format=torch.channels_last)  # noqa: E731
         case = case.replace(input=as_cl(case.input)) if layout == "input-only" else case.map(as_cl)
-    args = normalize_args(*case.tensors, **case.kwargs, padding_mode="zeros").op_args()
+    args = normalize_args(*case.tensors, **case.kwargs, padding_mode="zeros").op_kwargs()
     grad_output = torch.randn((2, 3, 9, 10), generator=gen, dtype=F32).to(device)
     if layout != "contiguous":
         grad_output = grad_output.contiguous(memory_format=torch.channels_last)
-    ops = _ops_run_by(lambda: (FORWARD(*args), BACKWARD(grad_output, *args, [True] * 5)))
+    ops = _ops_run_by(lambda: (FORWARD(**args), BACKWARD(grad_output=grad_output, **args, output_mask=[True] * 5)))
     assert {"edsc_ext::deform_sepconv_forward", "edsc_ext::deform_sepconv_backward"} <= ops, ops
     if layout == "input-only":
         assert ops & COPY_OPS, ops
@@ -315,12 +433,12 @@ def test_per_pixel_views(gen, layout, offsets, device):
     assert not any(v.is_contiguous(memory_format=fmt) for v in views)
     kwargs = dict(kernel_size=5, padding=2, padding_mode="border")
     normalized = normalize_args(frame, vertical, horizontal, offset, mask, **kwargs)
-    args, op_kwargs = normalized.op_args(), normalized.op_kwargs()
-    ops = _ops_run_by(lambda: FORWARD(*args, **op_kwargs))
+    op_kwargs = normalized.op_kwargs()
+    ops = _ops_run_by(lambda: FORWARD(**op_kwargs))
     assert not ops & COPY_OPS, sorted(ops & COPY_OPS)
     plan = edsc_ext._plan(frame, vertical, horizontal, offset, mask, **kwargs).forward
     assert (plan == "pixels_rgb") if device == "cuda" else plan.startswith("pixels/"), plan
-    out = FORWARD(*args, **op_kwargs)
+    out = FORWARD(**op_kwargs)
     assert out.is_contiguous(memory_format=fmt)
     assert_close(out, reference(dense, "border"), F32)
 
@@ -363,9 +481,9 @@ def test_cpu_views_without_offsets_take_the_per_pixel_loops(gen):
     isa = edsc_ext._plan(*case.tensors, **kwargs).forward.split("/")[1]
     assert edsc_ext._plan(*case.tensors, **kwargs).forward == "grid_taps_rows/" + isa
     assert edsc_ext._plan(*view.tensors, **kwargs).forward == "pixels/" + isa
-    args = normalize_args(*view.tensors, **kwargs).op_args()
-    assert not _ops_run_by(lambda: FORWARD(*args)) & COPY_OPS
-    assert_close(FORWARD(*args), reference(case, "border"), F32)
+    args = normalize_args(*view.tensors, **kwargs).op_kwargs()
+    assert not _ops_run_by(lambda: FORWARD(**args)) & COPY_OPS
+    assert_close(FORWARD(**args), reference(case, "border"), F32)
 
 
 def test_per_pixel_views_of_other_patterns_are_copied(gen):
@@ -375,9 +493,9 @@ def test_per_pixel_views_of_other_patterns_are_copied(gen):
     wide = torch.randn(2, 100, 9, 10, generator=gen)
     wide[:, 0::2] = case.offset
     odd = case.replace(offset=wide[:, 0::2])
-    args = normalize_args(*odd.tensors, **odd.kwargs, padding_mode="border").op_args()
-    assert _ops_run_by(lambda: FORWARD(*args)) & COPY_OPS
-    assert_close(FORWARD(*args), reference(case, "border"), F32)
+    args = normalize_args(*odd.tensors, **odd.kwargs, padding_mode="border").op_kwargs()
+    assert _ops_run_by(lambda: FORWARD(**args)) & COPY_OPS
+    assert_close(FORWARD(**args), reference(case, "border"), F32)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -193,9 +193,11 @@ def test_only_required_grads(gen, monkeypatch, which):
     calls = []
     real = BACKWARD
 
-    def spy(*args):
-        calls.append(list(args[-1]))
-        return real(*args)
+    names = [argument.name for argument in BACKWARD.default._schema.arguments]
+
+    def spy(*args, **kwargs):
+        calls.append(list({**dict(zip(names, args)), **kwargs}["output_mask"]))
+        return real(*args, **kwargs)
 
     monkeypatch.setattr(torch.ops.edsc_ext, "deform_sepconv_backward", spy)
     case = make_inputs(1, 2, 5, 6, 3, 3, 1, 1, generator=gen)
@@ -215,12 +217,12 @@ def test_backward_op_output_mask(gen, padding_mode):
     case = make_inputs(1, 2, 5, 6, 2, 3, 1, 1, generator=gen)
     args = normalize_args(*case.tensors, **case.kwargs, padding_mode=padding_mode)
     grad_output = torch.randn((1, 2) + args.output_size, generator=gen, dtype=F64)
-    full = BACKWARD(grad_output, *args.op_args(), [True] * 5)
+    full = BACKWARD(grad_output=grad_output, **args.op_kwargs(), output_mask=[True] * 5)
     _, expected = reference_and_grads(case, padding_mode, grad_output)
     assert_grads_close(full, expected)
     for k in range(5):
         mask = [i == k for i in range(5)]
-        grads = BACKWARD(grad_output, *args.op_args(), mask)
+        grads = BACKWARD(grad_output=grad_output, **args.op_kwargs(), output_mask=mask)
         # The sixth, offset_dx's gradient, is empty without split offsets.
         assert len(grads) == 6 and grads[5].numel() == 0
         for i, g in enumerate(grads[:5]):

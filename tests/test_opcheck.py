@@ -54,8 +54,8 @@ def _case(device, layout, geometry, gen, present=(True, True, True, True)):
     return case.map(lambda t: t.contiguous(memory_format=memory_format(layout)))
 
 
-def _detached(args) -> tuple:
-    return tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in args)
+def _detached(kwargs) -> dict:
+    return {name: t.detach() if isinstance(t, torch.Tensor) else t for name, t in kwargs.items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -69,8 +69,8 @@ def _detached(args) -> tuple:
 @pytest.mark.parametrize("padding_mode", PADDING_MODES)
 def test_opcheck_forward(gen, device, layout, geometry, present, padding_mode):
     case = _case(device, layout, geometry, gen, present).leaves()
-    args = normalize_args(*case.tensors, **case.kwargs, padding_mode=padding_mode).op_args()
-    assert torch.library.opcheck(FORWARD.default, args, test_utils=OPCHECK_UTILS) == ALL_SUCCEEDED
+    kwargs = normalize_args(*case.tensors, **case.kwargs, padding_mode=padding_mode).op_kwargs()
+    assert torch.library.opcheck(FORWARD.default, (), kwargs, test_utils=OPCHECK_UTILS) == ALL_SUCCEEDED
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -82,8 +82,8 @@ def test_opcheck_backward(gen, device, layout, geometry, grad_mask):
     args = normalize_args(*case.tensors, **case.kwargs, padding_mode="border")
     grad_output = torch.randn(case.input.shape[:2] + args.output_size, generator=gen, dtype=F64).to(device)
     grad_output = grad_output.contiguous(memory_format=memory_format(layout))
-    result = torch.library.opcheck(BACKWARD.default, (grad_output,) + _detached(args.op_args()) + (grad_mask,),
-                                   test_utils=OPCHECK_UTILS)
+    result = torch.library.opcheck(BACKWARD.default, (), dict(grad_output=grad_output, **_detached(args.op_kwargs()),
+                                                              output_mask=grad_mask), test_utils=OPCHECK_UTILS)
     assert result == ALL_SUCCEEDED
 
 
@@ -96,17 +96,16 @@ def test_opcheck_split_offsets(gen, device, layout, padding_mode):
     dy, dx = (t.requires_grad_() for t in split(case.offset))
     args = normalize_args(case.input.requires_grad_(), case.vertical, case.horizontal, (dy, dx), case.mask,
                           **case.kwargs, padding_mode=padding_mode)
-    result = torch.library.opcheck(FORWARD.default, args.op_args(), args.op_kwargs(), test_utils=OPCHECK_UTILS)
+    result = torch.library.opcheck(FORWARD.default, (), args.op_kwargs(), test_utils=OPCHECK_UTILS)
     assert result == ALL_SUCCEEDED
     grad_output = torch.randn((1, 3) + args.output_size, generator=gen, dtype=F64).to(device).contiguous(
         memory_format=memory_format(layout))
-    plain = _detached(args.op_args())
-    kwargs = {"offset_dx": dx.detach()}
+    plain = _detached(args.op_kwargs())
     for grad_mask in ([True] * 5, [False, False, False, True, False]):
-        result = torch.library.opcheck(BACKWARD.default, (grad_output,) + plain + (grad_mask,), kwargs,
-                                       test_utils=BACKWARD_UTILS)
+        kwargs = dict(grad_output=grad_output, **plain, output_mask=grad_mask)
+        result = torch.library.opcheck(BACKWARD.default, (), kwargs, test_utils=BACKWARD_UTILS)
         assert result == {name: "SUCCESS" for name in BACKWARD_UTILS}
-        grads = BACKWARD(grad_output, *plain, grad_mask, **kwargs)
+        grads = BACKWARD(**kwargs)
         assert len(grads) == 6 and (grads[5].shape == dx.shape) == grad_mask[3]
 
 
@@ -121,16 +120,14 @@ def test_opcheck_mixed_dtypes(gen, device, layout, split_offsets):
     offset = tuple(t.detach().requires_grad_() for t in split(offset)) if split_offsets else \
         offset.detach().requires_grad_()
     args = normalize_args(*leaves, offset, case.mask.detach().requires_grad_(), **case.kwargs, padding_mode="border")
-    result = torch.library.opcheck(FORWARD.default, args.op_args(), args.op_kwargs(), test_utils=OPCHECK_UTILS)
+    result = torch.library.opcheck(FORWARD.default, (), args.op_kwargs(), test_utils=OPCHECK_UTILS)
     assert result == ALL_SUCCEEDED
     grad_output = torch.randn((1, 3) + args.output_size, generator=gen).to(device).contiguous(
         memory_format=memory_format(layout))
-    plain = _detached(args.op_args())
-    kwargs = {k: v.detach() for k, v in args.op_kwargs().items()}
-    result = torch.library.opcheck(BACKWARD.default, (grad_output,) + plain + ([True] * 5,), kwargs,
-                                   test_utils=BACKWARD_UTILS)
+    kwargs = dict(grad_output=grad_output, **_detached(args.op_kwargs()), output_mask=[True] * 5)
+    result = torch.library.opcheck(BACKWARD.default, (), kwargs, test_utils=BACKWARD_UTILS)
     assert result == {name: "SUCCESS" for name in BACKWARD_UTILS}
-    grads = BACKWARD(grad_output, *plain, [True] * 5, **kwargs)
+    grads = BACKWARD(**kwargs)
     assert [g.dtype for g in grads[:5]] == [F32] + [BF16] * 4
 
 

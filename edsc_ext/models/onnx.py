@@ -27,15 +27,15 @@ from typing import Any, Optional
 
 import torch
 
+from ..ops import SPEC
 from .networks import EDSC, SIZE_MULTIPLE
 
 __all__ = ["export", "translation_table", "dynamic_shapes_for", "OPSET"]
 
 # GridSample's mode "linear" (and N-D grids) came with opset 20; opset 16 had "bilinear".
 OPSET = 20
-# padding_mode codes of the op (edsc_ext.ops.PADDING_MODES) -> GridSample padding_mode.
-_GRID_PADDING = {0: "zeros", 1: "border", 2: "border"}
-_EDSC = 2
+# padding_mode codes of the op -> their traits, as the compiled library states them (edsc_ext.ops.SPEC).
+_PADDING_MODES = {mode.code: mode for mode in SPEC.padding_modes}
 
 
 def _require(name: str):
@@ -60,11 +60,12 @@ def _deform_sepconv_forward_onnx(input, vertical, horizontal, offset, mask, kern
     # type, the frame's, as the kernels compute (a cast to the same type is removed by runtimes).
     vertical, horizontal, offset, mask, offset_dx = (
         None if t is None else op.CastLike(t, input) for t in (vertical, horizontal, offset, mask, offset_dx))
-    mode = _GRID_PADDING[int(padding_mode)]
-    edsc = int(padding_mode) == _EDSC
-    # "edsc" moves tap 0 by 1 - (K-1)//2 along each axis (edsc_ext.reference.edsc_tap_shift).
-    shift_h = 1 - (kh - 1) // 2 if edsc else 0
-    shift_w = 1 - (kw - 1) // 2 if edsc else 0
+    traits = _PADDING_MODES[int(padding_mode)]
+    mode = "border" if traits.clamps else "zeros"  # GridSample's padding_mode
+    edsc = traits.doubles_border
+    # A mode that shifts the taps moves tap 0 by 1 - (K-1)//2 along each axis (edsc_ext.reference.edsc_tap_shift).
+    shift_h = 1 - (kh - 1) // 2 if traits.shifts_taps else 0
+    shift_w = 1 - (kw - 1) // 2 if traits.shifts_taps else 0
     shape = op.Shape(input)
     n = op.Slice(shape, [0], [1])
     h_in = op.Slice(shape, [2], [3])

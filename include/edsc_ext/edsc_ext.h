@@ -3,7 +3,10 @@
 // tensors both work and nothing of the library's internals is needed. The library registers the ops
 // when it is loaded (linking edsc_ext::ops does that). The arguments are the Python op's
 // (torch.ops.edsc_ext.*; edsc_ext.deform_sepconv documents them): padding_mode one of
-// edsc_ext::PaddingMode.
+// edsc_ext::PaddingMode; what the op accepts (dtypes, sizes, each mode's traits) is edsc_ext/spec.h.
+// This header and spec.h are the installed API. No autocast kernel is registered (the stable ABI
+// cannot redispatch past one: README "Autocast"): under autocast, pass the dtypes spec.h's
+// kDtypePairs lists.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -14,7 +17,7 @@
 #include <optional>
 #include <tuple>
 
-#include "edsc_ext/sampling.h"  // PaddingMode (kPaddingZeros, kPaddingBorder, kPaddingEdsc), kMaxKernelWidth
+#include "edsc_ext/spec.h"  // PaddingMode (kPaddingZeros, kPaddingBorder, kPaddingEdsc), kMaxKernelWidth, ...
 
 namespace edsc_ext {
 
@@ -27,11 +30,10 @@ inline at::Tensor deform_sepconv_forward(const at::Tensor& input, const Optional
                                          const OptionalAtTensor& mask, int64_t kernel_h, int64_t kernel_w,
                                          int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w,
                                          int64_t padding_mode, const OptionalAtTensor& offset_dx = std::nullopt) {
+  // The op's C++ signature is this function's.
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("edsc_ext::deform_sepconv_forward", "")
-                             .typed<at::Tensor(const at::Tensor&, const OptionalAtTensor&, const OptionalAtTensor&,
-                                               const OptionalAtTensor&, const OptionalAtTensor&, int64_t, int64_t,
-                                               int64_t, int64_t, int64_t, int64_t, int64_t, const OptionalAtTensor&)>();
+                             .typed<decltype(deform_sepconv_forward)>();
   return op.call(input, vertical, horizontal, offset, mask, kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w,
                  padding_mode, offset_dx);
 }
@@ -46,10 +48,7 @@ inline DeformSepconvBackwardAt deform_sepconv_backward(
     std::array<bool, 5> output_mask, const OptionalAtTensor& offset_dx = std::nullopt, bool deterministic = false) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("edsc_ext::deform_sepconv_backward", "")
-                             .typed<DeformSepconvBackwardAt(
-                                 const at::Tensor&, const at::Tensor&, const OptionalAtTensor&, const OptionalAtTensor&,
-                                 const OptionalAtTensor&, const OptionalAtTensor&, int64_t, int64_t, int64_t, int64_t,
-                                 int64_t, int64_t, int64_t, std::array<bool, 5>, const OptionalAtTensor&, bool)>();
+                             .typed<decltype(deform_sepconv_backward)>();
   return op.call(grad_output, input, vertical, horizontal, offset, mask, kernel_h, kernel_w, pad_h, pad_w, dilation_h,
                  dilation_w, padding_mode, output_mask, offset_dx, deterministic);
 }

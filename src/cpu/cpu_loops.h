@@ -8,7 +8,7 @@
 #include <utility>
 
 #include "cpu_plan.h"
-#include "edsc_ext/ops.h"
+#include "deform_sepconv_call.h"
 
 namespace edsc_ext {
 namespace {
@@ -17,10 +17,9 @@ namespace {
 // 5x5 for 32-bit-index calls only (calls past 2^31 elements are rare on the CPU, and each variant is
 // another compile of every kernel).
 template <typename Seed, typename Body>
-void dispatch_cpu_loop_shape(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg, const char* name,
-                             Body&& body) {
+void dispatch_cpu_loop_shape(const CallFacts& facts, const char* name, Body&& body) {
   dispatch_kernel_types<Seed, dispatch_axis::IndexWidth, dispatch_axis::Layout,
-                        dispatch_axis::KernelSize5x5</*kOnlyWith32bitIndex=*/true>>(kernel_call(t, cfg), name,
+                        dispatch_axis::KernelSize5x5</*kOnlyWith32bitIndex=*/true>>(facts, name,
                                                                                     std::forward<Body>(body));
 }
 
@@ -115,8 +114,8 @@ EDSC_CPU_INLINE inline void multiply_add_row(T* __restrict out, const T* __restr
 }
 
 // Tap j of output pixel x reads input column x + shift, shift = j - pad_w: inside the row for x in
-// [begin, end); left of it in [0, begin), right in [end, W) (0 in zeros mode, the edge pixel in
-// border mode).
+// [begin, end); left of it in [0, begin), right in [end, W) (0, or the edge pixel where the padding
+// mode clamps).
 template <typename index_t>
 struct GridTapColumns {
   index_t shift, begin, end;

@@ -1,5 +1,5 @@
 // The CPU planners: which loops a deform_sepconv call runs, forward and backward, chosen in one
-// place from the call's facts (include/edsc_ext/deform_sepconv_call.h), the machine's (CpuFacts)
+// place from the call's facts (src/deform_sepconv_call.h: CallFacts), the machine's (CpuFacts)
 // and the kernel policy. The launch code (deform_sepconv_{forward,backward}_cpu.cpp) switches over
 // the plan; every limit that decides a plan is named here.
 #pragma once
@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <string>
 
-#include "edsc_ext/deform_sepconv_call.h"
-#include "edsc_ext/kernel_policy.h"
+#include "deform_sepconv_call.h"
+#include "kernel_policy.h"
 
 // The wheels target the x86-64 baseline (SSE2); on x86-64 the loops are also compiled for AVX2 + FMA
 // (cpu_loops.h: run_avx2).
@@ -36,7 +36,7 @@ CpuFacts this_cpu();
 enum class CpuForwardKernel {
   kEmpty,        // no output elements: nothing runs
   kGridTapRows,  // calls without offsets (takes_grid_taps): whole rows a tap, vectorised along x
-  kPixels,       // one output pixel at a time, bilinear samples (include/edsc_ext/deform_sepconv_pixel.h)
+  kPixels,       // one output pixel at a time, bilinear samples (src/sampling.h)
 };
 
 struct CpuForwardPlan {
@@ -62,8 +62,8 @@ struct CpuBackwardPlan {
   int input_grad_channel_block = 0;
 };
 
-CpuForwardPlan plan_cpu_forward(const DeformSepconvCall& call, const CpuFacts& cpu, const KernelPolicy& policy);
-CpuBackwardPlan plan_cpu_backward(const DeformSepconvCall& call, const CpuFacts& cpu, const KernelPolicy& policy);
+CpuForwardPlan plan_cpu_forward(const CallFacts& call, const CpuFacts& cpu, const KernelPolicy& policy);
+CpuBackwardPlan plan_cpu_backward(const CallFacts& call, const CpuFacts& cpu, const KernelPolicy& policy);
 
 // Names for edsc_ext._plan and the tests, e.g. "grid_taps_rows/avx2".
 std::string plan_name(const CpuForwardPlan& plan);

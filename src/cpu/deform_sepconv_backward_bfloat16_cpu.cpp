@@ -3,8 +3,7 @@
 
 namespace edsc_ext {
 
-template void run_deform_sepconv_backward_cpu<BFloat16, BFloat16>(const DeformSepconvTensors&,
-                                                                  const DeformSepconvConfig&, const CpuBackwardPlan&,
+template void run_deform_sepconv_backward_cpu<BFloat16, BFloat16>(const DeformSepconvCall&, const CpuBackwardPlan&,
                                                                   DeformSepconvGrads&);
 
 }  // namespace edsc_ext

@@ -4,14 +4,14 @@
 #pragma once
 
 #include "cpu_plan.h"
-#include "edsc_ext/ops.h"
+#include "deform_sepconv_call.h"
 
 namespace edsc_ext {
 
-// Fills `grads` (allocate_deform_sepconv_grads) as `plan` (plan_cpu_backward) says, for a frame of
-// scalar_t and per-pixel tensors of param_t.
+// Fills `grads` (allocate_grads) as `plan` (plan_cpu_backward) says, for a frame of scalar_t and
+// per-pixel tensors of param_t.
 template <typename scalar_t, typename param_t>
-void run_deform_sepconv_backward_cpu(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
-                                     const CpuBackwardPlan& plan, DeformSepconvGrads& grads);
+void run_deform_sepconv_backward_cpu(const DeformSepconvCall& call, const CpuBackwardPlan& plan,
+                                     DeformSepconvGrads& grads);
 
 }  // namespace edsc_ext

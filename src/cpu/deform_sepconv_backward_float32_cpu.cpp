@@ -3,7 +3,7 @@
 
 namespace edsc_ext {
 
-template void run_deform_sepconv_backward_cpu<float, float>(const DeformSepconvTensors&, const DeformSepconvConfig&,
-                                                            const CpuBackwardPlan&, DeformSepconvGrads&);
+template void run_deform_sepconv_backward_cpu<float, float>(const DeformSepconvCall&, const CpuBackwardPlan&,
+                                                            DeformSepconvGrads&);
 
 }  // namespace edsc_ext

@@ -1,5 +1,5 @@
 // The CPU backward of deform_sepconv: parallel over (image, band of output rows), per-pixel work from
-// include/edsc_ext/deform_sepconv_pixel.h. Included by the per-dtype units only
+// src/sampling.h. Included by the per-dtype units only
 // (deform_sepconv_backward_cpu.h says why).
 #pragma once
 
@@ -8,7 +8,6 @@
 
 #include "cpu_loops.h"
 #include "deform_sepconv_backward_cpu.h"
-#include "edsc_ext/deform_sepconv_call.h"
 
 namespace edsc_ext {
 namespace cpu_backward {
@@ -78,12 +77,12 @@ EDSC_CPU_INLINE inline void deform_sepconv_backward_grid_taps_row(
   if (grads.horizontal) std::fill(b.gh, b.gh + KW * width, acc_t(0));
   const index_t plane = input_channel_stride<kChannelsLast>(p), pixel_stride = input_pixel_stride<kChannelsLast>(p);
   const scalar_t* image = p.input + n * C * p.height_in * width_in;
-  const bool border = p.padding_mode == kPaddingBorder;
+  const bool clamps = p.padding.clamps;  // outside the row: the edge pixels, else zeros
   const index_t last = width_in - 1;
   for (index_t i = 0; i < KH; ++i) {
     const acc_t* v = b.v_rows + i * width;
     index_t iy = y - p.pad_h + i;
-    const bool row_inside = grid_tap_pixel(iy, p.height_in, p.padding_mode);  // else zeros mode: T = 0
+    const bool row_inside = grid_tap_pixel(iy, p.height_in, p.padding);  // else not clamped: T = 0
     if (row_inside) {
       for (index_t c = 0; c < C; ++c) {
         const scalar_t* src = image + c * plane + iy * width_in * pixel_stride;
@@ -102,7 +101,7 @@ EDSC_CPU_INLINE inline void deform_sepconv_backward_grid_taps_row(
           const acc_t* g = b.g + c * width;
           const acc_t* in = b.in_rows + c * width_in;
           multiply_add_row(b.s + cols.begin, g + cols.begin, in + cols.begin + cols.shift, cols.end - cols.begin);
-          if (border) {
+          if (clamps) {
             multiply_add_row(b.s, g, in[0], cols.begin);
             multiply_add_row(b.s + cols.end, g + cols.end, in[last], width - cols.end);
           }
@@ -124,7 +123,7 @@ EDSC_CPU_INLINE inline void deform_sepconv_backward_grid_taps_row(
           const acc_t* g = b.g + c * width;
           acc_t* din = b.din + c * width_in;
           multiply_add_row(din + cols.begin + cols.shift, g + cols.begin, b.s + cols.begin, cols.end - cols.begin);
-          if (border) {
+          if (clamps) {
             for (index_t x = 0; x < cols.begin; ++x) din[0] += g[x] * b.s[x];
             for (index_t x = cols.end; x < width; ++x) din[last] += g[x] * b.s[x];
           }
@@ -167,18 +166,20 @@ EDSC_CPU_INLINE inline void deform_sepconv_backward_grid_taps_row(
 //   parallel over (n, channel) planes (every sample of output plane (n, c) lands in input plane
 //   (n, c) alone), which samples again but needs no scratch.
 template <typename scalar_t, typename param_t>
-void run_deform_sepconv_backward_cpu(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
-                                     const CpuBackwardPlan& plan, DeformSepconvGrads& grads) {
+void run_deform_sepconv_backward_cpu(const DeformSepconvCall& call, const CpuBackwardPlan& plan,
+                                     DeformSepconvGrads& grads) {
   using namespace cpu_backward;
   using acc_t = opmath_t<scalar_t>;
-  const int64_t kernel_h = cfg.kernel_h, kernel_w = cfg.kernel_w;
-  dispatch_cpu_loop_shape<KernelTypes<scalar_t, param_t>>(t, cfg, "deform_sepconv_backward_cpu", [&](auto k) {
-    using K = std::decay_t<decltype(k)>;
+  const CallFacts& f = call.facts;
+  const int64_t kernel_h = f.kernel_h, kernel_w = f.kernel_w;
+  using Seed = KernelTypes<kernel_facts::Dtypes<scalar_t, param_t>>;
+  dispatch_cpu_loop_shape<Seed>(f, "deform_sepconv_backward_cpu", [&](auto k) {
+    using K = decltype(k);
     using index_t = typename K::index_t;
     constexpr bool kChannelsLast = K::kChannelsLast;
     constexpr int kKernelH = K::kKernelH, kKernelW = K::kKernelW;
-    const auto p = make_params<scalar_t, index_t, param_t>(t, cfg);
-    const scalar_t* go = t.grad_output->const_data_ptr<scalar_t>();
+    const auto p = make_params<scalar_t, index_t, param_t>(call);
+    const scalar_t* go = call.grad_output->const_data_ptr<scalar_t>();
     const auto param_grads = make_param_grads<param_t>(grads);
     // Half types accumulate the input gradient in a float plane, rounded once at the end.
     constexpr bool kSeparateAcc = !std::is_same_v<acc_t, scalar_t>;
@@ -193,14 +194,14 @@ void run_deform_sepconv_backward_cpu(const DeformSepconvTensors& t, const Deform
     const auto parameter_grad_pass = [&] {
       if (grid_taps) {
         torch::stable::parallel_for(
-            0, p.batch * t.height_out, std::max<int64_t>(1, kPixelGrain / p.width_out),
+            0, p.batch * p.height_out, std::max<int64_t>(1, kPixelGrain / p.width_out),
             [&](int64_t begin, int64_t end) {
               GridTapRowScratch<acc_t> scratch(kernel_h, kernel_w, p.channels, p.width_out, p.width_in);
               run_for_cpu(avx2, [&]() EDSC_CPU_INLINE {
                 for (int64_t row = begin; row < end; ++row) {
                   deform_sepconv_backward_grid_taps_row<kChannelsLast>(
-                      p, go, param_grads, static_cast<acc_t*>(nullptr), static_cast<index_t>(row / t.height_out),
-                      static_cast<index_t>(row % t.height_out), scratch);
+                      p, go, param_grads, static_cast<acc_t*>(nullptr), static_cast<index_t>(row / p.height_out),
+                      static_cast<index_t>(row % p.height_out), scratch);
                 }
               });
             });
@@ -208,7 +209,7 @@ void run_deform_sepconv_backward_cpu(const DeformSepconvTensors& t, const Deform
       }
       NoInputGrad<acc_t> no_input_grad;
       for_each_output_pixel<index_t>(
-          avx2, p.batch, t.height_out, t.width_out, [&](index_t n, index_t y, index_t x) EDSC_CPU_INLINE {
+          avx2, p.batch, p.height_out, p.width_out, [&](index_t n, index_t y, index_t x) EDSC_CPU_INLINE {
             deform_sepconv_backward_pixel<kCpuChannelBlock, kKernelH, kKernelW, kMaxKernelWidth, kChannelsLast,
                                           scalar_t, acc_t, index_t>(p, go, param_grads, no_input_grad, index_t(0),
                                                                     index_t(0), n, y, x);
@@ -235,8 +236,8 @@ void run_deform_sepconv_backward_cpu(const DeformSepconvTensors& t, const Deform
               const index_t n = static_cast<index_t>(task / bands);
               const int64_t band = task % bands;
               const auto add = add_into(band == 0 ? gin + n * image : extra + (n * (bands - 1) + band - 1) * image);
-              const index_t y_begin = static_cast<index_t>(band * t.height_out / bands);
-              const index_t y_end = static_cast<index_t>((band + 1) * t.height_out / bands);
+              const index_t y_begin = static_cast<index_t>(band * p.height_out / bands);
+              const index_t y_end = static_cast<index_t>((band + 1) * p.height_out / bands);
               if (grid_taps) {
                 for (index_t y = y_begin; y < y_end; ++y) {
                   deform_sepconv_backward_grid_taps_row<kChannelsLast>(p, go, param_grads, add.grad, n, y, *scratch);

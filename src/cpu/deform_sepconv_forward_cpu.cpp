@@ -1,14 +1,10 @@
 // CPU forward of deform_sepconv: torch's parallel_for over output pixels, per-pixel work from
-// include/edsc_ext/deform_sepconv_pixel.h; calls without offsets (sepconv) by rows instead.
+// src/sampling.h; calls without offsets (sepconv) by rows instead.
 #include <algorithm>
 #include <vector>
 
-#include "../backends.h"
+#include "backends.h"
 #include "cpu_loops.h"
-#include "cpu_plan.h"
-#include "edsc_ext/deform_sepconv_call.h"
-#include "edsc_ext/kernel_policy.h"
-#include "edsc_ext/ops.h"
 
 namespace edsc_ext {
 namespace {
@@ -33,12 +29,12 @@ EDSC_CPU_INLINE inline void deform_sepconv_forward_grid_taps_row(
   load_grid_weight_rows<kChannelsLast>(p, n, y, v_rows, h_rows);
   const index_t plane = input_channel_stride<kChannelsLast>(p), pixel_stride = input_pixel_stride<kChannelsLast>(p);
   const scalar_t* image = p.input + n * p.channels * p.height_in * width_in;
-  const bool border = p.padding_mode == kPaddingBorder;
+  const bool clamps = p.padding.clamps;  // outside the row: the edge pixels, else zeros
   for (index_t c = 0; c < p.channels; ++c) {
     std::fill(acc, acc + width, acc_t(0));
     for (index_t i = 0; i < KH; ++i) {
       index_t iy = y - p.pad_h + i;
-      if (!grid_tap_pixel(iy, p.height_in, p.padding_mode)) continue;  // zeros mode: a row of zeros
+      if (!grid_tap_pixel(iy, p.height_in, p.padding)) continue;  // not clamped: a row of zeros
       const scalar_t* src = image + c * plane + iy * width_in * pixel_stride;
       for (index_t q = 0; q < width_in; ++q) in_row[q] = static_cast<acc_t>(src[q * pixel_stride]);
       std::fill(sum, sum + width, acc_t(0));
@@ -52,7 +48,7 @@ EDSC_CPU_INLINE inline void deform_sepconv_forward_grid_taps_row(
           for (index_t x = inside_begin; x < inside_end; ++x) {
             sum[x] += h[x] * static_cast<acc_t>(m[x * m_step]) * in_row[x + shift];
           }
-          if (border) {
+          if (clamps) {
             for (index_t x = 0; x < inside_begin; ++x) sum[x] += h[x] * static_cast<acc_t>(m[x * m_step]) * in_row[0];
             for (index_t x = inside_end; x < width; ++x) {
               sum[x] += h[x] * static_cast<acc_t>(m[x * m_step]) * in_row[width_in - 1];
@@ -61,7 +57,7 @@ EDSC_CPU_INLINE inline void deform_sepconv_forward_grid_taps_row(
         } else {
           multiply_add_row(sum + inside_begin, h + inside_begin, in_row + inside_begin + shift,
                            inside_end - inside_begin);
-          if (border) {
+          if (clamps) {
             multiply_add_row(sum, h, in_row[0], inside_begin);
             multiply_add_row(sum + inside_end, h + inside_end, in_row[width_in - 1], width - inside_end);
           }
@@ -98,41 +94,37 @@ void forward_grid_tap_rows(const DeformSepconvParams<scalar_t, index_t, param_t>
 
 }  // namespace
 
-Tensor deform_sepconv_forward_cpu(const Tensor& input, const OptionalTensor& vertical, const OptionalTensor& horizontal,
-                                  const OptionalTensor& offset, const OptionalTensor& mask, int64_t kernel_h,
-                                  int64_t kernel_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
-                                  int64_t dilation_w, int64_t padding_mode, const OptionalTensor& offset_dx) {
-  const DeformSepconvConfig cfg{kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode};
+Tensor deform_sepconv_forward_cpu(const DeformSepconvArgs& args) {
   // Per-pixel tensors that are views (channel slices of wider tensors, expanded ones) are read in
   // place: the per-pixel loops take their strides (GlobalPixelValues<..., kStrided>).
-  const DeformSepconvTensors t =
-      prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg, nullptr, offset_dx);
-  Tensor output = empty_in(input, {input.size(0), input.size(1), t.height_out, t.width_out}, t.memory_format());
-  const CpuForwardPlan plan = plan_cpu_forward(describe_call(t, cfg, {}, false), this_cpu(), kernel_policy());
+  const DeformSepconvCall call = prepare(args);
+  const CallFacts& f = call.facts;
+  Tensor output = empty_in(call.input, {f.batch, f.channels, f.height_out, f.width_out}, f.memory_format());
+  const CpuForwardPlan plan = plan_cpu_forward(f, this_cpu(), kernel_policy());
   switch (plan.kernel) {
     case CpuForwardKernel::kEmpty:
       break;
     case CpuForwardKernel::kGridTapRows:
       dispatch_kernel_types<KernelTypes<>, dispatch_axis::FrameAndParamTypes, dispatch_axis::IndexWidth,
-                            dispatch_axis::Layout>(kernel_call(t, cfg), "deform_sepconv_forward_cpu", [&](auto k) {
-        using K = std::decay_t<decltype(k)>;
+                            dispatch_axis::Layout>(f, "deform_sepconv_forward_cpu", [&](auto k) {
+        using K = decltype(k);
         using scalar_t = typename K::scalar_t;
         forward_grid_tap_rows<K::kChannelsLast, scalar_t, typename K::acc_t>(
-            make_params<scalar_t, typename K::index_t, typename K::param_t>(t, cfg),
-            output.mutable_data_ptr<scalar_t>(), plan.avx2);
+            make_params<scalar_t, typename K::index_t, typename K::param_t>(call), output.mutable_data_ptr<scalar_t>(),
+            plan.avx2);
       });
       break;
     case CpuForwardKernel::kPixels:
       dispatch_kernel_types<KernelTypes<>, dispatch_axis::FrameAndParamTypes>(
-          kernel_call(t, cfg), "deform_sepconv_forward_cpu", [&](auto types) {
-            dispatch_cpu_loop_shape<decltype(types)>(t, cfg, "deform_sepconv_forward_cpu", [&](auto k) {
-              using K = std::decay_t<decltype(k)>;
+          f, "deform_sepconv_forward_cpu", [&](auto types) {
+            dispatch_cpu_loop_shape<decltype(types)>(f, "deform_sepconv_forward_cpu", [&](auto k) {
+              using K = decltype(k);
               using scalar_t = typename K::scalar_t;
               using index_t = typename K::index_t;
-              const auto p = make_params<scalar_t, index_t, typename K::param_t>(t, cfg);
+              const auto p = make_params<scalar_t, index_t, typename K::param_t>(call);
               scalar_t* out = output.mutable_data_ptr<scalar_t>();
               for_each_output_pixel<index_t>(
-                  plan.avx2, p.batch, t.height_out, t.width_out, [&](index_t n, index_t y, index_t x) EDSC_CPU_INLINE {
+                  plan.avx2, p.batch, p.height_out, p.width_out, [&](index_t n, index_t y, index_t x) EDSC_CPU_INLINE {
                     for (index_t c0 = 0; c0 < p.channels; c0 += kCpuChannelBlock) {
                       // Strided for dense tensors too (their strides are the dense ones): one
                       // instantiation, a few index multiplies a pixel.

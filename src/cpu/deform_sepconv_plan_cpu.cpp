@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "cpu_plan.h"
-#include "edsc_ext/torch_stable.h"
+#include "torch_stable.h"
 
 namespace edsc_ext {
 namespace {
@@ -14,7 +14,7 @@ namespace {
 // do not, fewer bands still beat the two-pass backward if they outnumber the channels (its tasks).
 // The split depends on the shape and budget alone, so the result does not depend on the thread
 // count (deform_sepconv_backward_loops_cpu.h).
-int64_t cpu_backward_bands(const DeformSepconvCall& c, int64_t scratch_bytes) {
+int64_t cpu_backward_bands(const CallFacts& c, int64_t scratch_bytes) {
   const int64_t image_bytes = c.channels * c.height_in * c.width_in * (c.element_size == 8 ? 8 : 4);  // acc_t
   const int64_t wanted =
       std::min(c.batch >= kCpuTasks ? 1 : (kCpuTasks + c.batch - 1) / c.batch, std::max<int64_t>(c.height_out, 1));
@@ -43,7 +43,7 @@ CpuFacts this_cpu() {
   return facts;
 }
 
-CpuForwardPlan plan_cpu_forward(const DeformSepconvCall& call, const CpuFacts& cpu, const KernelPolicy& policy) {
+CpuForwardPlan plan_cpu_forward(const CallFacts& call, const CpuFacts& cpu, const KernelPolicy& policy) {
   CpuForwardPlan plan;
   plan.avx2 = cpu.avx2 && !policy.cpu_baseline;
   if (call.batch * call.channels * call.height_out * call.width_out == 0) return plan;
@@ -53,7 +53,7 @@ CpuForwardPlan plan_cpu_forward(const DeformSepconvCall& call, const CpuFacts& c
   return plan;
 }
 
-CpuBackwardPlan plan_cpu_backward(const DeformSepconvCall& call, const CpuFacts& cpu, const KernelPolicy& policy) {
+CpuBackwardPlan plan_cpu_backward(const CallFacts& call, const CpuFacts& cpu, const KernelPolicy& policy) {
   CpuBackwardPlan plan;
   plan.avx2 = cpu.avx2 && !policy.cpu_baseline;
   if (call.batch == 0 || call.height_out * call.width_out == 0) return plan;

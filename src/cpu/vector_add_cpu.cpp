@@ -1,6 +1,5 @@
 // CPU kernel of vector_add, the smallest end-to-end example of the build and of dispatch.
-#include "../backends.h"
-#include "edsc_ext/kernel_dispatch.h"
+#include "backends.h"
 
 namespace edsc_ext {
 
@@ -15,8 +14,9 @@ Tensor vector_add_cpu(const Tensor& a, const Tensor& b) {
   check_vector_add(a, b);
   const Tensor ac = contiguous_in(a), bc = contiguous_in(b);
   Tensor out = empty_in(a, a.sizes(), MemoryFormat::Contiguous);
-  const KernelCall call{a.scalar_type(), a.scalar_type()};
-  dispatch_kernel_types<KernelTypes<>, dispatch_axis::AllTypes>(call, "vector_add_cpu", [&](auto k) {
+  CallFacts facts;  // of the dispatch, the dtype only
+  facts.frame_dtype = facts.param_dtype = a.scalar_type();
+  dispatch_kernel_types<KernelTypes<>, dispatch_axis::AllTypes>(facts, "vector_add_cpu", [&](auto k) {
     using scalar_t = typename decltype(k)::scalar_t;
     const scalar_t* pa = ac.const_data_ptr<scalar_t>();
     const scalar_t* pb = bc.const_data_ptr<scalar_t>();

@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "edsc_ext/torch_stable.h"
+#include "torch_stable.h"
 
 namespace edsc_ext {
 

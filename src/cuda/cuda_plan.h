@@ -1,5 +1,5 @@
 // The CUDA planners: which kernels a deform_sepconv call runs, forward and backward, and their
-// launch parameters, chosen in one place from the call's facts (include/edsc_ext/deform_sepconv_call.h),
+// launch parameters, chosen in one place from the call's facts (src/deform_sepconv_call.h: CallFacts),
 // the device's (CudaDeviceFacts) and the kernel policy. Plain C++ with no CUDA dependency, compiled
 // into every build, so a plan can be made for a described device on a machine without a GPU
 // (edsc_ext._plan). The launch code (deform_sepconv_forward_cuda.cu, deform_sepconv_backward_cuda.cu,
@@ -10,10 +10,10 @@
 #include <cstdint>
 #include <string>
 
-#include "edsc_ext/deform_sepconv_call.h"
-#include "edsc_ext/kernel_policy.h"
-#include "edsc_ext/sampling.h"  // EDSC_HOST_DEVICE
+#include "deform_sepconv_call.h"  // CallFacts, VariantScope; edsc_ext/spec.h's kSpecializedKernel
+#include "kernel_policy.h"
 #include "launch.cuh"
+#include "sampling.h"  // EDSC_HOST_DEVICE
 
 namespace edsc_ext {
 
@@ -24,9 +24,8 @@ struct CudaDeviceFacts {
 
 // ---- Limits
 
-// The kernel size the specialised kernels are compiled for (EDSC's 5x5): the staged and lane-pair
+// edsc_ext/spec.h's kSpecializedKernel (EDSC's 5x5) is the kernel size of the staged and lane-pair
 // forwards, the warp-staged backward, the L2 prefetch and the exact-RGB variants.
-constexpr int kSpecializedKernel = 5;
 // The channel counts (greyscale to RGBA) of the kernels that keep all channels of a pixel at once:
 // the staged and lane-pair forwards, the prefetch, the grid-tap gradients, and the channels_last
 // backward's tile in place (above it the backward takes the channel lanes, or runs on NCHW copies:
@@ -113,50 +112,120 @@ struct GatherLayout {
   }
 };
 
-// ---- Plans
-
 // ---- Kernel variants: how a plan names the instantiation it runs
 //
-// The bilinear kernels (one thread per pixel, forward and backward; the backward tile) are compiled in
-// variants: channels a thread, exactly RGB, the L2 prefetch, vector loads, warp staging. Each family
-// lists its variants in one table: a row holds the template arguments of one instantiation and the
-// calls it is compiled for (VariantScope). The planner picks the row (a plan's `variant`), the
-// launcher instantiates each row for the call types its scope admits and runs the planned one, and
-// plan_name names it: nothing else maps a plan to an instantiation.
+// Each CUDA kernel family lists its variants in one table: a row has a unique name (the plan's), the
+// template arguments of one instantiation as named fields, and the calls it is compiled for (scope,
+// a VariantScope). The planner picks the row (a plan's variant; find_variant checks that its scope
+// admits the call), the launcher instantiates each row for the call types its scope admits and runs
+// the planned one (dispatch_axis::Variant), and plan_name names it: nothing else maps a plan to an
+// instantiation. What a call fixes rather than a plan (its dtypes, index width, layout, 5x5 or not,
+// up to 4 channels, a mask or none) the dispatch's other axes set.
 
-// What decides which variants exist for a call: made at compile time from a launcher's KernelTypes
-// (variant_facts<K>() in deform_sepconv_cuda.cuh) and at run time from the call (variant_facts(call)).
-struct VariantFacts {
-  bool kernel_5x5 = false;   // a compile-time 5x5 kernel (kSpecializedKernel)
-  bool index_32bit = false;  // 32-bit indices
-  bool channels_last = false;
-  int64_t element_size = 0;  // the frame's dtype
-  bool same_dtypes = true;   // the per-pixel tensors in the frame's dtype (not mixed precision)
+// Every row and scope spells every field: nvcc's C++17 mode (torch < 2.13 headers) fills a field
+// left out before a named one with zero instead of its default member initializer, and a table
+// read differently by nvcc (the launchers) and the host compiler (the planner) would run another
+// kernel than the plan names.
+
+// The calls a family's rows are compiled for.
+inline constexpr VariantScope kAnyScope{.kernel_5x5 = false,
+                                        .index_32bit = false,
+                                        .layout = VariantLayout::kAny,
+                                        .max_element_size = 8,
+                                        .same_dtypes = false};
+// Blocks of 3 channels: the compile-time 5x5.
+inline constexpr VariantScope k5x5Scope{.kernel_5x5 = true,
+                                        .index_32bit = false,
+                                        .layout = VariantLayout::kAny,
+                                        .max_element_size = 8,
+                                        .same_dtypes = false};
+// The RGB and prefetch variants: 5x5 with 32-bit indices (the prefetch: NCHW).
+inline constexpr VariantScope kSpecialized5x5Scope{.kernel_5x5 = true,
+                                                   .index_32bit = true,
+                                                   .layout = VariantLayout::kAny,
+                                                   .max_element_size = 8,
+                                                   .same_dtypes = false};
+inline constexpr VariantScope kSpecialized5x5NchwScope{.kernel_5x5 = true,
+                                                       .index_32bit = true,
+                                                       .layout = VariantLayout::kNchw,
+                                                       .max_element_size = 8,
+                                                       .same_dtypes = false};
+// Vector loads of a pixel's channels, and the channel lanes: channels_last, 32-bit indices, float32
+// and the half types.
+inline constexpr VariantScope kChannelsLastVectorScope{.kernel_5x5 = false,
+                                                       .index_32bit = true,
+                                                       .layout = VariantLayout::kChannelsLast,
+                                                       .max_element_size = 4,
+                                                       .same_dtypes = false};
+// The grid-tap kernels (grid_tap_window.cuh): float32 and the half types, per-pixel tensors in the
+// frame's dtype, 64-bit indices.
+inline constexpr VariantScope kGridTapsScope{.kernel_5x5 = false,
+                                             .index_32bit = false,
+                                             .layout = VariantLayout::kAny,
+                                             .max_element_size = 4,
+                                             .same_dtypes = true};
+// The staged forward: NCHW 5x5, the 2-byte types, 32-bit indices; it copies (dy, dx) pairs of one
+// offset tensor in the frame's dtype.
+inline constexpr VariantScope kStagedScope{.kernel_5x5 = true,
+                                           .index_32bit = true,
+                                           .layout = VariantLayout::kNchw,
+                                           .max_element_size = kStagedElementSize,
+                                           .same_dtypes = true};
+// The lane-pair forward and the warp-staged backward tile: channels_last 5x5, 32-bit indices, up to
+// 4-byte elements in one dtype (the warp-staged buffers hold the frame's dtype, and their
+// fixed-point tile needs a float accumulator).
+inline constexpr VariantScope kChannelsLast5x5Scope{.kernel_5x5 = true,
+                                                    .index_32bit = true,
+                                                    .layout = VariantLayout::kChannelsLast,
+                                                    .max_element_size = 4,
+                                                    .same_dtypes = true};
+// The backward tile: 32-bit indices.
+inline constexpr VariantScope kTiledScope{.kernel_5x5 = false,
+                                          .index_32bit = true,
+                                          .layout = VariantLayout::kAny,
+                                          .max_element_size = 8,
+                                          .same_dtypes = false};
+
+// Forward, kGridTaps (deform_sepconv_forward_grid_taps_cuda.cu): the channels staged together in
+// each tile's input window.
+struct GridTapsForwardVariant {
+  const char* name;
+  int pass_channels;
+  VariantScope scope;
+};
+inline constexpr GridTapsForwardVariant kGridTapsForwardVariants[] = {
+    {.name = "grid_taps_pass4", .pass_channels = 4, .scope = kGridTapsScope},
+    {.name = "grid_taps_pass3", .pass_channels = 3, .scope = kGridTapsScope},
+    {.name = "grid_taps_pass2", .pass_channels = 2, .scope = kGridTapsScope},
+    {.name = "grid_taps_pass1", .pass_channels = 1, .scope = kGridTapsScope},
 };
 
-enum class VariantLayout { kAny, kNchw, kChannelsLast };
-
-// The calls a variant is compiled for.
-struct VariantScope {
-  bool kernel_5x5 = false;   // only with the compile-time 5x5
-  bool index_32bit = false;  // only with 32-bit indices
-  VariantLayout layout = VariantLayout::kAny;
-  int64_t max_element_size = 8;
-  bool same_dtypes = false;  // not with mixed precision
-
-  constexpr bool admits(const VariantFacts& f) const {
-    return (!kernel_5x5 || f.kernel_5x5) && (!index_32bit || f.index_32bit) &&
-           (layout == VariantLayout::kAny || (layout == VariantLayout::kChannelsLast) == f.channels_last) &&
-           f.element_size <= max_element_size && (!same_dtypes || f.same_dtypes);
-  }
+// Forward, kStaged (deform_sepconv_forward_staged_cuda.cu).
+struct StagedForwardVariant {
+  const char* name;
+  int chunk_bytes;  // bytes a cp.async copy moves (the per-pixel tensors' alignment allows it)
+  VariantScope scope;
+};
+inline constexpr StagedForwardVariant kStagedForwardVariants[] = {
+    {.name = "staged_chunk16", .chunk_bytes = 16, .scope = kStagedScope},
+    {.name = "staged_chunk4", .chunk_bytes = 4, .scope = kStagedScope},
 };
 
-inline VariantFacts variant_facts(const DeformSepconvCall& c) {
-  return {c.square_kernel(kSpecializedKernel), c.use_32bit_indexing, c.channels_last, c.element_size,
-          !c.mixed_precision()};
-}
+// Forward, kLanePairs (deform_sepconv_forward_lane_pairs_cuda.cu): up to 4 channels.
+struct LanePairsForwardVariant {
+  const char* name;
+  bool exact_rgb;      // exactly 3 channels, a compile-time constant
+  bool staged_values;  // each warp's per-pixel values through shared memory (16-byte aligned copies)
+  VariantScope scope;
+};
+inline constexpr LanePairsForwardVariant kLanePairsForwardVariants[] = {
+    {.name = "lane_pairs", .exact_rgb = false, .staged_values = false, .scope = kChannelsLast5x5Scope},
+    {.name = "lane_pairs_staged", .exact_rgb = false, .staged_values = true, .scope = kChannelsLast5x5Scope},
+    {.name = "lane_pairs_rgb", .exact_rgb = true, .staged_values = false, .scope = kChannelsLast5x5Scope},
+    {.name = "lane_pairs_rgb_staged", .exact_rgb = true, .staged_values = true, .scope = kChannelsLast5x5Scope},
+};
 
-// The one-thread-per-(pixel, channel block) forward (deform_sepconv_forward_cuda_kernel).
+// Forward, kPixels: one thread per (pixel, channel block) (deform_sepconv_forward_pixels_cuda.cu).
 struct PixelsForwardVariant {
   const char* name;
   int channel_block;  // channels a thread; 3: exactly RGB, the channel count a compile-time constant
@@ -164,37 +233,33 @@ struct PixelsForwardVariant {
   bool vector_loads;  // a bilinear corner's block of channels in vector loads of <= 16 bytes
   VariantScope scope;
 };
-
-// The RGB and prefetch variants: 5x5 with 32-bit indices; vector loads: channels_last, 32-bit
-// indices, float32 and the half types.
-inline constexpr VariantScope kSpecialized5x5Scope{true, true, VariantLayout::kAny, 8, false};
-inline constexpr VariantScope kSpecialized5x5NchwScope{true, true, VariantLayout::kNchw, 8, false};
-inline constexpr VariantScope kVectorLoadsScope{false, true, VariantLayout::kChannelsLast, 4, false};
 inline constexpr PixelsForwardVariant kPixelsForwardVariants[] = {
-    {"pixels", kPixelChannelBlock, false, false, VariantScope{}},
-    {"pixels_rgb", 3, false, false, kSpecialized5x5Scope},
-    {"pixels_rgb_prefetch", 3, true, false, kSpecialized5x5NchwScope},
-    {"pixels_prefetch", kPixelChannelBlock, true, false, kSpecialized5x5NchwScope},
-    {"pixels_vectorized", kPixelChannelBlock, false, true, kVectorLoadsScope},
-    {"pixels_vectorized8", kPixelVectorBlock, false, true, kVectorLoadsScope},
-};
-
-enum class CudaForwardKernel {
-  kEmpty,      // no output elements: nothing runs
-  kGridTaps,   // no offsets or dilation: each tile's input window in shared memory
-  kStaged,     // NCHW 5x5, 2-byte types, <= 4 channels but not 3: per-pixel tensors staged by block
-  kLanePairs,  // channels_last 5x5, <= 4 channels: two lanes a pixel
-  kPixels,     // one thread per (output pixel, block of channels): a row of kPixelsForwardVariants
-};
-
-struct CudaForwardPlan {
-  CudaForwardKernel kernel = CudaForwardKernel::kEmpty;
-  int pass_channels = 0;       // kGridTaps: channels staged together (4, 3, 2 or 1)
-  GridWindow window{};         // kGridTaps
-  int chunk_bytes = 0;         // kStaged: bytes a cp.async copy moves (16 or 4)
-  bool staged_values = false;  // kLanePairs: each warp's per-pixel values through shared memory
-  bool exact_rgb = false;      // kLanePairs: exactly 3 channels, a compile-time constant
-  int variant = 0;             // kPixels: the row of kPixelsForwardVariants
+    {.name = "pixels",
+     .channel_block = kPixelChannelBlock,
+     .prefetch = false,
+     .vector_loads = false,
+     .scope = kAnyScope},
+    {.name = "pixels_rgb", .channel_block = 3, .prefetch = false, .vector_loads = false, .scope = kSpecialized5x5Scope},
+    {.name = "pixels_rgb_prefetch",
+     .channel_block = 3,
+     .prefetch = true,
+     .vector_loads = false,
+     .scope = kSpecialized5x5NchwScope},
+    {.name = "pixels_prefetch",
+     .channel_block = kPixelChannelBlock,
+     .prefetch = true,
+     .vector_loads = false,
+     .scope = kSpecialized5x5NchwScope},
+    {.name = "pixels_vectorized",
+     .channel_block = kPixelChannelBlock,
+     .prefetch = false,
+     .vector_loads = true,
+     .scope = kChannelsLastVectorScope},
+    {.name = "pixels_vectorized8",
+     .channel_block = kPixelVectorBlock,
+     .prefetch = false,
+     .vector_loads = true,
+     .scope = kChannelsLastVectorScope},
 };
 
 enum class CudaBackwardKernel {
@@ -206,10 +271,7 @@ enum class CudaBackwardKernel {
   kChannelLanes,
 };
 
-// The most threads the channel lanes give one pixel (a warp: they sum through shuffles).
-constexpr int kMaxChannelLanes = kWarpSize;
-
-// The bilinear backward kernels, kTiled (deform_sepconv_backward_tiled_cuda_kernel) and kPixels
+// Backward, the bilinear kernels kTiled (deform_sepconv_backward_tiled_cuda_kernel) and kPixels
 // (deform_sepconv_backward_cuda_kernel).
 struct BackwardVariant {
   const char* name;
@@ -219,48 +281,134 @@ struct BackwardVariant {
   bool exact_rgb;     // kTiled: exactly 3 channels in one pass, a compile-time constant
   VariantScope scope;
 };
-
-// The tile needs 32-bit indices; blocks of 3 the 5x5; the warp-staged buffers hold the frame's dtype,
-// and their fixed-point tile needs a float accumulator.
-inline constexpr VariantScope kTiledScope{false, true, VariantLayout::kAny, 8, false};
-inline constexpr VariantScope kWarpStagedScope{true, true, VariantLayout::kChannelsLast, 4, true};
 inline constexpr BackwardVariant kBackwardVariants[] = {
-    {"pixels", CudaBackwardKernel::kPixels, 4, false, false, VariantScope{}},
-    {"pixels", CudaBackwardKernel::kPixels, 3, false, false, VariantScope{true, false, VariantLayout::kAny, 8, false}},
-    {"tiled", CudaBackwardKernel::kTiled, 4, false, false, kTiledScope},
-    {"tiled", CudaBackwardKernel::kTiled, 3, false, false, kSpecialized5x5Scope},
-    {"tiled_rgb", CudaBackwardKernel::kTiled, 3, false, true, kSpecialized5x5NchwScope},
-    {"tiled_warp_staged", CudaBackwardKernel::kTiled, 4, true, false, kWarpStagedScope},
-    {"tiled_warp_staged", CudaBackwardKernel::kTiled, 3, true, false, kWarpStagedScope},
-    {"tiled_warp_staged_rgb", CudaBackwardKernel::kTiled, 3, true, true, kWarpStagedScope},
+    {.name = "pixels",
+     .kernel = CudaBackwardKernel::kPixels,
+     .channel_block = 4,
+     .warp_staged = false,
+     .exact_rgb = false,
+     .scope = kAnyScope},
+    {.name = "pixels_blocks3",
+     .kernel = CudaBackwardKernel::kPixels,
+     .channel_block = 3,
+     .warp_staged = false,
+     .exact_rgb = false,
+     .scope = k5x5Scope},
+    {.name = "tiled",
+     .kernel = CudaBackwardKernel::kTiled,
+     .channel_block = 4,
+     .warp_staged = false,
+     .exact_rgb = false,
+     .scope = kTiledScope},
+    {.name = "tiled_blocks3",
+     .kernel = CudaBackwardKernel::kTiled,
+     .channel_block = 3,
+     .warp_staged = false,
+     .exact_rgb = false,
+     .scope = kSpecialized5x5Scope},
+    {.name = "tiled_rgb",
+     .kernel = CudaBackwardKernel::kTiled,
+     .channel_block = 3,
+     .warp_staged = false,
+     .exact_rgb = true,
+     .scope = kSpecialized5x5NchwScope},
+    {.name = "tiled_warp_staged",
+     .kernel = CudaBackwardKernel::kTiled,
+     .channel_block = 4,
+     .warp_staged = true,
+     .exact_rgb = false,
+     .scope = kChannelsLast5x5Scope},
+    {.name = "tiled_warp_staged_blocks3",
+     .kernel = CudaBackwardKernel::kTiled,
+     .channel_block = 3,
+     .warp_staged = true,
+     .exact_rgb = false,
+     .scope = kChannelsLast5x5Scope},
+    {.name = "tiled_warp_staged_rgb",
+     .kernel = CudaBackwardKernel::kTiled,
+     .channel_block = 3,
+     .warp_staged = true,
+     .exact_rgb = true,
+     .scope = kChannelsLast5x5Scope},
 };
+
+// Backward, kChannelLanes (deform_sepconv_backward_bilinear_kernels.cuh): float32 and the half types
+// (mixed precision too).
+struct ChannelLanesVariant {
+  const char* name;
+  int channel_block;  // channels a lane takes per step, read with vector loads
+  VariantScope scope;
+};
+inline constexpr ChannelLanesVariant kChannelLanesVariants[] = {
+    {.name = "channel_lanes", .channel_block = kPixelVectorBlock, .scope = kChannelsLastVectorScope},
+};
+
+// Backward, the grid-tap kernels: the per-pixel tensors' gradients from each tile's window
+// (deform_sepconv_backward_grid_taps_cuda.cu) and the gathered input gradient
+// (deform_sepconv_grid_taps_input_grad_cuda.cu). Their channel count (up to 4) and mask are the
+// call's, set by the dispatch.
+struct GridTapsBackwardVariant {
+  const char* name;
+  VariantScope scope;
+};
+inline constexpr GridTapsBackwardVariant kGridTapsParamsVariants[] = {
+    {.name = "grid_taps_params", .scope = kGridTapsScope},
+};
+inline constexpr GridTapsBackwardVariant kGatherInputGradVariants[] = {
+    {.name = "gather_input_grad", .scope = kGridTapsScope},
+};
+
+static_assert(names_are_unique(kGridTapsForwardVariants) && names_are_unique(kStagedForwardVariants) &&
+                  names_are_unique(kLanePairsForwardVariants) && names_are_unique(kPixelsForwardVariants) &&
+                  names_are_unique(kBackwardVariants) && names_are_unique(kChannelLanesVariants),
+              "a plan names its variant row: each row's name is its own");
+
+// ---- Plans
+
+enum class CudaForwardKernel {
+  kEmpty,      // no output elements: nothing runs
+  kGridTaps,   // no offsets or dilation: each tile's input window in shared memory
+  kStaged,     // NCHW 5x5, 2-byte types, <= 4 channels but not 3: per-pixel tensors staged by block
+  kLanePairs,  // channels_last 5x5, <= 4 channels: two lanes a pixel
+  kPixels,     // one thread per (output pixel, block of channels)
+};
+
+struct CudaForwardPlan {
+  CudaForwardKernel kernel = CudaForwardKernel::kEmpty;
+  int variant = 0;      // the row of the kernel's table (kGridTapsForwardVariants, ...)
+  GridWindow window{};  // kGridTaps
+};
+
+// The most threads the channel lanes give one pixel (a warp: they sum through shuffles).
+constexpr int kMaxChannelLanes = kWarpSize;
 
 struct CudaBackwardPlan {
   bool empty = false;  // no output pixels or no channels: the gradients as allocated
   // channels_last with > kSmallChannels channels that the channel lanes do not take: run on NCHW copies
   bool nchw_copies = false;
   bool gather_input_grad = false;  // the input gradient gathered (grid taps, no mask)
+  int gather_variant = 0;          // ... its row of kGatherInputGradVariants
   VirtualDomain gather_domain{};
   GatherLayout gather_layout{};
   int64_t gather_shared_bytes = 0;
   bool grid_tap_param_grads = false;  // the per-pixel gradients from the grid-tap window
+  int grid_tap_params_variant = 0;    // ... its row of kGridTapsParamsVariants
   GridWindow window{};
   int64_t grid_tap_shared_bytes = 0;
   CudaBackwardKernel kernel = CudaBackwardKernel::kNone;  // the bilinear kernel for the rest
   bool kernel_input_grad = false;                         // ... adds the input gradient
   bool kernel_param_grads = false;                        // ... computes the per-pixel gradients
   bool deterministic = false;                             // ... adds the input gradient as fixed-point integers
-  int variant = 0;                                        // kTiled, kPixels: the row of kBackwardVariants
-  TileFootprint footprint{};                              // kTiled
-  int64_t tile_shared_bytes = 0;                          // kTiled: dynamic shared memory
-  bool prefetch = false;                                  // kTiled, NCHW 5x5: the L2 prefetch (a kernel argument)
-  int lanes_log2 = 0;                                     // kChannelLanes: log2 of the threads a pixel
+  // kTiled, kPixels: the row of kBackwardVariants; kChannelLanes: of kChannelLanesVariants
+  int variant = 0;
+  TileFootprint footprint{};      // kTiled
+  int64_t tile_shared_bytes = 0;  // kTiled: dynamic shared memory
+  bool prefetch = false;          // kTiled, NCHW 5x5: the L2 prefetch (a kernel argument)
+  int lanes_log2 = 0;             // kChannelLanes: log2 of the threads a pixel
 };
 
-CudaForwardPlan plan_cuda_forward(const DeformSepconvCall& call, const CudaDeviceFacts& device,
-                                  const KernelPolicy& policy);
-CudaBackwardPlan plan_cuda_backward(const DeformSepconvCall& call, const CudaDeviceFacts& device,
-                                    const KernelPolicy& policy);
+CudaForwardPlan plan_cuda_forward(const CallFacts& call, const CudaDeviceFacts& device, const KernelPolicy& policy);
+CudaBackwardPlan plan_cuda_backward(const CallFacts& call, const CudaDeviceFacts& device, const KernelPolicy& policy);
 
 // Whether a channels_last backward with this many channels can take the channel lanes at all under
 // this policy (the planner's first test): where it cannot, the host copies to NCHW before

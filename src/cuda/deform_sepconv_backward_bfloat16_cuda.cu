@@ -3,8 +3,7 @@
 
 namespace edsc_ext {
 
-template void launch_deform_sepconv_backward<BFloat16, BFloat16>(const DeformSepconvTensors&,
-                                                                 const DeformSepconvConfig&, const CudaBackwardPlan&,
+template void launch_deform_sepconv_backward<BFloat16, BFloat16>(const DeformSepconvCall&, const CudaBackwardPlan&,
                                                                  const DeformSepconvGrads&, const Tensor&,
                                                                  const FixedPointInputGrad&);
 

@@ -1,5 +1,5 @@
 // The bilinear kernels of the CUDA backward (the per-pixel work from
-// include/edsc_ext/deform_sepconv_pixel.h), compiled once per dtype
+// src/sampling.h), compiled once per dtype
 // (deform_sepconv_backward_<dtype>_cuda.cu) and chosen by plan_cuda_backward:
 // - tiled: one fused pass over 2-D tiles of output pixels. The input gradient, hundreds of adds per
 //   pixel, is accumulated with shared-memory atomics over the tile's footprint (tile + kernel reach

@@ -5,18 +5,17 @@
 // bilinear one for the rest (deform_sepconv_backward_launch.cuh, compiled once per dtype).
 #include <limits>
 
-#include "../backends.h"
+#include "backends.h"
 #include "deform_sepconv_backward_cuda.cuh"
-#include "edsc_ext/ops.h"
 
 namespace edsc_ext {
 namespace {
 
 // Bound on the magnitude of any input-gradient element: every contribution is
 // dL/dout * V_i * H_j * M_t * (bilinear weight <= 1), so summing max_c |dL/dout| * sum_i |V_i| *
-// sum_j |H_j| * max_t |M_t| over all output pixels bounds every element's total (times 4 in EDSC
-// mode, whose doubled border samples weigh up to 2 per axis). Device-side only.
-FixedPointInputGrad prepare_fixed_point_input_grad(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg) {
+// sum_j |H_j| * max_t |M_t| over all output pixels bounds every element's total (times the padding
+// mode's bound_factor: a doubled border weighs up to 2 per axis). Device-side only.
+FixedPointInputGrad prepare_fixed_point_input_grad(const DeformSepconvCall& t) {
   constexpr ScalarType f64 = ScalarType::Double;
   const auto scalar = [&](double value) {
     return torch::stable::full(torch::headeronly::IntHeaderOnlyArrayRef(), value, f64, std::nullopt, t.input.device());
@@ -28,14 +27,14 @@ FixedPointInputGrad prepare_fixed_point_input_grad(const DeformSepconvTensors& t
     return torch::stable::sum(abs(v), std::vector<int64_t>{1}, false, f64);
   };
   Tensor per_pixel = channel_max(*t.grad_output);
-  per_pixel = mul(per_pixel, t.vertical.has_value() ? channel_sum(*t.vertical) : scalar(double(cfg.kernel_h)));
-  per_pixel = mul(per_pixel, t.horizontal.has_value() ? channel_sum(*t.horizontal) : scalar(double(cfg.kernel_w)));
+  per_pixel = mul(per_pixel, t.vertical.has_value() ? channel_sum(*t.vertical) : scalar(double(t.facts.kernel_h)));
+  per_pixel = mul(per_pixel, t.horizontal.has_value() ? channel_sum(*t.horizontal) : scalar(double(t.facts.kernel_w)));
   if (t.mask.has_value()) per_pixel = mul(per_pixel, channel_max(*t.mask));
   FixedPointInputGrad w;
-  w.bound = mul(torch::stable::sum(per_pixel), scalar(cfg.padding_mode == kPaddingEdsc ? 4.0 : 1.0));
+  w.bound = mul(torch::stable::sum(per_pixel), scalar(double(t.facts.padding.bound_factor)));
   w.scale = call_aten("aten::where", "self", call_aten("aten::gt", "Tensor", w.bound, scalar(0.0)),
                       call_aten("aten::div", "Tensor", scalar(4.611686018427387904e18), w.bound), scalar(1.0));
-  w.sums = zeros_in(t.input, t.input.sizes(), t.memory_format(), ScalarType::Long);
+  w.sums = zeros_in(t.input, t.input.sizes(), t.facts.memory_format(), ScalarType::Long);
   w.poisoned = torch::stable::new_zeros(t.input, {1}, ScalarType::Int);
   return w;
 }
@@ -53,22 +52,16 @@ Tensor finish_fixed_point_input_grad(const FixedPointInputGrad& w) {
 
 }  // namespace
 
-DeformSepconvBackwardResult deform_sepconv_backward_cuda(
-    const Tensor& grad_output, const Tensor& input, const OptionalTensor& vertical, const OptionalTensor& horizontal,
-    const OptionalTensor& offset, const OptionalTensor& mask, int64_t kernel_h, int64_t kernel_w, int64_t pad_h,
-    int64_t pad_w, int64_t dilation_h, int64_t dilation_w, int64_t padding_mode,
-    const std::vector<bool>& output_mask_list, const OptionalTensor& offset_dx, bool deterministic) {
+DeformSepconvBackwardResult deform_sepconv_backward_cuda(const DeformSepconvArgs& args) {
+  const Tensor& input = args.input;
   const CudaDeviceGuard device_guard(input.get_device_index());
-  const std::array<bool, 5> output_mask = output_mask_array(output_mask_list);
   const KernelPolicy policy = kernel_policy();
   const bool many_channels_last = input.dim() == 4 && wants_channels_last(input) && input.size(1) > kSmallChannels;
-  std::optional<DeformSepconvTensors> prepared;
+  std::optional<DeformSepconvCall> prepared;
   CudaBackwardPlan plan;
-  const DeformSepconvConfig cfg{kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode};
   if (!many_channels_last || backward_may_take_channel_lanes(input.size(1), policy)) {
-    prepared = prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg, &grad_output, offset_dx);
-    plan = plan_cuda_backward(describe_call(*prepared, cfg, output_mask, deterministic),
-                              cuda_device_facts(input.get_device_index()), policy);
+    prepared = prepare(args);
+    plan = plan_cuda_backward(prepared->facts, cuda_device_facts(input.get_device_index()), policy);
   }
   if (!prepared || plan.nchw_copies) {
     // A channels_last call with many channels that the channel lanes do not take (off, a channel
@@ -80,39 +73,53 @@ DeformSepconvBackwardResult deform_sepconv_backward_cuda(
     const auto nchw = [](const OptionalTensor& v) -> OptionalTensor {
       return v.has_value() ? OptionalTensor(contiguous_in(*v)) : v;
     };
-    auto grads =
-        deform_sepconv_backward_cuda(contiguous_in(grad_output), contiguous_in(input), nchw(vertical), nchw(horizontal),
-                                     nchw(offset), nchw(mask), kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w,
-                                     padding_mode, output_mask_list, nchw(offset_dx), deterministic);
+    const Tensor grad_output = contiguous_in(*args.grad_output), frame = contiguous_in(input);
+    const OptionalTensor vertical = nchw(args.vertical), horizontal = nchw(args.horizontal), offset = nchw(args.offset),
+                         mask = nchw(args.mask), offset_dx = nchw(args.offset_dx);
+    auto grads = deform_sepconv_backward_cuda({.input = frame,
+                                               .vertical = vertical,
+                                               .horizontal = horizontal,
+                                               .offset = offset,
+                                               .mask = mask,
+                                               .kernel_h = args.kernel_h,
+                                               .kernel_w = args.kernel_w,
+                                               .pad_h = args.pad_h,
+                                               .pad_w = args.pad_w,
+                                               .dilation_h = args.dilation_h,
+                                               .dilation_w = args.dilation_w,
+                                               .padding_mode = args.padding_mode,
+                                               .offset_dx = offset_dx,
+                                               .grad_output = &grad_output,
+                                               .output_mask = args.output_mask,
+                                               .deterministic = args.deterministic});
     const auto back = [](const Tensor& g) { return g.numel() > 0 ? contiguous_in(g, MemoryFormat::ChannelsLast) : g; };
     return {back(std::get<0>(grads)), back(std::get<1>(grads)), back(std::get<2>(grads)),
             back(std::get<3>(grads)), back(std::get<4>(grads)), back(std::get<5>(grads))};
   }
-  const DeformSepconvTensors& t = *prepared;
-  auto grads = allocate_deform_sepconv_grads(t, output_mask);
+  const DeformSepconvCall& call = *prepared;
+  auto grads = allocate_grads(call, args.output_mask);
   if (plan.empty) return backward_result(std::move(grads));
-  if (plan.gather_input_grad) launch_gather_input_grad(t, cfg, plan, grads[0]);
-  if (plan.grid_tap_param_grads) launch_grid_taps_param_grads(t, cfg, plan, grads);
+  if (plan.gather_input_grad) launch_gather_input_grad(call, plan, grads[0]);
+  if (plan.grid_tap_param_grads) launch_grid_taps_param_grads(call, plan, grads);
   if (plan.kernel != CudaBackwardKernel::kNone) {
     FixedPointInputGrad fixed_point;
-    if (plan.deterministic) fixed_point = prepare_fixed_point_input_grad(t, cfg);
+    if (plan.deterministic) fixed_point = prepare_fixed_point_input_grad(call);
     dispatch_kernel_types<KernelTypes<>, dispatch_axis::FrameAndParamTypes>(
-        kernel_call(t, cfg), "deform_sepconv_backward_cuda", [&](auto k) {
-          using K = std::decay_t<decltype(k)>;
+        call.facts, "deform_sepconv_backward_cuda", [&](auto k) {
+          using K = decltype(k);
           using scalar_t = typename K::scalar_t;
-          using param_t = typename K::param_t;
           // The kernels add the input gradient up in acc_t: into grads[0] where that is its dtype.
           using acc_t = typename K::acc_t;
           constexpr bool kSeparateAcc = !std::is_same_v<acc_t, scalar_t>;
           Tensor grad_input_acc;
           if (plan.kernel_input_grad && !plan.deterministic) {
             if (kSeparateAcc) {
-              grad_input_acc = zeros_in(input, input.sizes(), t.memory_format(), scalar_type_of<acc_t>());
+              grad_input_acc = zeros_in(input, input.sizes(), call.facts.memory_format(), scalar_type_of<acc_t>());
             } else {
               grad_input_acc = grads[0];
             }
           }
-          launch_deform_sepconv_backward<scalar_t, param_t>(t, cfg, plan, grads, grad_input_acc, fixed_point);
+          launch_deform_sepconv_backward<scalar_t, typename K::param_t>(call, plan, grads, grad_input_acc, fixed_point);
           if (kSeparateAcc && grad_input_acc.defined()) torch::stable::copy_(grads[0], grad_input_acc);
         });
     if (plan.deterministic) torch::stable::copy_(grads[0], finish_fixed_point_input_grad(fixed_point));

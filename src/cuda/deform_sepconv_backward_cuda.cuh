@@ -21,20 +21,19 @@ struct FixedPointInputGrad {
 
 // Runs the plan's bilinear kernel (CudaBackwardPlan::kernel) of one dtype pair (the frame's
 // scalar_t, the per-pixel tensors' param_t) into `grads`
-// (allocate_deform_sepconv_grads): the per-pixel gradients the grid-tap kernel did not compute,
+// (allocate_grads): the per-pixel gradients the grid-tap kernel did not compute,
 // and the input gradient if it was not gathered: into grad_input_acc (opmath_t<scalar_t>,
 // zero-filled; grads[0] itself where that is the type), or fixed_point.sums when plan.deterministic.
 template <typename scalar_t, typename param_t>
-void launch_deform_sepconv_backward(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
-                                    const CudaBackwardPlan& plan, const DeformSepconvGrads& grads,
-                                    const Tensor& grad_input_acc, const FixedPointInputGrad& fixed_point);
+void launch_deform_sepconv_backward(const DeformSepconvCall& call, const CudaBackwardPlan& plan,
+                                    const DeformSepconvGrads& grads, const Tensor& grad_input_acc,
+                                    const FixedPointInputGrad& fixed_point);
 
 // The grid-tap calls (no offsets or dilation, up to 4 channels): the input gradient gathered into
 // grad_input (no mask; deform_sepconv_grid_taps_input_grad_cuda.cu), and the per-pixel tensors'
 // gradients (deform_sepconv_backward_grid_taps_cuda.cu), as planned.
-void launch_gather_input_grad(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
-                              const CudaBackwardPlan& plan, const Tensor& grad_input);
-void launch_grid_taps_param_grads(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
-                                  const CudaBackwardPlan& plan, const DeformSepconvGrads& grads);
+void launch_gather_input_grad(const DeformSepconvCall& call, const CudaBackwardPlan& plan, const Tensor& grad_input);
+void launch_grid_taps_param_grads(const DeformSepconvCall& call, const CudaBackwardPlan& plan,
+                                  const DeformSepconvGrads& grads);
 
 }  // namespace edsc_ext

@@ -3,8 +3,8 @@
 
 namespace edsc_ext {
 
-template void launch_deform_sepconv_backward<float, float>(const DeformSepconvTensors&, const DeformSepconvConfig&,
-                                                           const CudaBackwardPlan&, const DeformSepconvGrads&,
-                                                           const Tensor&, const FixedPointInputGrad&);
+template void launch_deform_sepconv_backward<float, float>(const DeformSepconvCall&, const CudaBackwardPlan&,
+                                                           const DeformSepconvGrads&, const Tensor&,
+                                                           const FixedPointInputGrad&);
 
 }  // namespace edsc_ext

@@ -130,30 +130,25 @@ __global__ void __launch_bounds__(kGridTileThreads, 2)  // at most 128 registers
 
 }  // namespace
 
-void launch_grid_taps_param_grads(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
-                                  const CudaBackwardPlan& plan, const DeformSepconvGrads& grads) {
-  EDSC_CHECK(t.input.size(1) <= kSmallChannels, "grid-tap backward: not planned for this call");
-  const auto stream = current_cuda_stream(t.input.get_device_index());
-  dispatch_grid_tap_types(t, cfg, "deform_sepconv_backward_grid_taps_cuda", [&](auto k) {
-    using K = std::decay_t<decltype(k)>;
-    using scalar_t = typename K::scalar_t;
-    const auto param_grads = make_param_grads<scalar_t>(grads);
-    const auto p = make_params<scalar_t, typename K::index_t>(t, cfg);
-    const scalar_t* go = t.grad_output->const_data_ptr<scalar_t>();
-    const GridWindow window = plan.window;
-    const size_t shared = static_cast<size_t>(plan.grid_tap_shared_bytes);
-    const auto launch = [&](auto kernel) {
-      opt_in_dynamic_shared(kernel, shared);
-      kernel<<<grid_taps_grid(t), kGridTileThreads, shared, stream>>>(p, go, param_grads, window);
-      EDSC_CUDA_KERNEL_LAUNCH_CHECK();
-    };
-    dispatch_small_channels(t.input.size(1), [&](auto channel_count) {
-      constexpr int kChannels = decltype(channel_count)::value;
-      t.mask.has_value()
-          ? launch(deform_sepconv_backward_grid_taps_cuda_kernel<kChannels, K::kChannelsLast, true, scalar_t>)
-          : launch(deform_sepconv_backward_grid_taps_cuda_kernel<kChannels, K::kChannelsLast, false, scalar_t>);
-    });
-  });
+void launch_grid_taps_param_grads(const DeformSepconvCall& call, const CudaBackwardPlan& plan,
+                                  const DeformSepconvGrads& grads) {
+  EDSC_CHECK(call.facts.channels <= kSmallChannels, "grid-tap backward: not planned for this call");
+  const auto stream = current_cuda_stream(call.input.get_device_index());
+  dispatch_kernel_types<KernelTypes<>, dispatch_axis::UpTo4ByteTypes, dispatch_axis::FixedIndex<int64_t>,
+                        dispatch_axis::Layout, dispatch_axis::SmallChannels, dispatch_axis::MaskPresence,
+                        dispatch_axis::Variant<kGridTapsParamsVariants>>(
+      {call.facts, plan.grid_tap_params_variant}, "deform_sepconv_backward_grid_taps_cuda", [&](auto k) {
+        using K = decltype(k);
+        using scalar_t = typename K::scalar_t;
+        const size_t shared = static_cast<size_t>(plan.grid_tap_shared_bytes);
+        const auto kernel =
+            deform_sepconv_backward_grid_taps_cuda_kernel<K::kChannels, K::kChannelsLast, K::kMask, scalar_t>;
+        opt_in_dynamic_shared(kernel, shared);
+        kernel<<<grid_taps_grid(call.facts), kGridTileThreads, shared, stream>>>(
+            make_params<scalar_t, int64_t>(call), call.grad_output->const_data_ptr<scalar_t>(),
+            make_param_grads<scalar_t>(grads), plan.window);
+        EDSC_CUDA_KERNEL_LAUNCH_CHECK();
+      });
 }
 
 }  // namespace edsc_ext

@@ -2,10 +2,9 @@
 // launches on that device's current stream, so a tensor on cuda:1 works whatever the current
 // device is. plan_cuda_forward (cuda_plan.h) chooses the kernel; each family has its own
 // unit (deform_sepconv_forward_{grid_taps,staged,lane_pairs,pixels}_cuda.cu), the per-pixel work of
-// the bilinear ones from include/edsc_ext/deform_sepconv_pixel.h.
-#include "../backends.h"
+// the bilinear ones from src/sampling.h.
+#include "backends.h"
 #include "deform_sepconv_forward_cuda.cuh"
-#include "edsc_ext/ops.h"
 
 namespace edsc_ext {
 
@@ -16,34 +15,28 @@ CudaDeviceFacts cuda_device_facts(int64_t device_index) {
           cuda_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device)};
 }
 
-Tensor deform_sepconv_forward_cuda(const Tensor& input, const OptionalTensor& vertical,
-                                   const OptionalTensor& horizontal, const OptionalTensor& offset,
-                                   const OptionalTensor& mask, int64_t kernel_h, int64_t kernel_w, int64_t pad_h,
-                                   int64_t pad_w, int64_t dilation_h, int64_t dilation_w, int64_t padding_mode,
-                                   const OptionalTensor& offset_dx) {
-  const CudaDeviceGuard device_guard(input.get_device_index());
-  const DeformSepconvConfig cfg{kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, padding_mode};
+Tensor deform_sepconv_forward_cuda(const DeformSepconvArgs& args) {
+  const CudaDeviceGuard device_guard(args.input.get_device_index());
   // Views of per-pixel tensors stay as they are: the planner sends them to the kernel that follows
   // their strides (launch_pixels_forward).
-  const DeformSepconvTensors t =
-      prepare_deform_sepconv(input, vertical, horizontal, offset, mask, cfg, nullptr, offset_dx);
-  Tensor output = empty_in(input, {input.size(0), input.size(1), t.height_out, t.width_out}, t.memory_format());
-  const CudaForwardPlan plan =
-      plan_cuda_forward(describe_call(t, cfg, {}, false), cuda_device_facts(input.get_device_index()), kernel_policy());
+  const DeformSepconvCall call = prepare(args);
+  const CallFacts& f = call.facts;
+  Tensor output = empty_in(call.input, {f.batch, f.channels, f.height_out, f.width_out}, f.memory_format());
+  const CudaForwardPlan plan = plan_cuda_forward(f, cuda_device_facts(call.input.get_device_index()), kernel_policy());
   switch (plan.kernel) {
     case CudaForwardKernel::kEmpty:
       break;
     case CudaForwardKernel::kGridTaps:
-      launch_grid_taps_forward(t, cfg, plan, output);
+      launch_grid_taps_forward(call, plan, output);
       break;
     case CudaForwardKernel::kStaged:
-      launch_staged_forward(t, cfg, plan, output);
+      launch_staged_forward(call, plan, output);
       break;
     case CudaForwardKernel::kLanePairs:
-      launch_lane_pairs_forward(t, cfg, plan, output);
+      launch_lane_pairs_forward(call, plan, output);
       break;
     case CudaForwardKernel::kPixels:
-      launch_pixels_forward(t, cfg, plan, output);
+      launch_pixels_forward(call, plan, output);
       break;
   }
   return output;

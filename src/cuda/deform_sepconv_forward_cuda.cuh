@@ -8,14 +8,11 @@
 
 namespace edsc_ext {
 
-// Each writes `output` (allocated in the call's memory format) on the current stream.
-void launch_grid_taps_forward(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
-                              const CudaForwardPlan& plan, const Tensor& output);
-void launch_staged_forward(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg, const CudaForwardPlan& plan,
-                           const Tensor& output);
-void launch_lane_pairs_forward(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
-                               const CudaForwardPlan& plan, const Tensor& output);
-void launch_pixels_forward(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg, const CudaForwardPlan& plan,
-                           const Tensor& output);
+// Each writes `output` (allocated in the call's memory format) on the current stream, with the
+// plan's row of its family's variant table (cuda_plan.h).
+void launch_grid_taps_forward(const DeformSepconvCall& call, const CudaForwardPlan& plan, const Tensor& output);
+void launch_staged_forward(const DeformSepconvCall& call, const CudaForwardPlan& plan, const Tensor& output);
+void launch_lane_pairs_forward(const DeformSepconvCall& call, const CudaForwardPlan& plan, const Tensor& output);
+void launch_pixels_forward(const DeformSepconvCall& call, const CudaForwardPlan& plan, const Tensor& output);
 
 }  // namespace edsc_ext

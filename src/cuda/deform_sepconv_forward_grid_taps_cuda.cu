@@ -100,29 +100,24 @@ __global__ void __launch_bounds__(kGridTileThreads)
 
 }  // namespace
 
-void launch_grid_taps_forward(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
-                              const CudaForwardPlan& plan, const Tensor& output) {
-  const auto stream = current_cuda_stream(t.input.get_device_index());
-  dispatch_grid_tap_types(t, cfg, "deform_sepconv_forward_grid_taps_cuda", [&](auto k) {
-    using K = std::decay_t<decltype(k)>;
-    using scalar_t = typename K::scalar_t;
-    const auto p = make_params<scalar_t, typename K::index_t>(t, cfg);
-    scalar_t* out = output.mutable_data_ptr<scalar_t>();
-    const GridWindow window = plan.window;
-    const size_t shared = static_cast<size_t>(plan.pass_channels) * window.size() * sizeof(typename K::acc_t);
-    const dim3 grid = grid_taps_grid(t);
-    const auto launch = [&](auto kernel) {
-      opt_in_dynamic_shared(kernel, shared);
-      kernel<<<grid, kGridTileThreads, shared, stream>>>(p, out, window);
-      EDSC_CUDA_KERNEL_LAUNCH_CHECK();
-    };
-    // A mask is a load a tap; sepconv has none, and then the taps are loads from shared memory only.
-    dispatch_small_channels(plan.pass_channels, [&](auto pass) {  // 4, 3, 2 or 1 (the planner's)
-      constexpr int kPass = decltype(pass)::value;
-      p.mask ? launch(deform_sepconv_forward_grid_taps_cuda_kernel<kPass, K::kChannelsLast, true, scalar_t>)
-             : launch(deform_sepconv_forward_grid_taps_cuda_kernel<kPass, K::kChannelsLast, false, scalar_t>);
-    });
-  });
+void launch_grid_taps_forward(const DeformSepconvCall& call, const CudaForwardPlan& plan, const Tensor& output) {
+  const auto stream = current_cuda_stream(call.input.get_device_index());
+  // A mask is a load a tap; sepconv has none, and then the taps are loads from shared memory only.
+  dispatch_kernel_types<KernelTypes<>, dispatch_axis::UpTo4ByteTypes, dispatch_axis::FixedIndex<int64_t>,
+                        dispatch_axis::Layout, dispatch_axis::MaskPresence,
+                        dispatch_axis::Variant<kGridTapsForwardVariants>>(
+      {call.facts, plan.variant}, "deform_sepconv_forward_grid_taps_cuda", [&](auto k) {
+        using K = decltype(k);
+        using scalar_t = typename K::scalar_t;
+        constexpr int kPass = K::variant.pass_channels;
+        const GridWindow window = plan.window;
+        const size_t shared = static_cast<size_t>(kPass) * window.size() * sizeof(typename K::acc_t);
+        const auto kernel = deform_sepconv_forward_grid_taps_cuda_kernel<kPass, K::kChannelsLast, K::kMask, scalar_t>;
+        opt_in_dynamic_shared(kernel, shared);
+        kernel<<<grid_taps_grid(call.facts), kGridTileThreads, shared, stream>>>(
+            make_params<scalar_t, int64_t>(call), output.mutable_data_ptr<scalar_t>(), window);
+        EDSC_CUDA_KERNEL_LAUNCH_CHECK();
+      });
 }
 
 }  // namespace edsc_ext

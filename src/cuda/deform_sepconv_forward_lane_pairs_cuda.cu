@@ -135,26 +135,21 @@ __global__ void __launch_bounds__(kThreadsPerBlock, sizeof(scalar_t) == 4 ? 3 : 
 
 }  // namespace
 
-void launch_lane_pairs_forward(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
-                               const CudaForwardPlan& plan, const Tensor& output) {
-  EDSC_CHECK(t.use_32bit_indexing, "lane-pair forward: not planned for this call");
-  const auto stream = current_cuda_stream(t.input.get_device_index());
-  const int64_t pixels = t.input.size(0) * t.height_out * t.width_out;
-  dispatch_kernel_types<KernelTypes<>, dispatch_axis::UpTo4ByteTypes>(
-      kernel_call(t, cfg), "deform_sepconv_forward_lane_pairs_cuda", [&](auto k) {
-        using scalar_t = typename decltype(k)::scalar_t;
-        const auto p = make_params<scalar_t, int32_t>(t, cfg);
-        scalar_t* out = output.mutable_data_ptr<scalar_t>();
-        const auto launch = [&](auto kernel) {
-          kernel<<<blocks_for(pixels * kLanesPerPixel), kThreadsPerBlock, 0, stream>>>(p, out, pixels);
-          EDSC_CUDA_KERNEL_LAUNCH_CHECK();
-        };
-        if (plan.exact_rgb) {
-          return plan.staged_values ? launch(deform_sepconv_forward_lane_pairs_cuda_kernel<true, true, scalar_t>)
-                                    : launch(deform_sepconv_forward_lane_pairs_cuda_kernel<true, false, scalar_t>);
-        }
-        plan.staged_values ? launch(deform_sepconv_forward_lane_pairs_cuda_kernel<false, true, scalar_t>)
-                           : launch(deform_sepconv_forward_lane_pairs_cuda_kernel<false, false, scalar_t>);
+void launch_lane_pairs_forward(const DeformSepconvCall& call, const CudaForwardPlan& plan, const Tensor& output) {
+  const CallFacts& f = call.facts;
+  const auto stream = current_cuda_stream(call.input.get_device_index());
+  const int64_t pixels = f.batch * f.height_out * f.width_out;
+  dispatch_kernel_types<KernelTypes<>, dispatch_axis::UpTo4ByteTypes, dispatch_axis::IndexWidth,
+                        dispatch_axis::KernelSize5x5<>, dispatch_axis::Layout,
+                        dispatch_axis::Variant<kLanePairsForwardVariants>>(
+      {f, plan.variant}, "deform_sepconv_forward_lane_pairs_cuda", [&](auto k) {
+        using K = decltype(k);
+        using scalar_t = typename K::scalar_t;
+        constexpr LanePairsForwardVariant v = K::variant;
+        deform_sepconv_forward_lane_pairs_cuda_kernel<v.exact_rgb, v.staged_values, scalar_t>
+            <<<blocks_for(pixels * kLanesPerPixel), kThreadsPerBlock, 0, stream>>>(
+                make_params<scalar_t, int32_t>(call), output.mutable_data_ptr<scalar_t>(), pixels);
+        EDSC_CUDA_KERNEL_LAUNCH_CHECK();
       });
 }
 

@@ -77,35 +77,27 @@ __global__ void __launch_bounds__(kThreadsPerBlock, (min_blocks_per_multiprocess
 
 }  // namespace
 
-void launch_pixels_forward(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg, const CudaForwardPlan& plan,
-                           const Tensor& output) {
-  const auto stream = current_cuda_stream(t.input.get_device_index());
+void launch_pixels_forward(const DeformSepconvCall& call, const CudaForwardPlan& plan, const Tensor& output) {
+  const CallFacts& f = call.facts;
+  const auto stream = current_cuda_stream(call.input.get_device_index());
   const int channel_block = kPixelsForwardVariants[plan.variant].channel_block;
-  const int64_t work_items =
-      t.input.size(0) * ((t.input.size(1) + channel_block - 1) / channel_block) * t.height_out * t.width_out;
+  const int64_t work_items = f.batch * ((f.channels + channel_block - 1) / channel_block) * f.height_out * f.width_out;
   // Mixed precision (per-pixel tensors in a half type, a float32 frame) is read here as it is.
   dispatch_kernel_types<KernelTypes<>, dispatch_axis::FrameAndParamTypes, dispatch_axis::IndexWidth,
-                        dispatch_axis::KernelSize5x5<>, dispatch_axis::Layout>(
-      kernel_call(t, cfg), "deform_sepconv_forward_pixels_cuda", [&](auto k) {
-        using K = std::decay_t<decltype(k)>;
+                        dispatch_axis::KernelSize5x5<>, dispatch_axis::Layout,
+                        dispatch_axis::Variant<kPixelsForwardVariants>>(
+      {f, plan.variant}, "deform_sepconv_forward_pixels_cuda", [&](auto k) {
+        using K = decltype(k);
         using scalar_t = typename K::scalar_t;
-        using index_t = typename K::index_t;
-        using param_t = typename K::param_t;
-        const auto p = make_params<scalar_t, index_t, param_t>(t, cfg);
-        scalar_t* out = output.mutable_data_ptr<scalar_t>();
-        dispatch_variant_row<kPixelsForwardVariants>(plan.variant, [&](auto variant) {
-          using V = std::decay_t<decltype(variant)>;
-          constexpr PixelsForwardVariant v = V::row;
-          if constexpr (v.scope.admits(variant_facts<K>())) {
-            // Channel blocks of 3: exactly RGB, the channel count a constant.
-            deform_sepconv_forward_cuda_kernel<v.channel_block, K::kKernelH, K::kKernelW, K::kChannelsLast, v.prefetch,
-                                               v.channel_block == 3, v.vector_loads, scalar_t, index_t, param_t>
-                <<<blocks_for(work_items), kThreadsPerBlock, 0, stream>>>(p, out, work_items);
-            EDSC_CUDA_KERNEL_LAUNCH_CHECK();
-          } else {
-            variant_not_compiled("deform_sepconv_forward_pixels_cuda", v.name);
-          }
-        });
+        constexpr PixelsForwardVariant v = K::variant;
+        const auto p = make_params<scalar_t, typename K::index_t, typename K::param_t>(call);
+        // Channel blocks of 3: exactly RGB, the channel count a constant.
+        deform_sepconv_forward_cuda_kernel<v.channel_block, K::kKernelH, K::kKernelW, K::kChannelsLast, v.prefetch,
+                                           v.channel_block == 3, v.vector_loads, scalar_t, typename K::index_t,
+                                           typename K::param_t>
+            <<<blocks_for(work_items), kThreadsPerBlock, 0, stream>>>(p, output.mutable_data_ptr<scalar_t>(),
+                                                                      work_items);
+        EDSC_CUDA_KERNEL_LAUNCH_CHECK();
       });
 }
 

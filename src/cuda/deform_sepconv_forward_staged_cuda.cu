@@ -112,25 +112,21 @@ __global__ void __launch_bounds__(kStagedPixels)
 
 }  // namespace
 
-void launch_staged_forward(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg, const CudaForwardPlan& plan,
-                           const Tensor& output) {
-  EDSC_CHECK(t.use_32bit_indexing, "staged forward: not planned for this call");
-  const auto stream = current_cuda_stream(t.input.get_device_index());
-  const int64_t hw = t.height_out * t.width_out;
-  const unsigned int blocks = static_cast<unsigned int>(t.input.size(0) * ((hw + kStagedPixels - 1) / kStagedPixels));
-  dispatch_kernel_types<KernelTypes<>, dispatch_axis::TwoByteTypes>(
-      kernel_call(t, cfg), "deform_sepconv_forward_staged_cuda", [&](auto k) {
-        using scalar_t = typename decltype(k)::scalar_t;
-        const auto p = make_params<scalar_t, int32_t>(t, cfg);
-        scalar_t* out = output.mutable_data_ptr<scalar_t>();
+void launch_staged_forward(const DeformSepconvCall& call, const CudaForwardPlan& plan, const Tensor& output) {
+  const CallFacts& f = call.facts;
+  const auto stream = current_cuda_stream(call.input.get_device_index());
+  const int64_t hw = f.height_out * f.width_out;
+  const unsigned int blocks = static_cast<unsigned int>(f.batch * ((hw + kStagedPixels - 1) / kStagedPixels));
+  dispatch_kernel_types<KernelTypes<>, dispatch_axis::TwoByteTypes, dispatch_axis::IndexWidth,
+                        dispatch_axis::KernelSize5x5<>, dispatch_axis::Layout,
+                        dispatch_axis::Variant<kStagedForwardVariants>>(
+      {f, plan.variant}, "deform_sepconv_forward_staged_cuda", [&](auto k) {
+        using K = decltype(k);
+        using scalar_t = typename K::scalar_t;
         const size_t shared = kStagedSegments * kStagedPixels * sizeof(scalar_t);
-        if (plan.chunk_bytes == 16) {
-          deform_sepconv_forward_staged_cuda_kernel<kStagedChannelBlock, 16, scalar_t>
-              <<<blocks, kStagedPixels, shared, stream>>>(p, out);
-        } else {
-          deform_sepconv_forward_staged_cuda_kernel<kStagedChannelBlock, 4, scalar_t>
-              <<<blocks, kStagedPixels, shared, stream>>>(p, out);
-        }
+        deform_sepconv_forward_staged_cuda_kernel<kStagedChannelBlock, K::variant.chunk_bytes, scalar_t>
+            <<<blocks, kStagedPixels, shared, stream>>>(make_params<scalar_t, int32_t>(call),
+                                                        output.mutable_data_ptr<scalar_t>());
         EDSC_CUDA_KERNEL_LAUNCH_CHECK();
       });
 }

@@ -121,48 +121,40 @@ Tensor fold_clamped(Tensor g, int64_t dim, int64_t before, int64_t size) {  // b
   return call_aten("aten::cat", "", parts, dim);
 }
 
-template <typename K>
-void launch_gather(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg, const CudaBackwardPlan& plan,
-                   const Tensor& grad_input) {
-  using scalar_t = typename K::scalar_t;
-  using acc_t = typename K::acc_t;
-  const int64_t channels = t.input.size(1), height = t.input.size(2), width = t.input.size(3);
+}  // namespace
+
+void launch_gather_input_grad(const DeformSepconvCall& call, const CudaBackwardPlan& plan, const Tensor& grad_input) {
+  const CallFacts& f = call.facts;
+  EDSC_CHECK(f.channels <= kSmallChannels && !f.has_mask, "gathered input gradient: not planned for this call");
   const GatherLayout layout = plan.gather_layout;
   const VirtualDomain domain = plan.gather_domain;
   const int64_t shared = plan.gather_shared_bytes;
   const int64_t tile_rows = (domain.height + kGridTileHeight - 1) / kGridTileHeight;
-  Tensor virt = empty_in(t.input, {t.input.size(0), channels, domain.height, domain.width}, MemoryFormat::Contiguous,
-                         scalar_type_of<acc_t>());
   const dim3 grid(static_cast<unsigned int>((domain.width + kGridTileWidth - 1) / kGridTileWidth),
-                  static_cast<unsigned int>(tile_rows), static_cast<unsigned int>(t.input.size(0)));
-  const auto p = make_params<scalar_t, int64_t>(t, cfg);
-  const scalar_t* go = t.grad_output->const_data_ptr<scalar_t>();
-  const auto stream = current_cuda_stream(t.input.get_device_index());
-  const auto launch = [&](auto kernel) {
-    opt_in_dynamic_shared(kernel, static_cast<size_t>(shared));
-    kernel<<<grid, kGridTileThreads, static_cast<size_t>(shared), stream>>>(p, go, virt.mutable_data_ptr<acc_t>(),
-                                                                            domain, layout);
-    EDSC_CUDA_KERNEL_LAUNCH_CHECK();
-  };
-  dispatch_small_channels(channels, [&](auto channel_count) {
-    constexpr int kChannels = decltype(channel_count)::value;
-    launch(deform_sepconv_input_grad_grid_taps_cuda_kernel<kChannels, K::kChannelsLast, scalar_t>);
-  });
-  if (cfg.padding_mode == kPaddingBorder) {
-    virt = fold_clamped(fold_clamped(virt, 2, -domain.y0, height), 3, -domain.x0, width);
-  }
-  Tensor destination = grad_input;
-  torch::stable::copy_(destination, virt);
-}
-
-}  // namespace
-
-void launch_gather_input_grad(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg,
-                              const CudaBackwardPlan& plan, const Tensor& grad_input) {
-  EDSC_CHECK(t.input.size(1) <= kSmallChannels && !t.mask.has_value(),
-             "gathered input gradient: not planned for this call");
-  dispatch_grid_tap_types(t, cfg, "deform_sepconv_grid_taps_input_grad",
-                          [&](auto k) { launch_gather<std::decay_t<decltype(k)>>(t, cfg, plan, grad_input); });
+                  static_cast<unsigned int>(tile_rows), static_cast<unsigned int>(f.batch));
+  const auto stream = current_cuda_stream(call.input.get_device_index());
+  dispatch_kernel_types<KernelTypes<>, dispatch_axis::UpTo4ByteTypes, dispatch_axis::FixedIndex<int64_t>,
+                        dispatch_axis::Layout, dispatch_axis::SmallChannels,
+                        dispatch_axis::Variant<kGatherInputGradVariants>>(
+      {f, plan.gather_variant}, "deform_sepconv_grid_taps_input_grad", [&](auto k) {
+        using K = decltype(k);
+        using scalar_t = typename K::scalar_t;
+        using acc_t = typename K::acc_t;
+        Tensor virt = empty_in(call.input, {f.batch, f.channels, domain.height, domain.width}, MemoryFormat::Contiguous,
+                               scalar_type_of<acc_t>());
+        const auto kernel = deform_sepconv_input_grad_grid_taps_cuda_kernel<K::kChannels, K::kChannelsLast, scalar_t>;
+        opt_in_dynamic_shared(kernel, static_cast<size_t>(shared));
+        kernel<<<grid, kGridTileThreads, static_cast<size_t>(shared), stream>>>(
+            make_params<scalar_t, int64_t>(call), call.grad_output->const_data_ptr<scalar_t>(),
+            virt.mutable_data_ptr<acc_t>(), domain, layout);
+        EDSC_CUDA_KERNEL_LAUNCH_CHECK();
+        // A clamping mode folds the virtual coordinates outside the image onto its border.
+        if (f.padding.clamps) {
+          virt = fold_clamped(fold_clamped(virt, 2, -domain.y0, f.height_in), 3, -domain.x0, f.width_in);
+        }
+        Tensor destination = grad_input;
+        torch::stable::copy_(destination, virt);
+      });
 }
 
 }  // namespace edsc_ext

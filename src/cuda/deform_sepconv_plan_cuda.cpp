@@ -15,11 +15,11 @@ namespace {
 // The grid-tap window of a call that can take the grid-tap kernels (no offsets or dilation,
 // float32 or a half type, one dtype, N and the tile rows within a grid dimension, one channel's
 // window within shared memory), with one channel's bytes; false where it cannot.
-bool grid_window(const DeformSepconvCall& c, const CudaDeviceFacts& device, const KernelPolicy& policy,
-                 GridWindow& window, int64_t& channel_bytes) {
+bool grid_window(const CallFacts& c, const CudaDeviceFacts& device, const KernelPolicy& policy, GridWindow& window,
+                 int64_t& channel_bytes) {
   if (!takes_grid_taps(c, policy) || c.element_size > 4 || c.mixed_precision()) return false;
   if (c.batch > kMaxGridDimYZ || (c.height_out + kGridTileHeight - 1) / kGridTileHeight > kMaxGridDimYZ) return false;
-  const int64_t rows = kGridTileHeight + c.cfg.kernel_h - 1, cols = kGridTileWidth + c.cfg.kernel_w - 1;
+  const int64_t rows = kGridTileHeight + c.kernel_h - 1, cols = kGridTileWidth + c.kernel_w - 1;
   channel_bytes = rows * cols * static_cast<int64_t>(sizeof(float));  // acc_t of the <= 4-byte types
   if (channel_bytes > device.shared_memory_per_block_optin) return false;
   window = {static_cast<int>(rows), static_cast<int>(cols)};  // small: they fit shared memory
@@ -34,25 +34,25 @@ GatherLayout gather_layout(int64_t kernel_w) {
   return l;
 }
 
-// Tap coordinates span [-pad, out - 1 - pad + K - 1]; zeros mode needs only the image.
-VirtualDomain gather_domain(const DeformSepconvCall& c) {
+// Tap coordinates span [-pad, out - 1 - pad + K - 1]; a mode that does not clamp needs only the image.
+VirtualDomain gather_domain(const CallFacts& c) {
   VirtualDomain domain{0, 0, c.height_in, c.width_in};
-  if (c.cfg.padding_mode == kPaddingBorder) {
-    const int64_t y1 = std::max(c.height_in - 1, c.height_out - 1 - c.cfg.pad_h + c.cfg.kernel_h - 1);
-    const int64_t x1 = std::max(c.width_in - 1, c.width_out - 1 - c.cfg.pad_w + c.cfg.kernel_w - 1);
-    domain.y0 = std::min<int64_t>(0, -c.cfg.pad_h);
-    domain.x0 = std::min<int64_t>(0, -c.cfg.pad_w);
+  if (c.padding.clamps) {
+    const int64_t y1 = std::max(c.height_in - 1, c.height_out - 1 - c.pad_h + c.kernel_h - 1);
+    const int64_t x1 = std::max(c.width_in - 1, c.width_out - 1 - c.pad_w + c.kernel_w - 1);
+    domain.y0 = std::min<int64_t>(0, -c.pad_h);
+    domain.x0 = std::min<int64_t>(0, -c.pad_w);
     domain.height = y1 - domain.y0 + 1;
     domain.width = x1 - domain.x0 + 1;
   }
   return domain;
 }
 
-TileFootprint tile_footprint(const DeformSepconvConfig& cfg, int64_t channels) {
+TileFootprint tile_footprint(const CallFacts& c) {
   TileFootprint f;
-  f.rows = kTileH + cfg.dilation_h * (cfg.kernel_h - 1) + 1 + 2 * kTileMargin;
-  f.cols = kTileW + cfg.dilation_w * (cfg.kernel_w - 1) + 1 + 2 * kTileMargin;
-  f.channels_per_pass = std::min<int64_t>(channels, kTileSharedBytes / (f.rows * f.cols * kTileElementBytes));
+  f.rows = kTileH + c.dilation_h * (c.kernel_h - 1) + 1 + 2 * kTileMargin;
+  f.cols = kTileW + c.dilation_w * (c.kernel_w - 1) + 1 + 2 * kTileMargin;
+  f.channels_per_pass = std::min<int64_t>(c.channels, kTileSharedBytes / (f.rows * f.cols * kTileElementBytes));
   return f;
 }
 
@@ -60,7 +60,7 @@ TileFootprint tile_footprint(const DeformSepconvConfig& cfg, int64_t channels) {
 // for a variant the launcher does not instantiate for it is a bug, caught here (the planner tests
 // sweep the calls) rather than by a launcher running another kernel than the plan names.
 template <typename Variant, size_t kRows, typename Wanted>
-int find_variant(const Variant (&table)[kRows], const DeformSepconvCall& c, const Wanted& wanted) {
+int find_variant(const Variant (&table)[kRows], const CallFacts& c, const Wanted& wanted) {
   for (size_t row = 0; row < kRows; ++row) {
     if (wanted(table[row])) {
       if (!table[row].scope.admits(variant_facts(c))) {
@@ -75,8 +75,7 @@ int find_variant(const Variant (&table)[kRows], const DeformSepconvCall& c, cons
 
 }  // namespace
 
-CudaForwardPlan plan_cuda_forward(const DeformSepconvCall& c, const CudaDeviceFacts& device,
-                                  const KernelPolicy& policy) {
+CudaForwardPlan plan_cuda_forward(const CallFacts& c, const CudaDeviceFacts& device, const KernelPolicy& policy) {
   CudaForwardPlan plan;
   if (c.batch * c.channels * c.height_out * c.width_out == 0) return plan;
   GridWindow window;
@@ -87,7 +86,8 @@ CudaForwardPlan plan_cuda_forward(const DeformSepconvCall& c, const CudaDeviceFa
     for (const int pass : {4, 3, 2, 1}) {
       if (c.channels % pass == 0 && pass * channel_bytes <= kGridWindowBudgetBytes) {
         plan.kernel = CudaForwardKernel::kGridTaps;
-        plan.pass_channels = pass;
+        plan.variant = find_variant(kGridTapsForwardVariants, c,
+                                    [&](const GridTapsForwardVariant& v) { return v.pass_channels == pass; });
         plan.window = window;
         return plan;
       }
@@ -106,7 +106,8 @@ CudaForwardPlan plan_cuda_forward(const DeformSepconvCall& c, const CudaDeviceFa
     for (const int chunk : {16, 4}) {
       if (row_bytes % chunk == 0 && c.per_pixel_alignment >= chunk) {
         plan.kernel = CudaForwardKernel::kStaged;
-        plan.chunk_bytes = chunk;
+        plan.variant = find_variant(kStagedForwardVariants, c,
+                                    [&](const StagedForwardVariant& v) { return v.chunk_bytes == chunk; });
         return plan;
       }
     }
@@ -115,8 +116,10 @@ CudaForwardPlan plan_cuda_forward(const DeformSepconvCall& c, const CudaDeviceFa
   if (specialized && !policy.plain_forward && c.channels_last && c.channels <= kSmallChannels && c.element_size <= 4 &&
       c.offset_pairs_aligned && copies_pairs) {
     plan.kernel = CudaForwardKernel::kLanePairs;
-    plan.staged_values = c.per_pixel_alignment >= 16;  // the 16-byte copies' alignment
-    plan.exact_rgb = c.channels == 3;
+    const bool staged_values = c.per_pixel_alignment >= 16;  // the 16-byte copies' alignment
+    plan.variant = find_variant(kLanePairsForwardVariants, c, [&](const LanePairsForwardVariant& v) {
+      return v.exact_rgb == (c.channels == 3) && v.staged_values == staged_values;
+    });
     return plan;
   }
   plan.kernel = CudaForwardKernel::kPixels;
@@ -141,8 +144,7 @@ CudaForwardPlan plan_cuda_forward(const DeformSepconvCall& c, const CudaDeviceFa
   return plan;
 }
 
-CudaBackwardPlan plan_cuda_backward(const DeformSepconvCall& c, const CudaDeviceFacts& device,
-                                    const KernelPolicy& policy) {
+CudaBackwardPlan plan_cuda_backward(const CallFacts& c, const CudaDeviceFacts& device, const KernelPolicy& policy) {
   if (c.channels_last && c.channels > kSmallChannels) {
     // The channel lanes (policy.channel_lanes): a pixel's channels in whole blocks of
     // kPixelVectorBlock (vector loads of the frame and of grad_output, each piece aligned to its
@@ -162,10 +164,12 @@ CudaBackwardPlan plan_cuda_backward(const DeformSepconvCall& c, const CudaDevice
       plan.kernel_input_grad = c.input_grad();
       plan.kernel_param_grads = c.any_per_pixel_grad();
       plan.lanes_log2 = lanes_log2;
+      plan.variant = find_variant(kChannelLanesVariants, c,
+                                  [](const ChannelLanesVariant& v) { return v.channel_block == kPixelVectorBlock; });
       if (!plan.kernel_input_grad && !plan.kernel_param_grads) plan.kernel = CudaBackwardKernel::kNone;
       return plan;
     }
-    DeformSepconvCall nchw = c;
+    CallFacts nchw = c;
     nchw.channels_last = false;
     CudaBackwardPlan plan = plan_cuda_backward(nchw, device, policy);
     plan.nchw_copies = true;
@@ -183,11 +187,13 @@ CudaBackwardPlan plan_cuda_backward(const DeformSepconvCall& c, const CudaDevice
 
   // Without offsets or a mask (sepconv) the input gradient is gathered: deterministic, no atomics.
   if (grid && c.input_grad() && !c.has_mask && c.channels <= kSmallChannels) {
-    const GatherLayout layout = gather_layout(c.cfg.kernel_w);
+    const GatherLayout layout = gather_layout(c.kernel_w);
     const VirtualDomain domain = gather_domain(c);
     const int64_t shared = int64_t(layout.shared_words(static_cast<int>(c.channels))) * int64_t(sizeof(float));
     if (shared <= shared_limit && (domain.height + kGridTileHeight - 1) / kGridTileHeight <= kMaxGridDimYZ) {
       plan.gather_input_grad = true;
+      plan.gather_variant =
+          find_variant(kGatherInputGradVariants, c, [](const GridTapsBackwardVariant&) { return true; });
       plan.gather_layout = layout;
       plan.gather_domain = domain;
       plan.gather_shared_bytes = shared;
@@ -196,9 +202,11 @@ CudaBackwardPlan plan_cuda_backward(const DeformSepconvCall& c, const CudaDevice
   // Without offsets the grid-tap kernel computes the per-pixel tensors' gradients, all channels in one window.
   if (grid && c.any_per_pixel_grad() && c.channels <= kSmallChannels) {
     const int64_t shared =
-        c.channels * channel_bytes + (c.grads[2] ? c.cfg.kernel_w * kGridTileThreads * int64_t(sizeof(float)) : 0);
+        c.channels * channel_bytes + (c.grads[2] ? c.kernel_w * kGridTileThreads * int64_t(sizeof(float)) : 0);
     if (shared <= shared_limit) {
       plan.grid_tap_param_grads = true;
+      plan.grid_tap_params_variant =
+          find_variant(kGridTapsParamsVariants, c, [](const GridTapsBackwardVariant&) { return true; });
       plan.window = window;
       plan.grid_tap_shared_bytes = shared;
     }
@@ -213,11 +221,11 @@ CudaBackwardPlan plan_cuda_backward(const DeformSepconvCall& c, const CudaDevice
   // The tile needs shared memory for at least one channel, 32-bit indices, at most
   // kFixedPointMaxTaps taps for the fixed point (float32 and the half types), and, when
   // deterministic, a fixed-point tile (float64's float tile depends on the order of its adds).
-  const TileFootprint footprint = tile_footprint(c.cfg, c.channels);
+  const TileFootprint footprint = tile_footprint(c);
   const bool fixed_point_tile = c.element_size <= 4;
   const int64_t tiles = c.batch * ((c.height_out + kTileH - 1) / kTileH) * ((c.width_out + kTileW - 1) / kTileW);
   const bool tiled = plan.kernel_input_grad && policy.input_grad_tile && footprint.channels_per_pass >= 1 &&
-                     (!fixed_point_tile || c.cfg.kernel_h * c.cfg.kernel_w <= kFixedPointMaxTaps) &&
+                     (!fixed_point_tile || c.kernel_h * c.kernel_w <= kFixedPointMaxTaps) &&
                      (fixed_point_tile || !plan.deterministic) && c.use_32bit_indexing &&
                      tiles <= std::numeric_limits<int32_t>::max();
   if (!tiled) {
@@ -250,11 +258,11 @@ std::string plan_name(const CudaForwardPlan& plan) {
     case CudaForwardKernel::kEmpty:
       return "empty";
     case CudaForwardKernel::kGridTaps:
-      return "grid_taps";
+      return kGridTapsForwardVariants[plan.variant].name;
     case CudaForwardKernel::kStaged:
-      return "staged";
+      return kStagedForwardVariants[plan.variant].name;
     case CudaForwardKernel::kLanePairs:
-      return std::string("lane_pairs") + (plan.exact_rgb ? "_rgb" : "") + (plan.staged_values ? "_staged" : "");
+      return kLanePairsForwardVariants[plan.variant].name;
     case CudaForwardKernel::kPixels:
       return kPixelsForwardVariants[plan.variant].name;
   }
@@ -265,8 +273,8 @@ std::string plan_name(const CudaBackwardPlan& plan) {
   if (plan.empty) return plan.nchw_copies ? "nchw_copies+empty" : "empty";
   std::string name = plan.nchw_copies ? "nchw_copies" : "";
   const auto part = [&](const std::string& p) { name += (name.empty() ? "" : "+") + p; };
-  if (plan.grid_tap_param_grads) part("grid_taps_params");
-  if (plan.gather_input_grad) part("gather_input_grad");
+  if (plan.grid_tap_param_grads) part(kGridTapsParamsVariants[plan.grid_tap_params_variant].name);
+  if (plan.gather_input_grad) part(kGatherInputGradVariants[plan.gather_variant].name);
   switch (plan.kernel) {
     case CudaBackwardKernel::kNone:
       break;
@@ -277,7 +285,7 @@ std::string plan_name(const CudaBackwardPlan& plan) {
       part(kBackwardVariants[plan.variant].name);
       break;
     case CudaBackwardKernel::kChannelLanes:
-      part("channel_lanes" + std::to_string(1 << plan.lanes_log2));
+      part(kChannelLanesVariants[plan.variant].name + std::to_string(1 << plan.lanes_log2));
       break;
   }
   if (plan.kernel != CudaBackwardKernel::kNone && plan.deterministic) part("fixed_point");

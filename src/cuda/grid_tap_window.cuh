@@ -9,8 +9,6 @@
 // neighbours (as 0 * inf, with weight 0); README.md says so.
 #pragma once
 
-#include <utility>
-
 #include "deform_sepconv_cuda.cuh"
 
 namespace edsc_ext {
@@ -19,10 +17,10 @@ namespace edsc_ext {
 // sizes and the window, GridWindow, are in cuda_plan.h, which plans these kernels.)
 constexpr int kGridTapChunk = 8;
 
-inline dim3 grid_taps_grid(const DeformSepconvTensors& t) {
-  return dim3(static_cast<unsigned int>((t.width_out + kGridTileWidth - 1) / kGridTileWidth),
-              static_cast<unsigned int>((t.height_out + kGridTileHeight - 1) / kGridTileHeight),
-              static_cast<unsigned int>(t.input.size(0)));
+inline dim3 grid_taps_grid(const CallFacts& f) {
+  return dim3(static_cast<unsigned int>((f.width_out + kGridTileWidth - 1) / kGridTileWidth),
+              static_cast<unsigned int>((f.height_out + kGridTileHeight - 1) / kGridTileHeight),
+              static_cast<unsigned int>(f.batch));
 }
 
 // Every thread of the block: copies channels c0 .. c0 + kPassChannels - 1 of the window of the
@@ -40,10 +38,10 @@ __device__ __forceinline__ void stage_grid_window(acc_t* staged, const GridWindo
   const int window_size = window.size();
   for (int r = threadIdx.x / kWarpSize; r < window.rows; r += kGridTileThreads / kWarpSize) {
     int64_t iy = y0 - p.pad_h + r;
-    const bool row_inside = grid_tap_pixel(iy, p.height_in, p.padding_mode);
+    const bool row_inside = grid_tap_pixel(iy, p.height_in, p.padding);
     for (int q = threadIdx.x % kWarpSize; q < window.cols; q += kWarpSize) {
       int64_t ix = x0 - p.pad_w + q;
-      const bool inside = row_inside & grid_tap_pixel(ix, p.width_in, p.padding_mode);
+      const bool inside = row_inside & grid_tap_pixel(ix, p.width_in, p.padding);
       const scalar_t* pixel = in + (iy * p.width_in + ix) * pixel_stride;
       EDSC_UNROLL
       for (int cc = 0; cc < kPassChannels; ++cc) {
@@ -61,32 +59,6 @@ __device__ __forceinline__ void load_grid_weights(acc_t (&w)[kGridTapChunk], con
   EDSC_UNROLL
   for (int k = 0; k < kGridTapChunk; ++k) {
     w[k] = k < valid ? load_param_or(tensor, first + k * stride, acc_t(1)) : acc_t(0);
-  }
-}
-
-// Calls body(K) with the KernelTypes of a grid-tap call: the grid-tap kernels are compiled for
-// float32 and the 16-bit types with per-pixel tensors in the frame's dtype (grid_window in the
-// planner keeps float64 and mixed precision away), 64-bit indices, and both layouts.
-template <typename Body>
-void dispatch_grid_tap_types(const DeformSepconvTensors& t, const DeformSepconvConfig& cfg, const char* name,
-                             Body&& body) {
-  dispatch_kernel_types<KernelTypes<>, dispatch_axis::UpTo4ByteTypes, dispatch_axis::FixedIndex<int64_t>,
-                        dispatch_axis::Layout>(kernel_call(t, cfg), name, std::forward<Body>(body));
-}
-
-// Calls body(std::integral_constant<int, C>) with C the call's channel count for the grid-tap
-// kernels, which take up to kSmallChannels (4) channels as a compile-time constant.
-template <typename Body>
-void dispatch_small_channels(int64_t channels, const Body& body) {
-  switch (channels) {
-    case 1:
-      return body(std::integral_constant<int, 1>{});
-    case 2:
-      return body(std::integral_constant<int, 2>{});
-    case 3:
-      return body(std::integral_constant<int, 3>{});
-    default:
-      return body(std::integral_constant<int, 4>{});
   }
 }
 

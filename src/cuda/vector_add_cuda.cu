@@ -1,8 +1,7 @@
 // CUDA kernel of vector_add: the smallest example of the device rules every op here follows
 // (guard on the tensors' device, launch on that device's current stream, check the launch).
-#include "../backends.h"
+#include "backends.h"
 #include "cuda_host.cuh"
-#include "edsc_ext/kernel_dispatch.h"
 #include "launch.cuh"
 
 namespace edsc_ext {
@@ -25,8 +24,9 @@ Tensor vector_add_cuda(const Tensor& a, const Tensor& b) {
   Tensor out = empty_in(a, a.sizes(), MemoryFormat::Contiguous);
   if (out.numel() == 0) return out;
   const auto stream = current_cuda_stream(a.get_device_index());
-  const KernelCall call{a.scalar_type(), a.scalar_type()};
-  dispatch_kernel_types<KernelTypes<>, dispatch_axis::AllTypes>(call, "vector_add_cuda", [&](auto k) {
+  CallFacts facts;  // of the dispatch, the dtype only
+  facts.frame_dtype = facts.param_dtype = a.scalar_type();
+  dispatch_kernel_types<KernelTypes<>, dispatch_axis::AllTypes>(facts, "vector_add_cuda", [&](auto k) {
     using scalar_t = typename decltype(k)::scalar_t;
     vector_add_cuda_kernel<scalar_t><<<blocks_for(out.numel()), kThreadsPerBlock, 0, stream>>>(
         ac.const_data_ptr<scalar_t>(), bc.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(), out.numel());

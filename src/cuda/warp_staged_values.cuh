@@ -11,7 +11,7 @@
 // go back the same way. The rows are double-buffered and copied asynchronously (cp.async): row
 // i + 1 is in flight while the warp computes row i, so the warp waits on memory once per pixel
 // rather than once per row. The policy has the interface of GlobalPixelValues
-// (include/edsc_ext/deform_sepconv_pixel.h); every lane of the warp must construct it and run the
+// (src/sampling.h); every lane of the warp must construct it and run the
 // pixel code, active or not, since the copies are shared.
 #pragma once
 

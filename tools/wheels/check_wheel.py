@@ -101,7 +101,7 @@ def main():
         binaries = glob.glob(os.path.join(tmp, "edsc_ext", "_C*.so"))
         check(len(binaries) == 1, "one compiled extension edsc_ext/_C*.so")
         check("edsc_ext/_build_meta.py" in names, "build facts edsc_ext/_build_meta.py (read before loading)")
-        check("edsc_ext/_csrc/src/deform_sepconv.cpp" in names, "sources for edsc_ext.jit in edsc_ext/_csrc")
+        check("edsc_ext/_csrc/src/registration.cpp" in names, "sources for edsc_ext.jit in edsc_ext/_csrc")
         check(not any(".libs/" in n for n in names), "no libraries grafted in (torch's and CUDA's stay out)")
         meta = {}
         if "edsc_ext/_build_meta.py" in names:

@@ -89,6 +89,16 @@ std::string message(const Parts&... parts) {
   return out.str();
 }
 
+// `text` as a JSON string (the describing ops return JSON: deform_sepconv_spec, kernel_policy_switches).
+inline std::string json_string(const std::string& text) {
+  std::string quoted = "\"";
+  for (const char c : text) {
+    if (c == '"' || c == '\\') quoted += '\\';
+    quoted += c;
+  }
+  return quoted + "\"";
+}
+
 }  // namespace edsc_ext
 
 #define EDSC_EXT_STRINGIFY_(...) #__VA_ARGS__

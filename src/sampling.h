@@ -1,17 +1,225 @@
-// The per-output-pixel work of deform_sepconv, forward and backward, shared by the CPU and CUDA
-// kernels: each backend only decides which pixels a thread owns and how input-gradient adds are
-// made (plain adds on a plane owned by one CPU task, atomics on the GPU).
+// The math of deform_sepconv, host+device inline code that the CPU and CUDA kernels share: the
+// sampling (tap positions, the padding modes' traits from edsc_ext/spec.h, bilinear weights and their
+// derivatives), then the per-output-pixel forward and fused backward. Each backend only decides which
+// pixels a thread owns and how input-gradient adds are made (plain adds on a plane owned by one CPU
+// task, atomics on the GPU).
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 
-#include "edsc_ext/sampling.h"
+#include "edsc_ext/spec.h"  // PaddingTraits, kMaxKernelWidth
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define EDSC_HOST_DEVICE __host__ __device__ __forceinline__
+#define EDSC_UNROLL _Pragma("unroll")
+#define EDSC_NO_UNROLL _Pragma("unroll 1")
+#else
+// Forced inline on the host too: the CPU backend compiles its loops for several instruction sets
+// (src/cpu/cpu_loops.h) and this code must be compiled inside each of them.
+#if defined(__GNUC__) || defined(__clang__)
+#define EDSC_HOST_DEVICE inline __attribute__((always_inline))
+#else
+#define EDSC_HOST_DEVICE inline
+#endif
+#define EDSC_UNROLL
+#define EDSC_NO_UNROLL
+#endif
 
 namespace edsc_ext {
 
+template <typename acc_t>
+EDSC_HOST_DEVICE bool is_finite(acc_t v) {
+  // v - v is 0 for finite v and NaN for +-inf and NaN; works for float and double on host and
+  // device without relying on std::isfinite under fast-math.
+  return (v - v) == (v - v);
+}
+
+EDSC_HOST_DEVICE float floor_value(float v) { return floorf(v); }
+EDSC_HOST_DEVICE double floor_value(double v) { return floor(v); }
+
+template <typename acc_t>
+EDSC_HOST_DEVICE acc_t clamp_value(acc_t v, acc_t lo, acc_t hi) {
+  return v < lo ? lo : (v > hi ? hi : v);
+}
+
+// One coordinate axis of a bilinear sample: the lower corner index, the fractional weight of the
+// upper corner, which of the two corners lie inside the image, and d(coordinate)/d(offset).
+template <typename acc_t, typename index_t>
+struct AxisSample {
+  index_t lo;    // floor(coordinate); meaningful only where lo_in / hi_in
+  acc_t frac;    // coordinate - lo, the weight of corner lo + 1
+  bool lo_in;    // 0 <= lo < size
+  bool hi_in;    // 0 <= lo + 1 < size
+  acc_t dcoord;  // 1, or 0 where a clamping mode clamped the coordinate
+  acc_t scale;   // 2 where a doubled border counts the border pixel twice, else 1
+};
+
+// Resolves a finite coordinate along an axis of length `size` under a padding mode's traits.
+// Not clamping (zeros): the coordinate is first clamped to [-2, size + 1], which leaves every corner
+// of a far-away sample outside (value 0, gradient 0) and keeps floor() inside index_t for any finite
+// input, 1e30 included. Clamping (border, edsc): clamped to [0, size - 1]; like grid_sample, the
+// exact borders count as clamped, so the offset gradient is 0 there. A doubled border (edsc): scale
+// 2 where the coordinate lies before -frame_pad or at or past size - 1 + frame_pad, i.e. outside
+// [0, padded size - 1) of the frame padded by frame_pad (the EDSC layer clamps there and adds both
+// bilinear corners, the same border pixel, at weight 1).
+template <typename acc_t, typename index_t>
+EDSC_HOST_DEVICE AxisSample<acc_t, index_t> sample_axis(acc_t coord, index_t size, const PaddingTraits& padding,
+                                                        index_t frame_pad = 0) {
+  AxisSample<acc_t, index_t> s;
+  s.dcoord = acc_t(1);
+  s.scale = acc_t(1);
+  if (padding.clamps) {
+    const acc_t hi = static_cast<acc_t>(size - 1);
+    if (coord <= acc_t(0) || coord >= hi) {
+      // The doubling lies inside the clamped range (frame_pad >= 0), so samples inside the image,
+      // most of them, pay nothing for it.
+      if (padding.doubles_border &&
+          (coord < static_cast<acc_t>(-frame_pad) || coord >= static_cast<acc_t>(size - 1 + frame_pad))) {
+        s.scale = acc_t(2);
+      }
+      coord = coord <= acc_t(0) ? acc_t(0) : hi;
+      s.dcoord = acc_t(0);
+    }
+  } else {
+    coord = clamp_value(coord, acc_t(-2), static_cast<acc_t>(size + 1));
+  }
+  const acc_t fl = floor_value(coord);
+  s.lo = static_cast<index_t>(fl);
+  s.frac = coord - fl;
+  s.lo_in = s.lo >= 0 && s.lo < size;
+  s.hi_in = s.lo + 1 >= 0 && s.lo + 1 < size;
+  return s;
+}
+
+// A tap without offset sits on the pixel grid: its coordinate along an axis of length `size` is
+// an integer, and its sample is that one pixel (fraction 0: the upper corner's weight is 0). Returns
+// whether the pixel is read, with `coord` the pixel's index: false outside the image where the mode
+// does not clamp (the sample is 0); a clamping mode clamps into the image, as sample_axis does.
+// (Only modes with the grid_taps trait reach the grid-tap kernels: takes_grid_taps.)
+template <typename index_t>
+EDSC_HOST_DEVICE bool grid_tap_pixel(index_t& coord, index_t size, const PaddingTraits& padding) {
+  if (padding.clamps) {
+    coord = coord < 0 ? index_t(0) : (coord > size - 1 ? size - 1 : coord);
+    return true;
+  }
+  return coord >= 0 && coord < size;
+}
+
+// A bilinear sample of one input plane at (py, px): the four corners' flat offsets within the
+// plane, validity, and the fractional weights. Pixels of a plane are `pixel_stride` elements apart:
+// 1 in NCHW-contiguous memory, C in channels_last.
+template <typename acc_t, typename index_t>
+struct BilinearSample {
+  AxisSample<acc_t, index_t> y, x;
+  index_t row_stride, pixel_stride;
+  bool finite;  // false for a non-finite position: the sample is NaN and touches no memory
+
+  EDSC_HOST_DEVICE index_t offset_of(index_t dy, index_t dx) const {
+    return (y.lo + dy) * row_stride + (x.lo + dx) * pixel_stride;
+  }
+  // The factor of the bilinear value (and of its derivatives): 1 but where a border is doubled.
+  EDSC_HOST_DEVICE acc_t weight_scale() const { return y.scale * x.scale; }
+};
+
+template <typename acc_t, typename index_t>
+EDSC_HOST_DEVICE BilinearSample<acc_t, index_t> make_bilinear_sample(acc_t py, acc_t px, index_t height, index_t width,
+                                                                     const PaddingTraits& padding, index_t pixel_stride,
+                                                                     index_t frame_pad_h = 0, index_t frame_pad_w = 0) {
+  BilinearSample<acc_t, index_t> s;
+  s.row_stride = width * pixel_stride;
+  s.pixel_stride = pixel_stride;
+  s.finite = is_finite(py) && is_finite(px);
+  if (!s.finite) {
+    py = acc_t(0);
+    px = acc_t(0);
+  }
+  s.y = sample_axis<acc_t, index_t>(py, height, padding, frame_pad_h);
+  s.x = sample_axis<acc_t, index_t>(px, width, padding, frame_pad_w);
+  return s;
+}
+
+// The four corner values of a sample (0 outside the image).
+template <typename acc_t>
+struct Corners {
+  acc_t v00, v01, v10, v11;  // v<dy><dx>
+};
+
+// `plane` points at input[n, c, 0, 0].
+template <typename acc_t, typename scalar_t, typename index_t>
+EDSC_HOST_DEVICE Corners<acc_t> load_corners(const BilinearSample<acc_t, index_t>& s, const scalar_t* plane) {
+  Corners<acc_t> c;
+  c.v00 = (s.y.lo_in && s.x.lo_in) ? static_cast<acc_t>(plane[s.offset_of(0, 0)]) : acc_t(0);
+  c.v01 = (s.y.lo_in && s.x.hi_in) ? static_cast<acc_t>(plane[s.offset_of(0, 1)]) : acc_t(0);
+  c.v10 = (s.y.hi_in && s.x.lo_in) ? static_cast<acc_t>(plane[s.offset_of(1, 0)]) : acc_t(0);
+  c.v11 = (s.y.hi_in && s.x.hi_in) ? static_cast<acc_t>(plane[s.offset_of(1, 1)]) : acc_t(0);
+  return c;
+}
+
+template <typename acc_t, typename index_t>
+EDSC_HOST_DEVICE acc_t interpolate(const BilinearSample<acc_t, index_t>& s, const Corners<acc_t>& c) {
+  const acc_t ly = s.y.frac, lx = s.x.frac;
+  const acc_t top = c.v00 + lx * (c.v01 - c.v00);
+  const acc_t bottom = c.v10 + lx * (c.v11 - c.v10);
+  return top + ly * (bottom - top);
+}
+
+// dS/d(ly) and dS/d(lx) of the bilinear formula (before the border-clamp factor dcoord).
+template <typename acc_t, typename index_t>
+EDSC_HOST_DEVICE acc_t interpolate_dy(const BilinearSample<acc_t, index_t>& s, const Corners<acc_t>& c) {
+  const acc_t lx = s.x.frac;
+  return (c.v10 - c.v00) + lx * ((c.v11 - c.v01) - (c.v10 - c.v00));
+}
+
+template <typename acc_t, typename index_t>
+EDSC_HOST_DEVICE acc_t interpolate_dx(const BilinearSample<acc_t, index_t>& s, const Corners<acc_t>& c) {
+  const acc_t ly = s.y.frac;
+  return (c.v01 - c.v00) + ly * ((c.v11 - c.v10) - (c.v01 - c.v00));
+}
+
+// Scatters `value` (= dL/dS) to the four corners of the sample with the bilinear weights, as
+// add(c, row, column, weighted value); only corners inside the image are passed.
+template <typename acc_t, typename index_t, typename Add>
+EDSC_HOST_DEVICE void scatter_each_corner(const BilinearSample<acc_t, index_t>& s, acc_t value, index_t c, Add& add) {
+  const acc_t ly = s.y.frac, lx = s.x.frac;
+  const index_t y0 = s.y.lo, x0 = s.x.lo;
+  if (s.y.lo_in && s.x.lo_in) add(c, y0, x0, value * (acc_t(1) - ly) * (acc_t(1) - lx));
+  if (s.y.lo_in && s.x.hi_in) add(c, y0, x0 + 1, value * (acc_t(1) - ly) * lx);
+  if (s.y.hi_in && s.x.lo_in) add(c, y0 + 1, x0, value * ly * (acc_t(1) - lx));
+  if (s.y.hi_in && s.x.hi_in) add(c, y0 + 1, x0 + 1, value * ly * lx);
+}
+
+// What the backward calls: a backend may overload it for its adder type (the CUDA fixed-point
+// tile adds all four corners at once).
+template <typename acc_t, typename index_t, typename Add>
+EDSC_HOST_DEVICE void scatter_corners(const BilinearSample<acc_t, index_t>& s, acc_t value, index_t c, Add& add) {
+  scatter_each_corner(s, value, c, add);
+}
+
+// The same for a block of kCount adjacent channels c0 .. c0 + kCount - 1, value[k] = dL/dS of
+// channel c0 + k: each corner's weight once for the block. A backend may overload it too (the CUDA
+// global float atomics add a corner's block with vector atomics where the device has them).
+template <int kCount, typename acc_t, typename index_t, typename Add>
+EDSC_HOST_DEVICE void scatter_corner_block(const BilinearSample<acc_t, index_t>& s, const acc_t (&value)[kCount],
+                                           index_t c0, Add& add) {
+  const acc_t ly = s.y.frac, lx = s.x.frac;
+  const index_t y0 = s.y.lo, x0 = s.x.lo;
+  const auto corner = [&](bool inside, index_t y, index_t x, acc_t weight) {
+    if (!inside) return;
+    EDSC_UNROLL
+    for (int k = 0; k < kCount; ++k) add(c0 + k, y, x, value[k] * weight);
+  };
+  corner(s.y.lo_in && s.x.lo_in, y0, x0, (acc_t(1) - ly) * (acc_t(1) - lx));
+  corner(s.y.lo_in && s.x.hi_in, y0, x0 + 1, (acc_t(1) - ly) * lx);
+  corner(s.y.hi_in && s.x.lo_in, y0 + 1, x0, ly * (acc_t(1) - lx));
+  corner(s.y.hi_in && s.x.hi_in, y0 + 1, x0 + 1, ly * lx);
+}
+
+// ---- The per-output-pixel work of the forward and the backward
+
 // Where one per-pixel tensor's values are: (n, k, y, x) at n * batch + (y * W + x) * pixel + k *
 // (channel stride: H * W in NCHW, 1 in channels_last). Dense tensors have batch = K * H * W and
-// pixel = 1 (NCHW) or K (channels_last); views read in place (DeformSepconvTensors::dense_per_pixel)
+// pixel = 1 (NCHW) or K (channels_last); views read in place (CallFacts::dense_per_pixel)
 // others, e.g. a channel slice of a wider channels_last tensor has pixel = its width in channels.
 template <typename index_t>
 struct PerPixelStrides {
@@ -40,16 +248,16 @@ struct DeformSepconvParams {
   // them, the other kernels take dense tensors.
   PerPixelStrides<index_t> vertical_strides, horizontal_strides, offset_strides, offset_dx_strides, mask_strides;
   index_t batch, channels, height_in, width_in, height_out, width_out;
-  // pad_h/pad_w: where tap 0 sits, y - pad_h (the call's padding, less the EDSC tap shift in EDSC
-  // mode); frame_pad_h/w: the call's padding, where EDSC mode starts counting border pixels twice.
+  // pad_h/pad_w: where tap 0 sits, y - pad_h (the call's padding, less the mode's tap_shift);
+  // frame_pad_h/w: the call's padding, beyond which a doubled border counts border pixels twice.
   index_t kernel_h, kernel_w, pad_h, pad_w, dilation_h, dilation_w, frame_pad_h, frame_pad_w;
-  int64_t padding_mode;
+  PaddingTraits padding;  // the call's padding mode (edsc_ext/spec.h)
 
   EDSC_HOST_DEVICE bool split_offsets() const { return offset_dx != nullptr; }
 };
 
 // The kernels take the layout as a compile-time kChannelsLast (the hosts dispatch on
-// DeformSepconvTensors::channels_last), so NCHW code pays nothing for channels_last support (as a
+// CallFacts::channels_last), so NCHW code pays nothing for channels_last support (as a
 // run-time value it cost 16 registers and 15% more instructions).
 // From channel k to k + 1 of one pixel of a (N, K, H, W) tensor, `pixels` = H * W.
 template <bool kChannelsLast, typename index_t>
@@ -180,9 +388,8 @@ template <int kChannelBlock, bool kChannelsLast, bool kBranchFree, bool kVectorL
 EDSC_HOST_DEVICE bool accumulate_tap(const DeformSepconvParams<scalar_t, index_t, param_t>& p, const scalar_t* in,
                                      index_t plane, int block, acc_t w, acc_t py, acc_t px,
                                      acc_t (&acc)[kChannelBlock]) {
-  const auto s =
-      make_bilinear_sample<acc_t, index_t>(py, px, p.height_in, p.width_in, p.padding_mode,
-                                           input_pixel_stride<kChannelsLast>(p), p.frame_pad_h, p.frame_pad_w);
+  const auto s = make_bilinear_sample<acc_t, index_t>(
+      py, px, p.height_in, p.width_in, p.padding, input_pixel_stride<kChannelsLast>(p), p.frame_pad_h, p.frame_pad_w);
   w *= s.weight_scale();
   if constexpr (!kBranchFree) {
     if (!s.finite) {
@@ -449,7 +656,7 @@ EDSC_HOST_DEVICE void deform_sepconv_backward_pixel_with(const DeformSepconvPara
         px += values.template offset_value<acc_t>(j, t, 1);
       }
       const auto s =
-          make_bilinear_sample<acc_t, index_t>(py, px, p.height_in, p.width_in, p.padding_mode,
+          make_bilinear_sample<acc_t, index_t>(py, px, p.height_in, p.width_in, p.padding,
                                                input_pixel_stride<kChannelsLast>(p), p.frame_pad_h, p.frame_pad_w);
       // EDSC mode's doubled border samples scale the value and so every derivative of it.
       const acc_t scale = s.weight_scale();
