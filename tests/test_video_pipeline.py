@@ -637,3 +637,15 @@ def test_the_throughput_script_makes_its_table(tmp_path):
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 0, done.stderr
     assert "cpu against cpu,cpu" in done.stdout and "speedup, two GPUs against one: " in done.stdout
+
+
+def test_the_preset_table_times_every_preset_on_the_clip(tmp_path):
+    """--presets: x264 at each preset on the clip's frames, medium's row the unit; the clip's rate read while
+    its container is open (PyAV refuses it after)."""
+    clip = video_benchmark.make_clip(tmp_path / "clip.mkv", 32, 32, 4)
+    report = video_benchmark.preset_speeds(clip, repeat=1)
+    assert report["frames"] == 4 and report["size"] == "32x32"
+    assert [r["preset"] for r in report["rows"]] == list(video_benchmark.PRESETS_MEASURED)
+    medium = next(r for r in report["rows"] if r["preset"] == "medium")
+    assert medium["vs_medium"] == 1 and all(r["frames_per_s"] > 0 and r["bytes"] > 0 for r in report["rows"])
+    assert "| medium |" in video_benchmark.format_presets(report)
