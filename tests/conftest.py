@@ -457,3 +457,67 @@ def capture_and_replay(case: Case, new_cases, padding_mode: str):
         torch.cuda.synchronize()
         results.append((static_out.detach().clone(), tuple(t.grad.clone() for t in static.tensors)))
     return results
+
+
+# --------------------------------------------------------------------------------------------
+# The apps' tests (test_interpolate.py, test_video_pipeline.py).
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread for a module's tests: the networks are small there, and one thread avoids contention
+    on a shared machine (and is faster). A module asks for it with ``pytestmark``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    """Checkpoints of randomly initialised EDSC_s and EDSC_m (seed 0): {name: path}."""
+    from edsc_ext.models import EDSC_m, EDSC_s, save_checkpoint
+
+    folder = tmp_path_factory.mktemp("weights")
+    torch.manual_seed(0)
+    paths = {}
+    for name, model in (("EDSC_s", EDSC_s()), ("EDSC_m", EDSC_m())):
+        paths[name] = folder / f"{name}.pth"
+        save_checkpoint(model, paths[name])
+    return paths
+
+
+@pytest.fixture
+def blend_network(monkeypatch):
+    """The tool's network replaced by (1 - t) a + t b: for tests of timing and containers, where what the
+    network computes does not matter (and a real one would be slow). Returns the list of the first frames'
+    shapes, one a call."""
+    from edsc_ext.apps import engine
+
+    calls = []
+
+    def blend(self, first, second, times):
+        calls.append(tuple(first.shape))
+        t = (times if times is not None else torch.full((first.shape[0],), 0.5)).view(-1, 1, 1, 1).to(first)
+        return ((1 - t) * first + t * second).clamp(0, 1)
+
+    monkeypatch.setattr(engine.Interpolator, "_network", blend)
+    return calls
+
+
+def run_cli(argv, capsys):
+    """(exit code, stdout, stderr) of edsc-interpolate."""
+    from edsc_ext.apps import interpolate
+
+    rc = interpolate.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def assert_one_line_error(rc, err, *needles):
+    """A CLI's bad input: exit code 2 and one line on stderr, naming each of ``needles``."""
+    assert rc == 2, err
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and "error:" in lines[0] and "Traceback" not in err, err
+    for needle in needles:
+        assert str(needle) in lines[0], (needle, lines[0])

@@ -35,9 +35,20 @@ from edsc_ext.apps import (  # (they import PyAV, Pillow, tqdm when used)
     timing,
     video,
 )
-from edsc_ext.models import EDSC_m, EDSC_s, save_checkpoint
+from edsc_ext.models import EDSC_m, EDSC_s
 
-from conftest import missing_packages, needs_packages, needs_shared_data, rel_error, requires_cuda, shared_data_path
+from conftest import (
+    assert_one_line_error,
+    missing_packages,
+    needs_packages,
+    needs_shared_data,
+    rel_error,
+    requires_cuda,
+    run_cli,
+    shared_data_path,
+)
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 # Each test is marked with the optional packages it needs, and runs without the others.
 needs_apps = needs_packages("av", "PIL", "tqdm")
@@ -50,56 +61,6 @@ MIDDLEBURY = shared_data_path("middlebury")
 needs_middlebury = needs_shared_data("middlebury")
 CAR_TURN = shared_data_path("video", "car-turn.mp4")
 needs_video_data = needs_shared_data("video")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # The networks are small here; one thread avoids contention on a shared machine (and is faster).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def weights(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("weights")
-    torch.manual_seed(0)
-    paths = {}
-    for name, model in (("EDSC_s", EDSC_s()), ("EDSC_m", EDSC_m())):
-        paths[name] = folder / f"{name}.pth"
-        save_checkpoint(model, paths[name])
-    return paths
-
-
-@pytest.fixture
-def blend_network(monkeypatch):
-    """The network replaced by (1 - t) a + t b: for tests of timing and containers, where what the
-    network computes does not matter (and a real one would be slow on 640x360 frames)."""
-    calls = []
-
-    def blend(self, first, second, times):
-        calls.append(tuple(first.shape))
-        t = (times if times is not None else torch.full((first.shape[0],), 0.5)).view(-1, 1, 1, 1).to(first)
-        return ((1 - t) * first + t * second).clamp(0, 1)
-
-    monkeypatch.setattr(engine.Interpolator, "_network", blend)
-    return calls
-
-
-def run_cli(argv, capsys):
-    """(exit code, stdout, stderr) of edsc-interpolate."""
-    rc = interpolate.main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def assert_one_line_error(rc, err, *needles):
-    assert rc == 2, err
-    lines = [line for line in err.strip().splitlines() if line.strip()]
-    assert len(lines) == 1 and "error:" in lines[0] and "Traceback" not in err, err
-    for needle in needles:
-        assert str(needle) in lines[0], (needle, lines[0])
 
 
 # --------------------------------------------------------------------------------------------

@@ -24,13 +24,14 @@ import numpy as np
 import pytest
 import torch
 
-from edsc_ext.models import EDSC_m, EDSC_s, save_checkpoint
+from edsc_ext.models import EDSC_m
 
-from conftest import requires_cuda, requires_two_gpus
+from conftest import assert_one_line_error, requires_cuda, requires_two_gpus, run_cli
 
 MISSING = [m for m in ("av", "PIL", "tqdm") if importlib.util.find_spec(m) is None]
-pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"needs the apps extra ({', '.join(MISSING)} missing): "
-                                                      "pip install tqdm pillow av")
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
+              pytest.mark.skipif(bool(MISSING), reason=f"needs the apps extra ({', '.join(MISSING)} missing): "
+                                                       "pip install tqdm pillow av")]
 if not MISSING:
     import av
 
@@ -38,52 +39,6 @@ if not MISSING:
     from edsc_ext.benchmarks import video as video_benchmark
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def weights(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("weights")
-    torch.manual_seed(0)
-    paths = {}
-    for name, model in (("EDSC_s", EDSC_s()), ("EDSC_m", EDSC_m())):
-        paths[name] = folder / f"{name}.pth"
-        save_checkpoint(model, paths[name])
-    return paths
-
-
-@pytest.fixture
-def blend_network(monkeypatch):
-    calls = []
-
-    def blend(self, first, second, times):
-        calls.append((id(self), tuple(first.shape)))
-        t = (times if times is not None else torch.full((first.shape[0],), 0.5)).view(-1, 1, 1, 1).to(first)
-        return ((1 - t) * first + t * second).clamp(0, 1)
-
-    monkeypatch.setattr(engine.Interpolator, "_network", blend)
-    return calls
-
-
-def run_cli(argv, capsys):
-    rc = interpolate.main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def assert_one_line_error(rc, err, *needles):
-    assert rc == 2, err
-    lines = [line for line in err.strip().splitlines() if line.strip()]
-    assert len(lines) == 1 and "error:" in lines[0] and "Traceback" not in err, err
-    for needle in needles:
-        assert str(needle) in lines[0], (needle, lines[0])
 
 
 def video_argv(weights, name, source, target, *extra):
