@@ -47,6 +47,39 @@ struct DeformSepconvArgs {
   bool deterministic = false;
 };
 
+// The op's arguments by name, as a forward takes them; a backward sets grad_output, output_mask and
+// deterministic on the result.
+inline DeformSepconvArgs forward_args(const Tensor& input, const OptionalTensor& vertical,
+                                      const OptionalTensor& horizontal, const OptionalTensor& offset,
+                                      const OptionalTensor& mask, int64_t kernel_h, int64_t kernel_w, int64_t pad_h,
+                                      int64_t pad_w, int64_t dilation_h, int64_t dilation_w, int64_t padding_mode,
+                                      const OptionalTensor& offset_dx) {
+  return {.input = input,
+          .vertical = vertical,
+          .horizontal = horizontal,
+          .offset = offset,
+          .mask = mask,
+          .kernel_h = kernel_h,
+          .kernel_w = kernel_w,
+          .pad_h = pad_h,
+          .pad_w = pad_w,
+          .dilation_h = dilation_h,
+          .dilation_w = dilation_w,
+          .padding_mode = padding_mode,
+          .offset_dx = offset_dx};
+}
+
+// The same call with another frame (input) and, a backward's, grad_output: the CPU runs its 16-bit
+// calls on float32 copies of them (cpu_plan.h: takes_float32_frame).
+inline DeformSepconvArgs with_frame(const DeformSepconvArgs& a, const Tensor& input, const Tensor* grad_output) {
+  DeformSepconvArgs args = forward_args(input, a.vertical, a.horizontal, a.offset, a.mask, a.kernel_h, a.kernel_w,
+                                        a.pad_h, a.pad_w, a.dilation_h, a.dilation_w, a.padding_mode, a.offset_dx);
+  args.grad_output = grad_output;
+  args.output_mask = a.output_mask;
+  args.deterministic = a.deterministic;
+  return args;
+}
+
 // ---- The call
 
 // The facts of one prepared call: plain values, so that a plan can be made for any call, also for a

@@ -24,6 +24,7 @@ struct KernelPolicy {
   bool channel_lanes = true;
   int64_t cpu_scratch_mb = 256;
   bool cpu_baseline = false;  // the switch cpu_isa: "baseline" (true) or "auto"
+  bool cpu_float32_frame = true;
 
   bool operator==(const KernelPolicy& other) const;
 };
@@ -87,6 +88,12 @@ inline constexpr PolicySwitch kPolicySwitches[] = {
                     "(torch.backends.cpu.get_cpu_capability() is AVX2 or AVX512; torch's ATEN_CPU_CAPABILITY "
                     "lowers it), 'baseline' the plain x86-64 build (results then differ in the last bits: FMA "
                     "rounds once)"},
+    {.name = "cpu_float32_frame",
+     .flag = &KernelPolicy::cpu_float32_frame,
+     .description = "CPU, calls whose frame and per-pixel tensors are float16 or bfloat16: the loops run on a "
+                    "float32 copy of the frame (and of a backward's grad_output), the output and input gradient "
+                    "rounded once (the same values); False runs the 16-bit loops, which convert every value they "
+                    "read"},
 };
 
 // A switch's value as the ops carry it: a flag 0 or 1, a count itself, a choice its index.

@@ -1,6 +1,6 @@
 // Every op's schema and every registration of its kernels (CPU, CUDA, and the backend-free ops:
 // CompositeExplicitAutograd), through the LibTorch stable ABI. Beside the schemas, their one C++
-// spelling: the unboxing of each op's arguments into DeformSepconvArgs, by name.
+// spelling: the unboxing of each op's arguments into DeformSepconvArgs, by name (forward_args).
 #include "backends.h"
 
 namespace edsc_ext {
@@ -11,19 +11,8 @@ Tensor forward(const Tensor& input, const OptionalTensor& vertical, const Option
                const OptionalTensor& offset, const OptionalTensor& mask, int64_t kernel_h, int64_t kernel_w,
                int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w, int64_t padding_mode,
                const OptionalTensor& offset_dx) {
-  return kKernel({.input = input,
-                  .vertical = vertical,
-                  .horizontal = horizontal,
-                  .offset = offset,
-                  .mask = mask,
-                  .kernel_h = kernel_h,
-                  .kernel_w = kernel_w,
-                  .pad_h = pad_h,
-                  .pad_w = pad_w,
-                  .dilation_h = dilation_h,
-                  .dilation_w = dilation_w,
-                  .padding_mode = padding_mode,
-                  .offset_dx = offset_dx});
+  return kKernel(forward_args(input, vertical, horizontal, offset, mask, kernel_h, kernel_w, pad_h, pad_w, dilation_h,
+                              dilation_w, padding_mode, offset_dx));
 }
 
 template <DeformSepconvBackwardResult (*kKernel)(const DeformSepconvArgs&)>
@@ -33,22 +22,12 @@ DeformSepconvBackwardResult backward(const Tensor& grad_output, const Tensor& in
                                      int64_t pad_w, int64_t dilation_h, int64_t dilation_w, int64_t padding_mode,
                                      const std::vector<bool>& output_mask, const OptionalTensor& offset_dx,
                                      bool deterministic) {
-  return kKernel({.input = input,
-                  .vertical = vertical,
-                  .horizontal = horizontal,
-                  .offset = offset,
-                  .mask = mask,
-                  .kernel_h = kernel_h,
-                  .kernel_w = kernel_w,
-                  .pad_h = pad_h,
-                  .pad_w = pad_w,
-                  .dilation_h = dilation_h,
-                  .dilation_w = dilation_w,
-                  .padding_mode = padding_mode,
-                  .offset_dx = offset_dx,
-                  .grad_output = &grad_output,
-                  .output_mask = output_mask_array(output_mask),
-                  .deterministic = deterministic});
+  DeformSepconvArgs args = forward_args(input, vertical, horizontal, offset, mask, kernel_h, kernel_w, pad_h, pad_w,
+                                        dilation_h, dilation_w, padding_mode, offset_dx);
+  args.grad_output = &grad_output;
+  args.output_mask = output_mask_array(output_mask);
+  args.deterministic = deterministic;
+  return kKernel(args);
 }
 
 std::vector<std::string> plan(const Tensor& input, const OptionalTensor& vertical, const OptionalTensor& horizontal,
@@ -57,22 +36,11 @@ std::vector<std::string> plan(const Tensor& input, const OptionalTensor& vertica
                               int64_t padding_mode, const std::vector<bool>& output_mask,
                               const std::vector<int64_t>& cpu_facts, const std::vector<int64_t>& cuda_device,
                               const OptionalTensor& offset_dx, bool deterministic) {
-  return deform_sepconv_plan({.input = input,
-                              .vertical = vertical,
-                              .horizontal = horizontal,
-                              .offset = offset,
-                              .mask = mask,
-                              .kernel_h = kernel_h,
-                              .kernel_w = kernel_w,
-                              .pad_h = pad_h,
-                              .pad_w = pad_w,
-                              .dilation_h = dilation_h,
-                              .dilation_w = dilation_w,
-                              .padding_mode = padding_mode,
-                              .offset_dx = offset_dx,
-                              .output_mask = output_mask_array(output_mask),
-                              .deterministic = deterministic},
-                             cpu_facts, cuda_device);
+  DeformSepconvArgs args = forward_args(input, vertical, horizontal, offset, mask, kernel_h, kernel_w, pad_h, pad_w,
+                                        dilation_h, dilation_w, padding_mode, offset_dx);
+  args.output_mask = output_mask_array(output_mask);
+  args.deterministic = deterministic;
+  return deform_sepconv_plan(args, cpu_facts, cuda_device);
 }
 
 }  // namespace

@@ -196,6 +196,14 @@ inline Tensor empty_in(const Tensor& like, torch::headeronly::IntHeaderOnlyArray
   return Tensor(handle);
 }
 
+// A dense copy of t in `format` with dtype `dtype` (the values rounded where it is narrower), through the
+// shim's direct copy_.
+inline Tensor converted(const Tensor& t, ScalarType dtype, MemoryFormat format) {
+  Tensor out = empty_in(t, t.sizes(), format, dtype);
+  EDSC_SHIM_CHECK(aoti_torch_copy_(out.get(), t.get(), /*non_blocking=*/0));
+  return out;
+}
+
 // Fills t with zeros, through the shim's direct call (torch::stable::zero_ goes through the boxed
 // dispatcher, see empty_in).
 inline void fill_zeros(Tensor& t) { EDSC_SHIM_CHECK(aoti_torch_zero_(t.get())); }

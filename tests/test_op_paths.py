@@ -30,6 +30,7 @@ from conftest import (
     dtypes,
     forward_and_grads,
     make_inputs,
+    memory_format,
     mixed,
     named,
     per_device,
@@ -42,6 +43,11 @@ from conftest import (
 OP = edsc_ext.deform_sepconv
 # The instruction set the CPU plans name (the policy's cpu_isa="auto": torch's capability).
 ISA = "/avx2" if edsc_ext._plan(torch.zeros(1, 1, 1, 1), kernel_size=1).forward.endswith("/avx2") else "/baseline"
+
+
+def cpu_plan(kernel: str, dtype: torch.dtype) -> str:
+    """A CPU plan's name: the kernel, the instruction set, and for 16-bit calls the float32 frame they run on."""
+    return kernel + ISA + ("+float32_frame" if dtype in (torch.float16, torch.bfloat16) else "")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -81,7 +87,8 @@ def _assert_grid_tap_plans(case, padding_mode, which, present, device):
     window while it holds every channel, the input gradient gathered where there is no mask)."""
     plans = plans_of(case, padding_mode, which)
     if device == "cpu":
-        assert plans == ("grid_taps_rows" + ISA, "grid_taps_rows" + ISA), plans
+        dtype = case.input.dtype
+        assert plans == (cpu_plan("grid_taps_rows", dtype), cpu_plan("grid_taps_rows", dtype)), plans
     else:
         small = case.input.shape[1] <= 4  # the grid-tap gradients keep every channel in one window
         assert plans.forward.startswith("grid_taps_pass"), plans
@@ -116,7 +123,8 @@ def test_without_offset(gen, device, config, dtype, layout):
             if device == "cpu" and not big:
                 with edsc_ext.kernel_policy(grid_taps=False):
                     bilinear_backward = "pixels_fused" if "input" in which else "pixels_params"
-                    assert plans_of(case, padding_mode, which) == ("pixels" + ISA, bilinear_backward + ISA), what
+                    assert plans_of(case, padding_mode, which) == (cpu_plan("pixels", dtype),
+                                                                   cpu_plan(bilinear_backward, dtype)), what
                     bilinear, bilinear_grads = forward_and_grads(OP, case, padding_mode, which=which)
                 assert_close(out, bilinear.to(F64), dtype, what=what)
                 assert_grads_close(grads, [None if g is None else g.to(F64) for g in bilinear_grads], dtype)
@@ -532,12 +540,13 @@ def test_cpu_instruction_sets(gen, monkeypatch, config, dtype):
     the forward and every gradient, and each is repeatable bit for bit."""
     case = make_inputs(*config, dtype=dtype, generator=gen, offset_scale=3)
     expected, expected_grads = reference_and_grads(case, "zeros")
-    default_isa = plans_of(case).forward.split("/")[1]
+    # 16-bit calls run on a float32 copy of the frame (kernel_policy(cpu_float32_frame=True), the default).
+    suffix = "+float32_frame" if dtype in (F16, BF16) else ""
     for isa in ("auto", "baseline"):
         with edsc_ext.kernel_policy(cpu_isa=isa):
             plans = plans_of(case)
-            assert plans == ("pixels/" + (default_isa if isa == "auto" else "baseline"),
-                             "pixels_fused/" + (default_isa if isa == "auto" else "baseline"))
+            assert plans == ("pixels" + (ISA if isa == "auto" else "/baseline") + suffix,
+                             "pixels_fused" + (ISA if isa == "auto" else "/baseline") + suffix), plans
             out, grads = forward_and_grads(OP, case, "zeros")
             again, again_grads = forward_and_grads(OP, case, "zeros")
         assert_close(out, expected, dtype, what=f"output ({isa})")
@@ -545,3 +554,37 @@ def test_cpu_instruction_sets(gen, monkeypatch, config, dtype):
         assert torch.equal(out, again)
         for name, g, g0 in zip(ARG_NAMES, again_grads, grads):
             assert torch.equal(g, g0), f"grad of {name} ({isa})"
+
+
+@pytest.mark.parametrize("dtype", [F16, BF16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("offsets", [True, False], ids=["bilinear", "grid_taps"])
+def test_cpu_16bit_calls_run_on_a_float32_frame(gen, dtype, layout, offsets):
+    """A CPU call whose frame and per-pixel tensors are 16-bit runs on a float32 copy of the frame (and of
+    grad_output); kernel_policy(cpu_float32_frame=False) runs the 16-bit loops. Both accumulate in float
+    and round once, so the output and every gradient come out bit for bit alike, in the frame's dtype and
+    layout, within the dtype's tolerance of the float64 reference; a call that wants only the frame's
+    gradient gets only that."""
+    present = (True, True, offsets, offsets)
+    case = make_inputs(2, 4, 13, 15, 5, 5, padding=2, present=present, dtype=dtype, generator=gen,
+                       offset_scale=3)
+    case = case.map(lambda t: t.contiguous(memory_format=memory_format(layout)))
+    expected, expected_grads = reference_and_grads(case, "border")
+    runs = {}
+    for float32_frame in (True, False):
+        with edsc_ext.kernel_policy(cpu_float32_frame=float32_frame):
+            forward, backward = plans_of(case, "border")
+            assert forward.startswith("pixels/" if offsets else "grid_taps_rows/"), forward
+            assert forward.endswith("+float32_frame") == backward.endswith("+float32_frame") == float32_frame
+            runs[float32_frame] = forward_and_grads(OP, case, "border")
+    (out, grads), (native_out, native_grads) = runs[True], runs[False]
+    assert out.dtype == dtype and out.is_contiguous(memory_format=memory_format(layout))
+    assert torch.equal(out, native_out)
+    for name, g, native in zip(ARG_NAMES, grads, native_grads):
+        assert (g is None) == (native is None) and (g is None or torch.equal(g, native)), name
+    assert grads[0].dtype == dtype and grads[0].is_contiguous(memory_format=memory_format(layout))
+    assert_close(out, expected, dtype, what="output")
+    assert_grads_close(grads, expected_grads, dtype)
+    frame_only, frame_only_grads = forward_and_grads(OP, case, "border", which=("input",))
+    assert torch.equal(frame_only, out) and torch.equal(frame_only_grads[0], grads[0])
+    assert all(g is None for g in frame_only_grads[1:])

@@ -114,19 +114,19 @@ EXPECTED_PLANS = {
     'feat64 f32': ('pixels/avx2', 'pixels_fused/avx2', 'pixels', 'tiled_prefetch'),
     'sepconv f32': ('grid_taps_rows/avx2', 'grid_taps_rows/avx2', 'grid_taps_pass3', 'grid_taps_params+gather_input_grad'),
     'adacof f32': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
-    'train bf16': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
-    'infer bf16': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
-    'batch bf16': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
-    'feat bf16': ('pixels/avx2', 'pixels_fused/avx2', 'pixels', 'tiled_prefetch'),
-    'feat64 bf16': ('pixels/avx2', 'pixels_fused/avx2', 'pixels', 'tiled_prefetch'),
-    'sepconv bf16': ('grid_taps_rows/avx2', 'grid_taps_rows/avx2', 'grid_taps_pass3', 'grid_taps_params+gather_input_grad'),
-    'adacof bf16': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
-    'train f16': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
+    'train bf16': ('pixels/avx2+float32_frame', 'pixels_fused/avx2+float32_frame', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
+    'infer bf16': ('pixels/avx2+float32_frame', 'pixels_fused/avx2+float32_frame', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
+    'batch bf16': ('pixels/avx2+float32_frame', 'pixels_fused/avx2+float32_frame', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
+    'feat bf16': ('pixels/avx2+float32_frame', 'pixels_fused/avx2+float32_frame', 'pixels', 'tiled_prefetch'),
+    'feat64 bf16': ('pixels/avx2+float32_frame', 'pixels_fused/avx2+float32_frame', 'pixels', 'tiled_prefetch'),
+    'sepconv bf16': ('grid_taps_rows/avx2+float32_frame', 'grid_taps_rows/avx2+float32_frame', 'grid_taps_pass3', 'grid_taps_params+gather_input_grad'),
+    'adacof bf16': ('pixels/avx2+float32_frame', 'pixels_fused/avx2+float32_frame', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
+    'train f16': ('pixels/avx2+float32_frame', 'pixels_fused/avx2+float32_frame', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
     'train f64': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
     'train f32 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'lane_pairs_rgb_staged', 'tiled_warp_staged_rgb'),
-    'train bf16 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'lane_pairs_rgb_staged', 'tiled_warp_staged_rgb'),
+    'train bf16 channels_last': ('pixels/avx2+float32_frame', 'pixels_fused/avx2+float32_frame', 'lane_pairs_rgb_staged', 'tiled_warp_staged_rgb'),
     'feat f32 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_vectorized8', 'channel_lanes4'),
-    'feat bf16 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_vectorized8', 'channel_lanes4'),
+    'feat bf16 channels_last': ('pixels/avx2+float32_frame', 'pixels_fused/avx2+float32_frame', 'pixels_vectorized8', 'channel_lanes4'),
     'feat f64 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'pixels', 'nchw_copies+tiled_prefetch'),
     'feat f32+bf16 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_vectorized8', 'channel_lanes4'),
     'train f32+f16 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb', 'tiled_blocks3'),
@@ -135,9 +135,9 @@ EXPECTED_PLANS = {
     'train f32 channels_last deterministic': ('pixels/avx2', 'pixels_fused/avx2', 'lane_pairs_rgb_staged', 'tiled_warp_staged_rgb+fixed_point'),
     'sepconv f32 deterministic': ('grid_taps_rows/avx2', 'grid_taps_rows/avx2', 'grid_taps_pass3', 'grid_taps_params+gather_input_grad'),
     'train f32 C=1': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_prefetch', 'tiled_prefetch'),
-    'train bf16 C=1': ('pixels/avx2', 'pixels_fused/avx2', 'staged_chunk16', 'tiled_prefetch'),
+    'train bf16 C=1': ('pixels/avx2+float32_frame', 'pixels_fused/avx2+float32_frame', 'staged_chunk16', 'tiled_prefetch'),
     'train f32 C=4': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_prefetch', 'tiled_prefetch'),
-    'train f16 C=4': ('pixels/avx2', 'pixels_fused/avx2', 'staged_chunk16', 'tiled_prefetch'),
+    'train f16 C=4': ('pixels/avx2+float32_frame', 'pixels_fused/avx2+float32_frame', 'staged_chunk16', 'tiled_prefetch'),
     'train f32 C=32': ('pixels/avx2', 'pixels_fused/avx2', 'pixels', 'tiled_prefetch'),
     'train f32 K=1': ('pixels/avx2', 'pixels_fused/avx2', 'pixels', 'tiled'),
     'train f32 K=3': ('pixels/avx2', 'pixels_fused/avx2', 'pixels', 'tiled'),
@@ -148,7 +148,7 @@ EXPECTED_PLANS = {
     'adacof f32 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'lane_pairs_rgb_staged', 'tiled_warp_staged_rgb'),
     'train f32 views': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb', 'tiled_rgb_prefetch'),
     'train f32 channels_last views': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb', 'tiled_warp_staged_rgb'),
-    'train f16 C=4 views': ('pixels/avx2', 'pixels_fused/avx2', 'pixels', 'tiled_prefetch'),
+    'train f16 C=4 views': ('pixels/avx2+float32_frame', 'pixels_fused/avx2+float32_frame', 'pixels', 'tiled_prefetch'),
     'feat f32 channels_last views': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_vectorized8', 'channel_lanes4'),
     'sepconv f32 channels_last views': ('pixels/avx2', 'grid_taps_rows/avx2', 'pixels', 'grid_taps_params+gather_input_grad'),
     'train f32 frame grad only': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
@@ -193,6 +193,8 @@ POLICY_CASES = [
      ("pixels/avx2", "pixels_fused/avx2"), ("pixels/avx2", "pixels_two_pass/avx2")),
     ("cpu_isa", "baseline", meta_call(TRAIN), CPU,
      ("pixels/avx2", "pixels_fused/avx2"), ("pixels/baseline", "pixels_fused/baseline")),
+    ("cpu_float32_frame", False, meta_call(TRAIN, F16), CPU,
+     ("pixels/avx2+float32_frame", "pixels_fused/avx2+float32_frame"), ("pixels/avx2", "pixels_fused/avx2")),
 ]
 
 
@@ -320,7 +322,8 @@ def test_policy_reaches_the_op():
     block restores it, nested or left by an exception."""
     default = compiled_values()
     assert default == {"grid_taps": 1, "plain_forward": 0, "prefetch": 1, "input_grad_tile": 1, "warp_staging": 1,
-                       "vector_loads": 1, "channel_lanes": 1, "cpu_scratch_mb": 256, "cpu_isa": 0}
+                       "vector_loads": 1, "channel_lanes": 1, "cpu_scratch_mb": 256, "cpu_isa": 0,
+                       "cpu_float32_frame": 1}
     assert _policy.compiled_kernel_policy() == edsc_ext.KernelPolicy()
     with edsc_ext.kernel_policy(grid_taps=False, cpu_scratch_mb=7):
         assert compiled_values() == {**default, "grid_taps": 0, "cpu_scratch_mb": 7}

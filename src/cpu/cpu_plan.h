@@ -39,9 +39,18 @@ enum class CpuForwardKernel {
   kPixels,       // one output pixel at a time, bilinear samples (src/sampling.h)
 };
 
+// 16-bit calls (frame and per-pixel tensors in float16 or bfloat16) run on a float32 copy of the frame
+// (and of grad_output), the per-pixel tensors read as they are (the mixed-precision loops), the output
+// and input gradient rounded once: the values the 16-bit loops compute (they too accumulate in float and
+// round once), without a conversion per tap read (software ones: the wheels' x86-64 baseline has no F16C, and
+// run_avx2's target attribute does not give c10::Half its F16C path). The plan of that float32 call
+// is made as for any other. The policy's cpu_float32_frame=False keeps the 16-bit loops.
+bool takes_float32_frame(const CallFacts& call, const KernelPolicy& policy);
+
 struct CpuForwardPlan {
   CpuForwardKernel kernel = CpuForwardKernel::kEmpty;
-  bool avx2 = false;  // the loops run compiled for AVX2 + FMA
+  bool avx2 = false;           // the loops run compiled for AVX2 + FMA
+  bool float32_frame = false;  // takes_float32_frame: the call runs as its float32-frame twin
 };
 
 enum class CpuBackwardKernel {
@@ -55,6 +64,7 @@ enum class CpuBackwardKernel {
 struct CpuBackwardPlan {
   CpuBackwardKernel kernel = CpuBackwardKernel::kEmpty;
   bool avx2 = false;
+  bool float32_frame = false;  // takes_float32_frame: the call runs as its float32-frame twin
   // kGridTapRows with the input gradient, kPixelsFused: bands of output rows per image (band 0 adds
   // into grad_input, the others into scratch planes summed afterwards).
   int64_t bands = 0;

@@ -92,15 +92,9 @@ void forward_grid_tap_rows(const DeformSepconvParams<scalar_t, index_t, param_t>
                               });
 }
 
-}  // namespace
-
-Tensor deform_sepconv_forward_cpu(const DeformSepconvArgs& args) {
-  // Per-pixel tensors that are views (channel slices of wider tensors, expanded ones) are read in
-  // place: the per-pixel loops take their strides (GlobalPixelValues<..., kStrided>).
-  const DeformSepconvCall call = prepare(args);
+Tensor run_forward(const DeformSepconvCall& call, const CpuForwardPlan& plan) {
   const CallFacts& f = call.facts;
   Tensor output = empty_in(call.input, {f.batch, f.channels, f.height_out, f.width_out}, f.memory_format());
-  const CpuForwardPlan plan = plan_cpu_forward(f, this_cpu(), kernel_policy());
   switch (plan.kernel) {
     case CpuForwardKernel::kEmpty:
       break;
@@ -138,6 +132,20 @@ Tensor deform_sepconv_forward_cpu(const DeformSepconvArgs& args) {
       break;
   }
   return output;
+}
+
+}  // namespace
+
+Tensor deform_sepconv_forward_cpu(const DeformSepconvArgs& args) {
+  // Per-pixel tensors that are views (channel slices of wider tensors, expanded ones) are read in
+  // place: the per-pixel loops take their strides (GlobalPixelValues<..., kStrided>).
+  const KernelPolicy policy = kernel_policy();
+  const DeformSepconvCall call = prepare(args);
+  const CpuForwardPlan plan = plan_cpu_forward(call.facts, this_cpu(), policy);
+  if (!plan.float32_frame) return run_forward(call, plan);
+  const MemoryFormat format = call.facts.memory_format();
+  const DeformSepconvCall twin = prepare(with_frame(args, converted(call.input, ScalarType::Float, format), nullptr));
+  return converted(run_forward(twin, plan_cpu_forward(twin.facts, this_cpu(), policy)), call.facts.frame_dtype, format);
 }
 
 }  // namespace edsc_ext

@@ -23,6 +23,7 @@ int64_t cpu_backward_bands(const CallFacts& c, int64_t scratch_bytes) {
 }
 
 const char* isa_name(bool avx2) { return avx2 ? "/avx2" : "/baseline"; }
+const char* float32_frame_name(bool float32_frame) { return float32_frame ? "+float32_frame" : ""; }
 
 }  // namespace
 
@@ -43,10 +44,15 @@ CpuFacts this_cpu() {
   return facts;
 }
 
+bool takes_float32_frame(const CallFacts& call, const KernelPolicy& policy) {
+  return policy.cpu_float32_frame && call.element_size == 2 && !call.mixed_precision();
+}
+
 CpuForwardPlan plan_cpu_forward(const CallFacts& call, const CpuFacts& cpu, const KernelPolicy& policy) {
   CpuForwardPlan plan;
   plan.avx2 = cpu.avx2 && !policy.cpu_baseline;
   if (call.batch * call.channels * call.height_out * call.width_out == 0) return plan;
+  plan.float32_frame = takes_float32_frame(call, policy);
   // The row loops read dense per-pixel tensors; views read in place take the per-pixel loops.
   const bool rows = takes_grid_taps(call, policy) && call.dense_per_pixel;
   plan.kernel = rows ? CpuForwardKernel::kGridTapRows : CpuForwardKernel::kPixels;
@@ -57,6 +63,7 @@ CpuBackwardPlan plan_cpu_backward(const CallFacts& call, const CpuFacts& cpu, co
   CpuBackwardPlan plan;
   plan.avx2 = cpu.avx2 && !policy.cpu_baseline;
   if (call.batch == 0 || call.height_out * call.width_out == 0) return plan;
+  plan.float32_frame = takes_float32_frame(call, policy);
   const bool grid_taps = takes_grid_taps(call, policy);
   if (!call.input_grad()) {
     plan.kernel = grid_taps ? CpuBackwardKernel::kGridTapRows : CpuBackwardKernel::kPixelsParams;
@@ -82,9 +89,9 @@ std::string plan_name(const CpuForwardPlan& plan) {
     case CpuForwardKernel::kEmpty:
       return "empty";
     case CpuForwardKernel::kGridTapRows:
-      return std::string("grid_taps_rows") + isa_name(plan.avx2);
+      return std::string("grid_taps_rows") + isa_name(plan.avx2) + float32_frame_name(plan.float32_frame);
     case CpuForwardKernel::kPixels:
-      return std::string("pixels") + isa_name(plan.avx2);
+      return std::string("pixels") + isa_name(plan.avx2) + float32_frame_name(plan.float32_frame);
   }
   return "unknown";
 }
@@ -107,7 +114,7 @@ std::string plan_name(const CpuBackwardPlan& plan) {
       kernel = "pixels_two_pass";
       break;
   }
-  return kernel + std::string(isa_name(plan.avx2));
+  return kernel + std::string(isa_name(plan.avx2)) + float32_frame_name(plan.float32_frame);
 }
 
 }  // namespace edsc_ext
