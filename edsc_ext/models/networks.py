@@ -24,12 +24,12 @@ CUDA graph; :func:`compile_edsc` is the compiled recipe (torch.compile of a func
 replayed as CUDA graphs).
 
 The speed options of issue #43 are explicit arguments (``tools/network_variants.py`` times them all in
-one run): ``head_layout="wide"`` (on CUDA in inference, what "auto" runs: the eleven heads' first
-convolutions as one), ``half_upsampling`` (bilinear upsampling in the activations' half type under
-autocast, not float32), ``conv_relu`` (inference: cuDNN's fused convolution, bias and ReLU),
-on by default since they measured faster; ``cache_weights`` (inference: the fused weights kept while
-the parameters are unchanged; off, on in the tools) and :func:`compile_edsc`'s ``cudnn_benchmark``,
-``freezing`` and ``max_autotune``, off. The ``DEFAULT_*`` constants below are the defaults: switching one is its line.
+one run): ``half_upsampling`` (bilinear upsampling in the activations' half type under autocast, not
+float32) and ``conv_relu`` (inference: cuDNN's fused convolution, bias and ReLU), on by default since
+each measured faster on its own; ``head_layout="wide"`` (the eleven heads' first convolutions as one),
+``cache_weights`` (inference: the fused weights kept while the parameters are unchanged; on in the
+tools) and :func:`compile_edsc`'s ``cudnn_benchmark``, ``freezing`` and ``max_autotune``, off. The
+``DEFAULT_*`` constants below are the defaults: switching one is its line.
 """
 
 from __future__ import annotations
@@ -73,11 +73,11 @@ PADDED_LAYOUTS = ("padded", "wide", "wide_grouped")
 # (tools/network_variants.py): what head_layout="auto" runs on CUDA for inference and for compiled
 # training, and the EDSC arguments half_upsampling, conv_relu and cache_weights; compile_edsc's and
 # EDSC.capture's cudnn_benchmark, and compile_edsc's freezing.
-# On: what measured faster on the H200 for inference (BENCHMARKS.md, issue #43). Off: cache_weights (an edit
-# through .data would go unseen: the tools, whose weights never change, turn it on), cudnn_benchmark (no gain
-# measured) and freezing (a compiled model would ignore later weight updates); compiled training keeps
-# "padded" until its variants are measured.
-DEFAULT_CUDA_INFERENCE_HEAD_LAYOUT = "wide"
+# On: what measured faster on its own on the H200 for inference (BENCHMARKS.md, issue #43). Off: the wide
+# layout (slower on its own, twice the peak memory), cache_weights (an edit through .data would go unseen: the
+# tools, whose weights never change, turn it on), cudnn_benchmark (no gain measured) and freezing (a compiled
+# model would ignore later weight updates).
+DEFAULT_CUDA_INFERENCE_HEAD_LAYOUT = "padded"
 DEFAULT_CUDA_COMPILED_TRAINING_HEAD_LAYOUT = "padded"
 DEFAULT_HALF_UPSAMPLING = True
 DEFAULT_CONV_RELU = True
@@ -410,7 +410,7 @@ def auto_head_layout(device_type: str, grad_enabled: bool, compiling: bool = Fal
     otherwise. Measured on the H200 (BENCHMARKS.md, issues #20 and #43): padded channel counts win
     inference (most in half precision and compiled) and the compiled training step (no padding copies
     inside cuDNN, fewer launches), not the eager training step, whose backward convolutions they made
-    slower in float16; the wide first layer wins inference on top of them."""
+    slower in float16."""
     if device_type != "cuda":
         return "per_head"
     if not grad_enabled:
