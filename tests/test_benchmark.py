@@ -316,3 +316,37 @@ def test_roofline_tool_reads_ncu_csv_and_names_the_bound():
     assert [tool.name_bound(k) for k in kernels] == [("L1/TEX", 87.5), ("DRAM", 80.0)]
     errors = ["==ERROR== Failed to find metric lts__t_sectors_op_red.sum"]
     assert tool.unknown_metrics(errors, list(tool.METRICS)) == ["lts__t_sectors_op_red.sum"]
+
+
+def test_benchmark_ab_times_two_builds_in_alternating_processes(tmp_path):
+    """tools/benchmark_ab.py: each build's rows from its own processes, before and after alternating; each
+    row's best median per build and after / before, in a table and in JSON; a run that fails is named and
+    makes the exit code 1."""
+    import math
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    script = repo / "tools" / "benchmark_ab.py"
+    common = ["--device", "cpu", "--quick", "--no-baseline", "--cases", "train", "--dtypes", "float32"]
+    done = subprocess.run([sys.executable, str(script), f"old={repo}", f"new={repo}", "--rounds", "2", "--out",
+                           str(tmp_path), "--", *common], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in tmp_path.glob("*-*.json")) == ["new-1.json", "new-2.json", "old-1.json",
+                                                                 "old-2.json"]
+    result = json.loads((tmp_path / "ab.json").read_text())
+    assert result["labels"] == ["old", "new"]
+    assert [(r["case"], r["dtype"], r["pass"]) for r in result["rows"]] == [("train", "float32", "fwd"),
+                                                                          ("train", "float32", "fwd+bwd")]
+    for r in result["rows"]:
+        assert all(len(r["runs_ms"][label]) == 2 for label in ("old", "new"))
+        assert r["best_ms"] == {label: min(r["runs_ms"][label]) for label in ("old", "new")}
+        assert math.isclose(r["ratio"], r["best_ms"]["new"] / r["best_ms"]["old"])
+    assert result["summary"]["rows"] == 2
+    assert "| case | format | dtype | pass | old ms | new ms | new / old |" in done.stdout
+    assert "2 rows; new / old: min " in done.stdout
+    failed = subprocess.run([sys.executable, str(script), f"old={repo}", f"new={repo}", "--rounds", "1", "--out",
+                             str(tmp_path / "bad"), "--", *common[:-4], "--cases", "no_such_case"],
+                            capture_output=True, text=True, timeout=600)
+    assert failed.returncode == 1 and "round 1 old: exit code" in failed.stderr and "0 rows" in failed.stdout
