@@ -69,17 +69,6 @@ inline DeformSepconvArgs forward_args(const Tensor& input, const OptionalTensor&
           .offset_dx = offset_dx};
 }
 
-// The same call with another frame (input) and, a backward's, grad_output: the CPU runs its 16-bit
-// calls on float32 copies of them (cpu_plan.h: takes_float32_frame).
-inline DeformSepconvArgs with_frame(const DeformSepconvArgs& a, const Tensor& input, const Tensor* grad_output) {
-  DeformSepconvArgs args = forward_args(input, a.vertical, a.horizontal, a.offset, a.mask, a.kernel_h, a.kernel_w,
-                                        a.pad_h, a.pad_w, a.dilation_h, a.dilation_w, a.padding_mode, a.offset_dx);
-  args.grad_output = grad_output;
-  args.output_mask = a.output_mask;
-  args.deterministic = a.deterministic;
-  return args;
-}
-
 // ---- The call
 
 // The facts of one prepared call: plain values, so that a plan can be made for any call, also for a
@@ -133,6 +122,20 @@ struct DeformSepconvCall {
   OptionalTensor vertical, horizontal, offset, mask, offset_dx, grad_output;
   CallFacts facts;
 };
+
+// The prepared call with another frame (input) and, a backward's, grad_output: the CPU runs its 16-bit
+// calls on float32 copies of them (cpu_plan.h: takes_float32_frame). The per-pixel tensors are the
+// prepared ones (checked, in the call's layout), so preparing this call copies none of them again.
+inline DeformSepconvArgs with_frame(const DeformSepconvArgs& a, const DeformSepconvCall& prepared, const Tensor& input,
+                                    const Tensor* grad_output) {
+  DeformSepconvArgs args =
+      forward_args(input, prepared.vertical, prepared.horizontal, prepared.offset, prepared.mask, a.kernel_h,
+                   a.kernel_w, a.pad_h, a.pad_w, a.dilation_h, a.dilation_w, a.padding_mode, prepared.offset_dx);
+  args.grad_output = grad_output;
+  args.output_mask = a.output_mask;
+  args.deterministic = a.deterministic;
+  return args;
+}
 
 // Checks what memory safety depends on (edsc_ext/ops.py gives the friendlier messages first) and
 // makes every tensor dense in the call's memory format: channels_last where the input is

@@ -36,7 +36,7 @@ DeformSepconvBackwardResult deform_sepconv_backward_cpu(const DeformSepconvArgs&
   const MemoryFormat format = call.facts.memory_format();
   const Tensor frame = converted(call.input, ScalarType::Float, format);
   const Tensor grad_output = converted(*call.grad_output, ScalarType::Float, format);
-  const DeformSepconvCall twin = prepare(with_frame(args, frame, &grad_output));
+  const DeformSepconvCall twin = prepare(with_frame(args, call, frame, &grad_output));
   DeformSepconvGrads grads = run_backward(twin, plan_cpu_backward(twin.facts, this_cpu(), policy), args.output_mask);
   grads[0] = args.output_mask[0] ? converted(grads[0], call.facts.frame_dtype, format)
                                  : empty_in(call.input, {0}, MemoryFormat::Contiguous);

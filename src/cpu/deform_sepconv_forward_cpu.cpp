@@ -144,7 +144,8 @@ Tensor deform_sepconv_forward_cpu(const DeformSepconvArgs& args) {
   const CpuForwardPlan plan = plan_cpu_forward(call.facts, this_cpu(), policy);
   if (!plan.float32_frame) return run_forward(call, plan);
   const MemoryFormat format = call.facts.memory_format();
-  const DeformSepconvCall twin = prepare(with_frame(args, converted(call.input, ScalarType::Float, format), nullptr));
+  const DeformSepconvCall twin =
+      prepare(with_frame(args, call, converted(call.input, ScalarType::Float, format), nullptr));
   return converted(run_forward(twin, plan_cpu_forward(twin.facts, this_cpu(), policy)), call.facts.frame_dtype, format);
 }
 
