@@ -84,6 +84,22 @@ def test_the_module_exports_its_init_and_no_header_copies():
     assert not leaked, f"{len(leaked)} exported, e.g. {leaked[:5]}"
 
 
+def test_the_module_needs_no_half_precision_helpers_of_a_new_libgcc():
+    """The CPU loops convert float16 with F16C (src/cpu/f16c_half.h: _Float16 conversions inside the AVX2
+    loops). Compiled anywhere else, the same conversions become calls to libgcc's __extendhfsf2 /
+    __truncsfhf2, which only GCC 12's libgcc has: a wheel that referenced them would not load on an older
+    system. So the library must reference neither."""
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm (binutils) is not installed")
+    listing = subprocess.run([nm, "-D", "--undefined-only", edsc_ext._C.__file__], capture_output=True, text=True,
+                             check=True).stdout
+    undefined = {line.split()[-1].split("@")[0] for line in listing.splitlines() if line.strip()}
+    assert undefined, "nm listed no undefined symbols at all: the check would prove nothing"
+    half_helpers = sorted(s for s in undefined if re.fullmatch(r"__(extend|trunc)\w*hf\w*", s))
+    assert not half_helpers, f"the module references {half_helpers}"
+
+
 def test_version_label():
     """Labels name the CUDA of the kernels, not a torch: the binary runs with every torch from the floor on."""
     assert bs.local_version_label("13.0") == "cu130"

@@ -564,7 +564,9 @@ def test_cpu_16bit_calls_run_on_a_float32_frame(gen, dtype, layout, offsets):
     grad_output); kernel_policy(cpu_float32_frame=False) runs the 16-bit loops. Both accumulate in float
     and round once, so the output and every gradient come out bit for bit alike, in the frame's dtype and
     layout, within the dtype's tolerance of the float64 reference; a call that wants only the frame's
-    gradient gets only that."""
+    gradient gets only that. On an AVX2 machine the twin reads and writes float16 per-pixel values with
+    F16C's conversions (src/cpu/f16c_half.h), the 16-bit loops with c10::Half's software ones: equal bits
+    show that they round alike."""
     present = (True, True, offsets, offsets)
     case = make_inputs(2, 4, 13, 15, 5, 5, padding=2, present=present, dtype=dtype, generator=gen,
                        offset_scale=3)
@@ -576,6 +578,7 @@ def test_cpu_16bit_calls_run_on_a_float32_frame(gen, dtype, layout, offsets):
             forward, backward = plans_of(case, "border")
             assert forward.startswith("pixels/" if offsets else "grid_taps_rows/"), forward
             assert forward.endswith("+float32_frame") == backward.endswith("+float32_frame") == float32_frame
+            assert ISA in forward and ISA in backward, (forward, backward)
             runs[float32_frame] = forward_and_grads(OP, case, "border")
     (out, grads), (native_out, native_grads) = runs[True], runs[False]
     assert out.dtype == dtype and out.is_contiguous(memory_format=memory_format(layout))

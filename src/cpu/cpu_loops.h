@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "cpu_plan.h"
 #include "deform_sepconv_call.h"
+#include "f16c_half.h"
 
 namespace edsc_ext {
 namespace {
@@ -24,14 +26,14 @@ void dispatch_cpu_loop_shape(const CallFacts& facts, const char* name, Body&& bo
 }
 
 // Instruction sets: the wheels target the x86-64 baseline (SSE2), which leaves the sampling math
-// without FMA or vector rounding. On x86-64 the loops are also compiled for AVX2 + FMA (x86 CPUs
-// since 2013) and run that way where the plan says (cpu_plan.h: the CPU and torch's
+// without FMA or vector rounding. On x86-64 the loops are also compiled for AVX2 + FMA + F16C (x86
+// CPUs since 2013) and run that way where the plan says (cpu_plan.h: the CPU and torch's
 // capability have them, the policy does not ask for the baseline), which is faster (BENCHMARKS.md,
 // "CPU"). Only run_avx2 is compiled for AVX2, with the loop bodies and the per-pixel code
 // force-inlined into it, so no out-of-line AVX2 code can be reached on an older CPU.
 #ifdef EDSC_CPU_AVX2
 template <typename Body>
-__attribute__((target("avx2,fma"))) void run_avx2(const Body& body) {
+__attribute__((target("avx2,fma,f16c"))) void run_avx2(const Body& body) {
   body();
 }
 #endif
@@ -41,13 +43,44 @@ __attribute__((target("avx2,fma"))) void run_avx2(const Body& body) {
 #define EDSC_CPU_INLINE
 #endif
 
-// Runs body (a lambda marked EDSC_CPU_INLINE) compiled for AVX2 + FMA when `avx2`, else as built.
-template <typename Body>
+// Per-pixel types whose loops exist for AVX2 only (f16c_half.h).
+template <typename param_t>
+inline constexpr bool kAvx2Only = false;
+#ifdef EDSC_CPU_F16C
+template <>
+inline constexpr bool kAvx2Only<F16cHalf> = true;
+#endif
+
+// Runs body (a lambda marked EDSC_CPU_INLINE) compiled for AVX2 when `avx2`, else as built. Loops over
+// per-pixel values of param_t: with kAvx2Only<param_t> the body is compiled for AVX2 only (with_cpu_param_type
+// picks such a type only where the plan runs AVX2).
+template <typename param_t, typename Body>
 void run_for_cpu(bool avx2, const Body& body) {
 #ifdef EDSC_CPU_AVX2
-  if (avx2) return run_avx2(body);
+  if constexpr (kAvx2Only<param_t>) {
+    return run_avx2(body);
+  } else {
+    if (avx2) return run_avx2(body);
+  }
 #endif
-  body();
+  if constexpr (!kAvx2Only<param_t>) body();
+}
+
+// Calls body(TypeTag<P>{}) with the type the loops of a float32 frame read float16 per-pixel tensors
+// as: F16cHalf where they run for AVX2 (hardware conversions), else param_t as it is. (The 16-bit
+// loops, cpu_float32_frame=False, convert the frame in software anyway.)
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+template <typename scalar_t, typename param_t, typename Body>
+void with_cpu_param_type(bool avx2, Body&& body) {
+#ifdef EDSC_CPU_F16C
+  if constexpr (std::is_same_v<scalar_t, float> && std::is_same_v<param_t, Half>) {
+    if (avx2) return body(TypeTag<F16cHalf>{});
+  }
+#endif
+  body(TypeTag<param_t>{});
 }
 
 // Pixels per parallel task, so tiny images still split and huge ones amortise scheduling.
@@ -55,11 +88,11 @@ constexpr int64_t kPixelGrain = 1024;
 
 // Calls pixel(n, y, x) (a lambda marked EDSC_CPU_INLINE) for each of batch x height x width output
 // pixels, in parallel tasks of kPixelGrain pixels run by run_for_cpu.
-template <typename index_t, typename Pixel>
+template <typename index_t, typename param_t, typename Pixel>
 void for_each_output_pixel(bool avx2, int64_t batch, int64_t height, int64_t width, const Pixel& pixel) {
   const int64_t hw = height * width;
   torch::stable::parallel_for(0, batch * hw, kPixelGrain, [&](int64_t begin, int64_t end) {
-    run_for_cpu(avx2, [&]() EDSC_CPU_INLINE {
+    run_for_cpu<param_t>(avx2, [&]() EDSC_CPU_INLINE {
       for (int64_t k = begin; k < end; ++k) {
         pixel(static_cast<index_t>(k / hw), static_cast<index_t>((k % hw) / width), static_cast<index_t>(k % width));
       }

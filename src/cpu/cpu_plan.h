@@ -10,8 +10,8 @@
 #include "deform_sepconv_call.h"
 #include "kernel_policy.h"
 
-// The wheels target the x86-64 baseline (SSE2); on x86-64 the loops are also compiled for AVX2 + FMA
-// (cpu_loops.h: run_avx2).
+// The wheels target the x86-64 baseline (SSE2); on x86-64 the loops are also compiled for AVX2 + FMA +
+// F16C (cpu_loops.h: run_avx2).
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define EDSC_CPU_AVX2 1
 #endif
@@ -25,7 +25,7 @@ constexpr int kCpuChannelBlock = 8;
 constexpr int64_t kCpuTasks = 16;
 
 struct CpuFacts {
-  bool avx2 = false;    // AVX2 + FMA loops are compiled, and the CPU and torch's capability have them
+  bool avx2 = false;    // AVX2 + FMA + F16C loops are compiled, and the CPU and torch's capability have them
   int64_t threads = 1;  // torch's thread count (torch.get_num_threads())
 };
 
@@ -40,11 +40,11 @@ enum class CpuForwardKernel {
 };
 
 // 16-bit calls (frame and per-pixel tensors in float16 or bfloat16) run on a float32 copy of the frame
-// (and of grad_output), the per-pixel tensors read as they are (the mixed-precision loops), the output
-// and input gradient rounded once: the values the 16-bit loops compute (they too accumulate in float and
-// round once), without a conversion per tap read (software ones: the wheels' x86-64 baseline has no F16C, and
-// run_avx2's target attribute does not give c10::Half its F16C path). The plan of that float32 call
-// is made as for any other. The policy's cpu_float32_frame=False keeps the 16-bit loops.
+// (and of grad_output), the per-pixel tensors read as they are (the mixed-precision loops; float16 ones
+// with F16C's conversions in the AVX2 loops, f16c_half.h), the output and input gradient rounded once:
+// the values the 16-bit loops compute (they too accumulate in float and round once), without a
+// conversion of the frame per tap read. The plan of that float32 call is made as for any other. The
+// policy's cpu_float32_frame=False keeps the 16-bit loops.
 bool takes_float32_frame(const CallFacts& call, const KernelPolicy& policy);
 
 struct CpuForwardPlan {

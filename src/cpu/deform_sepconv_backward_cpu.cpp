@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "backends.h"
+#include "cpu_loops.h"
 
 namespace edsc_ext {
 
@@ -17,7 +18,9 @@ DeformSepconvGrads run_backward(const DeformSepconvCall& call, const CpuBackward
   dispatch_kernel_types<KernelTypes<>, dispatch_axis::FrameAndParamTypes>(
       call.facts, "deform_sepconv_backward_cpu", [&](auto k) {
         using K = decltype(k);
-        run_deform_sepconv_backward_cpu<typename K::scalar_t, typename K::param_t>(call, plan, grads);
+        with_cpu_param_type<typename K::scalar_t, typename K::param_t>(plan.avx2, [&](auto param_type) {
+          run_deform_sepconv_backward_cpu<typename K::scalar_t, typename decltype(param_type)::type>(call, plan, grads);
+        });
       });
   return grads;
 }

@@ -197,7 +197,7 @@ void run_deform_sepconv_backward_cpu(const DeformSepconvCall& call, const CpuBac
             0, p.batch * p.height_out, std::max<int64_t>(1, kPixelGrain / p.width_out),
             [&](int64_t begin, int64_t end) {
               GridTapRowScratch<acc_t> scratch(kernel_h, kernel_w, p.channels, p.width_out, p.width_in);
-              run_for_cpu(avx2, [&]() EDSC_CPU_INLINE {
+              run_for_cpu<param_t>(avx2, [&]() EDSC_CPU_INLINE {
                 for (int64_t row = begin; row < end; ++row) {
                   deform_sepconv_backward_grid_taps_row<kChannelsLast>(
                       p, go, param_grads, static_cast<acc_t*>(nullptr), static_cast<index_t>(row / p.height_out),
@@ -208,7 +208,7 @@ void run_deform_sepconv_backward_cpu(const DeformSepconvCall& call, const CpuBac
         return;
       }
       NoInputGrad<acc_t> no_input_grad;
-      for_each_output_pixel<index_t>(
+      for_each_output_pixel<index_t, param_t>(
           avx2, p.batch, p.height_out, p.width_out, [&](index_t n, index_t y, index_t x) EDSC_CPU_INLINE {
             deform_sepconv_backward_pixel<kCpuChannelBlock, kKernelH, kKernelW, kMaxKernelWidth, kChannelsLast,
                                           scalar_t, acc_t, index_t>(p, go, param_grads, no_input_grad, index_t(0),
@@ -231,7 +231,7 @@ void run_deform_sepconv_backward_cpu(const DeformSepconvCall& call, const CpuBac
         torch::stable::parallel_for(0, p.batch * bands, 1, [&](int64_t begin, int64_t end) {
           std::optional<GridTapRowScratch<acc_t>> scratch;
           if (grid_taps) scratch.emplace(kernel_h, kernel_w, p.channels, p.width_out, p.width_in);
-          run_for_cpu(avx2, [&]() EDSC_CPU_INLINE {
+          run_for_cpu<param_t>(avx2, [&]() EDSC_CPU_INLINE {
             for (int64_t task = begin; task < end; ++task) {
               const index_t n = static_cast<index_t>(task / bands);
               const int64_t band = task % bands;
@@ -275,7 +275,7 @@ void run_deform_sepconv_backward_cpu(const DeformSepconvCall& call, const CpuBac
           const DeformSepconvParamGrads<param_t> none{};
           const index_t blocks = (p.channels + kBlock - 1) / kBlock;
           torch::stable::parallel_for(0, p.batch * blocks, 1, [&](int64_t begin, int64_t end) {
-            run_for_cpu(avx2, [&]() EDSC_CPU_INLINE {
+            run_for_cpu<param_t>(avx2, [&]() EDSC_CPU_INLINE {
               for (int64_t task = begin; task < end; ++task) {
                 const index_t n = static_cast<index_t>(task / blocks);
                 const index_t c0 = static_cast<index_t>(task % blocks) * kBlock;

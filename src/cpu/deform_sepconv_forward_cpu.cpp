@@ -82,7 +82,7 @@ void forward_grid_tap_rows(const DeformSepconvParams<scalar_t, index_t, param_t>
                                 acc_t* sum = weights + (p.kernel_h + p.kernel_w) * width;
                                 acc_t* acc = sum + width;
                                 acc_t* in_row = acc + width;
-                                run_for_cpu(avx2, [&]() EDSC_CPU_INLINE {
+                                run_for_cpu<param_t>(avx2, [&]() EDSC_CPU_INLINE {
                                   for (int64_t row = begin; row < end; ++row) {
                                     deform_sepconv_forward_grid_taps_row<kChannelsLast>(
                                         p, out, static_cast<index_t>(row / height), static_cast<index_t>(row % height),
@@ -103,9 +103,11 @@ Tensor run_forward(const DeformSepconvCall& call, const CpuForwardPlan& plan) {
                             dispatch_axis::Layout>(f, "deform_sepconv_forward_cpu", [&](auto k) {
         using K = decltype(k);
         using scalar_t = typename K::scalar_t;
-        forward_grid_tap_rows<K::kChannelsLast, scalar_t, typename K::acc_t>(
-            make_params<scalar_t, typename K::index_t, typename K::param_t>(call), output.mutable_data_ptr<scalar_t>(),
-            plan.avx2);
+        with_cpu_param_type<typename K::scalar_t, typename K::param_t>(plan.avx2, [&](auto param_type) {
+          forward_grid_tap_rows<K::kChannelsLast, scalar_t, typename K::acc_t>(
+              make_params<scalar_t, typename K::index_t, typename decltype(param_type)::type>(call),
+              output.mutable_data_ptr<scalar_t>(), plan.avx2);
+        });
       });
       break;
     case CpuForwardKernel::kPixels:
@@ -115,18 +117,22 @@ Tensor run_forward(const DeformSepconvCall& call, const CpuForwardPlan& plan) {
               using K = decltype(k);
               using scalar_t = typename K::scalar_t;
               using index_t = typename K::index_t;
-              const auto p = make_params<scalar_t, index_t, typename K::param_t>(call);
-              scalar_t* out = output.mutable_data_ptr<scalar_t>();
-              for_each_output_pixel<index_t>(
-                  plan.avx2, p.batch, p.height_out, p.width_out, [&](index_t n, index_t y, index_t x) EDSC_CPU_INLINE {
-                    for (index_t c0 = 0; c0 < p.channels; c0 += kCpuChannelBlock) {
-                      // Strided for dense tensors too (their strides are the dense ones): one
-                      // instantiation, a few index multiplies a pixel.
-                      deform_sepconv_forward_pixel<kCpuChannelBlock, K::kKernelH, K::kKernelW, K::kChannelsLast,
-                                                   scalar_t, typename K::acc_t, index_t, /*kBranchFree=*/false,
-                                                   /*kVectorLoads=*/false, /*kStrided=*/true>(p, out, n, y, x, c0);
-                    }
-                  });
+              with_cpu_param_type<typename K::scalar_t, typename K::param_t>(plan.avx2, [&](auto param_type) {
+                using param_t = typename decltype(param_type)::type;
+                const auto p = make_params<scalar_t, index_t, param_t>(call);
+                scalar_t* out = output.mutable_data_ptr<scalar_t>();
+                for_each_output_pixel<index_t, param_t>(
+                    plan.avx2, p.batch, p.height_out, p.width_out,
+                    [&](index_t n, index_t y, index_t x) EDSC_CPU_INLINE {
+                      for (index_t c0 = 0; c0 < p.channels; c0 += kCpuChannelBlock) {
+                        // Strided for dense tensors too (their strides are the dense ones): one
+                        // instantiation, a few index multiplies a pixel.
+                        deform_sepconv_forward_pixel<kCpuChannelBlock, K::kKernelH, K::kKernelW, K::kChannelsLast,
+                                                     scalar_t, typename K::acc_t, index_t, /*kBranchFree=*/false,
+                                                     /*kVectorLoads=*/false, /*kStrided=*/true>(p, out, n, y, x, c0);
+                      }
+                    });
+              });
             });
           });
       break;

@@ -36,7 +36,8 @@ CpuFacts this_cpu() {
   static const bool avx2 = [] {
     const char* requested = std::getenv("ATEN_CPU_CAPABILITY");
     const bool baseline_requested = requested != nullptr && std::strcmp(requested, "default") == 0;
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && !baseline_requested;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
+           !baseline_requested;
   }();
   facts.avx2 = avx2;
 #endif
