@@ -296,10 +296,12 @@ def _infer_kernel_size(kh, kw, offset, mask) -> Tuple[int, int]:
         return (kh, taps // kh) if kh is not None else (taps // kw, kw)
     if taps == 1:
         return 1, 1
+    shapes = [f"{h}x{taps // h}" for h in range(1, taps + 1) if taps % h == 0]
+    listed = ", ".join(shapes if len(shapes) <= 6 else shapes[:3] + ["..."] + shapes[-2:])
     root = math.isqrt(taps)
-    shapes = "a square kernel" if root * root == taps else "a rectangular kernel"
-    raise ValueError(f"{source} has {taps} taps, which fits more than one KHxKW ({shapes} among others): "
-                     f"pass kernel_size=(KH, KW)")
+    hint = f"kernel_size={root} or " if root * root == taps else ""
+    raise ValueError(f"{source} has {taps} taps, which fits {len(shapes)} kernel sizes KHxKW ({listed}): "
+                     f"pass {hint}kernel_size=(KH, KW)")
 
 
 def deform_sepconv(input: Tensor, vertical: Optional[Tensor] = None, horizontal: Optional[Tensor] = None,

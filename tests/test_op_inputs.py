@@ -95,7 +95,13 @@ def _bad_calls():
         ("mixed dtypes half", lambda: OP(x, v, h, off, m.half()), TypeError, "mask"),
         ("devices", lambda: OP(x, v.to("meta"), h), ValueError, "vertical"),
         ("devices input", lambda: OP(x.to("meta"), v, h, off), ValueError, "vertical"),
-        ("ambiguous kernel", lambda: OP(x, None, None, off, m), ValueError, "kernel_size"),
+        # The shapes the taps fit, and the one-number spelling of the square one.
+        ("ambiguous kernel", lambda: OP(x, None, None, off, m), ValueError,
+         r"^offset has 9 taps, which fits 3 kernel sizes KHxKW \(1x9, 3x3, 9x1\): pass kernel_size=3 or "
+         r"kernel_size=\(KH, KW\)$"),
+        ("ambiguous mask", lambda: OP(x, None, None, None, torch.rand(2, 12, 4, 4)), ValueError,
+         r"^mask has 12 taps, which fits 6 kernel sizes KHxKW \(1x12, 2x6, 3x4, 4x3, 6x2, 12x1\): pass "
+         r"kernel_size=\(KH, KW\)$"),
         ("no kernel info", lambda: OP(x), ValueError, "kernel_size"),
         ("negative output", lambda: OP(x, kernel_size=9), ValueError, "output size"),
         ("too wide", lambda: OP(x, kernel_size=(1, 129), padding=(0, 64)), ValueError, "KW"),
