@@ -201,6 +201,28 @@ scalar_t* mutable_data_or_null(const Tensor& t) {
   return (t.defined() && t.numel() > 0) ? static_cast<scalar_t*>(t.mutable_data_ptr()) : nullptr;
 }
 
+// The kernel parameters' sizes and geometry from a call's facts (make_params; the tests' CUDA emulation
+// builds its parameters from facts and raw pointers with it too).
+template <typename scalar_t, typename index_t, typename param_t>
+void set_geometry(DeformSepconvParams<scalar_t, index_t, param_t>& p, const CallFacts& f) {
+  p.batch = static_cast<index_t>(f.batch);
+  p.channels = static_cast<index_t>(f.channels);
+  p.height_in = static_cast<index_t>(f.height_in);
+  p.width_in = static_cast<index_t>(f.width_in);
+  p.height_out = static_cast<index_t>(f.height_out);
+  p.width_out = static_cast<index_t>(f.width_out);
+  p.kernel_h = static_cast<index_t>(f.kernel_h);
+  p.kernel_w = static_cast<index_t>(f.kernel_w);
+  // A mode that shifts the taps moves tap 0 by tap_shift: y - pad_h + shift = y - (pad_h - shift).
+  p.pad_h = static_cast<index_t>(f.pad_h - tap_shift(f.padding, f.kernel_h));
+  p.pad_w = static_cast<index_t>(f.pad_w - tap_shift(f.padding, f.kernel_w));
+  p.frame_pad_h = static_cast<index_t>(f.pad_h);
+  p.frame_pad_w = static_cast<index_t>(f.pad_w);
+  p.dilation_h = static_cast<index_t>(f.dilation_h);
+  p.dilation_w = static_cast<index_t>(f.dilation_w);
+  p.padding = f.padding;
+}
+
 template <typename scalar_t, typename index_t, typename param_t = scalar_t>
 DeformSepconvParams<scalar_t, index_t, param_t> make_params(const DeformSepconvCall& call) {
   const CallFacts& f = call.facts;
@@ -221,22 +243,7 @@ DeformSepconvParams<scalar_t, index_t, param_t> make_params(const DeformSepconvC
   p.offset_strides = strides(call.offset);
   p.offset_dx_strides = strides(call.offset_dx);
   p.mask_strides = strides(call.mask);
-  p.batch = static_cast<index_t>(f.batch);
-  p.channels = static_cast<index_t>(f.channels);
-  p.height_in = static_cast<index_t>(f.height_in);
-  p.width_in = static_cast<index_t>(f.width_in);
-  p.height_out = static_cast<index_t>(f.height_out);
-  p.width_out = static_cast<index_t>(f.width_out);
-  p.kernel_h = static_cast<index_t>(f.kernel_h);
-  p.kernel_w = static_cast<index_t>(f.kernel_w);
-  // A mode that shifts the taps moves tap 0 by tap_shift: y - pad_h + shift = y - (pad_h - shift).
-  p.pad_h = static_cast<index_t>(f.pad_h - tap_shift(f.padding, f.kernel_h));
-  p.pad_w = static_cast<index_t>(f.pad_w - tap_shift(f.padding, f.kernel_w));
-  p.frame_pad_h = static_cast<index_t>(f.pad_h);
-  p.frame_pad_w = static_cast<index_t>(f.pad_w);
-  p.dilation_h = static_cast<index_t>(f.dilation_h);
-  p.dilation_w = static_cast<index_t>(f.dilation_w);
-  p.padding = f.padding;
+  set_geometry(p, f);
   return p;
 }
 

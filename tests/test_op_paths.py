@@ -371,6 +371,31 @@ def test_channels_last_vector_loads(gen, config, dtype, per_pixel):
             assert_grads_close(grads, expected_grads, BF16 if per_pixel == "bf16" else dtype)
 
 
+def _lanes(config):
+    """The channel lanes a pixel of a call of config[1] channels: a lane a block of 8, a power of two, at most 32."""
+    return min(32, 1 << (config[1] // 8 - 1).bit_length())
+
+
+def _many_channel_cases(gen, config, dtype, per_pixel, absent_horizontal=False):
+    """The channels_last calls of the many-channel backward tests, on CUDA: every padding mode, absent
+    tensors, each gradient alone; yields (case, present, which, padding_mode, grad_output, and the float64
+    reference's output and gradients)."""
+    as_cl = lambda t: t.contiguous(memory_format=torch.channels_last)  # noqa: E731
+    variants = [((True,) * 4, ARG_NAMES, mode) for mode in PADDING_MODES + ("edsc",)]
+    if absent_horizontal:
+        variants.append(((True, False, True, True), ARG_NAMES, "zeros"))
+    variants += [((False, True, True, False), ARG_NAMES, "border"), ((True,) * 4, ("input",), "zeros"),
+                 ((True,) * 4, ARG_NAMES[1:], "border")]
+    for present, which, padding_mode in variants:
+        base = make_inputs(*config, present=present, dtype=F64, generator=gen, offset_scale=3)
+        case = (mixed(base, BF16, "cuda", "channels_last") if per_pixel == "bf16"
+                else base.map(lambda t: as_cl(t.to("cuda", dtype))))
+        grad_output = torch.randn(case.input.shape[:2] + normalize_args(*case.tensors, **case.kwargs).output_size,
+                                  generator=gen, dtype=F64)
+        expected, expected_grads = reference_and_grads(case, padding_mode, grad_output, which=which)
+        yield case, present, which, padding_mode, grad_output, expected, expected_grads
+
+
 # The CUDA channels_last backward of a multiple of 8 channels (kernel_policy(channel_lanes=True), the
 # default) takes the channel lanes: 2^k adjacent threads share a pixel's channels in blocks of 8
 # read with vector loads, sum each tap's sums through shuffles and take turns storing the pixel's
@@ -389,16 +414,9 @@ def test_channels_last_vector_loads(gen, config, dtype, per_pixel):
                          ids=["c8-5x5", "c16-3x4-dil", "c24-5x5", "c64-5x5", "c320-3x4-dil"])
 def test_channels_last_channel_lanes(gen, config, dtype, per_pixel):
     as_cl = lambda t: t.contiguous(memory_format=torch.channels_last)  # noqa: E731
-    lanes = min(32, 1 << (config[1] // 8 - 1).bit_length())
-    for present, which, padding_mode in [((True,) * 4, ARG_NAMES, mode) for mode in PADDING_MODES + ("edsc",)] + [
-            ((True, False, True, True), ARG_NAMES, "zeros"), ((False, True, True, False), ARG_NAMES, "border"),
-            ((True,) * 4, ("input",), "zeros"), ((True,) * 4, ARG_NAMES[1:], "border")]:
-        base = make_inputs(*config, present=present, dtype=F64, generator=gen, offset_scale=3)
-        case = (mixed(base, BF16, "cuda", "channels_last") if per_pixel == "bf16"
-                else base.map(lambda t: as_cl(t.to("cuda", dtype))))
-        grad_output = torch.randn(case.input.shape[:2] + normalize_args(*case.tensors, **case.kwargs).output_size,
-                                  generator=gen, dtype=F64)
-        expected, expected_grads = reference_and_grads(case, padding_mode, grad_output, which=which)
+    lanes = _lanes(config)
+    for case, present, which, padding_mode, grad_output, expected, expected_grads in _many_channel_cases(
+            gen, config, dtype, per_pixel, absent_horizontal=True):
         for lanes_on in (True, False):
             with edsc_ext.kernel_policy(channel_lanes=lanes_on):
                 backward = plans_of(case, padding_mode, which=which).backward
@@ -426,6 +444,51 @@ def test_channels_last_channel_lanes(gen, config, dtype, per_pixel):
     offset_grad = torch.stack((dy.grad, dx.grad), 2).flatten(1, 2)
     assert_close(out.detach(), expected, dtype)
     assert_grads_close(leaves.grads()[:3] + (offset_grad, leaves.mask.grad), expected_grads, dtype)
+
+
+# The lane tile (kernel_policy(lane_tile=True)): the channel lanes' calls with the input gradient add it
+# into a fixed-point tile in shared memory, flushed once per tile and pass of channels (c320 takes six
+# passes, a dilated 3x4 kernel with 32 lanes a pixel, one pixel a tile row). The float64 reference as for
+# the lanes; without the input gradient the lanes stay; a deterministic input gradient takes the tile too
+# (flushed into the fixed-point sums), and repeats bit for bit.
+@pytest.mark.cuda
+@requires_cuda
+@pytest.mark.parametrize("dtype, per_pixel", PER_PIXEL_DTYPES, ids=PER_PIXEL_IDS)
+@pytest.mark.parametrize("config", [(2, 8, 9, 37, 5, 5, 2, 1), (1, 24, 7, 13, 5, 5, 2, 1), (1, 64, 6, 11, 5, 5, 2, 1),
+                                    (1, 320, 4, 5, 3, 4, (1, 2), (2, 1))],
+                         ids=["c8-5x5", "c24-5x5", "c64-5x5", "c320-3x4-dil"])
+def test_channels_last_lane_tile(gen, config, dtype, per_pixel):
+    as_cl = lambda t: t.contiguous(memory_format=torch.channels_last)  # noqa: E731
+    lanes = _lanes(config)
+    for case, present, which, padding_mode, grad_output, expected, expected_grads in _many_channel_cases(
+            gen, config, dtype, per_pixel):
+        with edsc_ext.kernel_policy(lane_tile=True):
+            backward = plans_of(case, padding_mode, which=which).backward
+            wanted = f"lane_tile{lanes}" if "input" in which else f"channel_lanes{lanes}"
+            assert backward == wanted, (present, which, padding_mode, backward)
+            out, grads = forward_and_grads(OP, case, padding_mode, as_cl(grad_output), which=which)
+        for name, g in zip(ARG_NAMES, grads):
+            assert g is None or g.is_contiguous(memory_format=torch.channels_last), (name, g.stride())
+        assert_close(out, expected, dtype, what=f"{padding_mode} {present} {which}")
+        assert_grads_close(grads, expected_grads, BF16 if per_pixel == "bf16" else dtype)
+    if per_pixel == "bf16":
+        return
+    case = make_inputs(*config, dtype=F64, generator=gen, offset_scale=3).map(lambda t: as_cl(t.to("cuda", dtype)))
+    grad_output = as_cl(torch.randn(case.input.shape[:2] + normalize_args(*case.tensors, **case.kwargs).output_size,
+                                    generator=gen, dtype=F64).to("cuda", dtype))
+    enabled = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        with edsc_ext.kernel_policy(lane_tile=True):
+            assert plans_of(case, "border").backward == f"lane_tile{lanes}+fixed_point"
+            runs = [forward_and_grads(OP, case, "border", grad_output) for _ in range(3)]
+    finally:
+        torch.use_deterministic_algorithms(enabled)
+    for out, grads in runs[1:]:
+        assert torch.equal(out, runs[0][0]), "deterministic runs differ"
+        assert all(torch.equal(g, g0) for g, g0 in zip(grads, runs[0][1])), "deterministic runs differ"
+    expected, expected_grads = reference_and_grads(case, "border", grad_output.to(F64))
+    assert_grads_close(runs[0][1], expected_grads, dtype)
 
 
 # Calls the channel lanes do not take run the backward on NCHW copies: a channel count that is not a

@@ -189,6 +189,8 @@ POLICY_CASES = [
      ("pixels_vectorized8", "channel_lanes4"), ("pixels", "channel_lanes4")),
     ("channel_lanes", False, meta_call(FEAT, channels_last=True), H200,
      ("pixels_vectorized8", "channel_lanes4"), ("pixels_vectorized8", "nchw_copies+tiled_prefetch")),
+    ("lane_tile", True, meta_call(FEAT, channels_last=True), H200,
+     ("pixels_vectorized8", "channel_lanes4"), ("pixels_vectorized8", "lane_tile4")),
     ("cpu_scratch_mb", 0, meta_call(CASES["infer"]), CPU,
      ("pixels/avx2", "pixels_fused/avx2"), ("pixels/avx2", "pixels_two_pass/avx2")),
     ("cpu_isa", "baseline", meta_call(TRAIN), CPU,
@@ -238,13 +240,35 @@ def test_channel_lanes_plans(channels, dtype, expected):
 SM75 = CudaDeviceFacts(7, 5, 65536)
 
 
+@pytest.mark.parametrize("channels, dtype, lanes", [(8, F32, 1), (16, BF16, 2), (24, F16, 4), (64, F32, 8),
+                                                    (320, F32, 32)])
+def test_lane_tile_plans(channels, dtype, lanes):
+    """kernel_policy(lane_tile=True): the channel lanes' calls that want the input gradient take the lane
+    tile, deterministic ones too (its fixed point); without the input gradient the lanes stay; on a
+    device with 64 KB of shared memory a block too (fewer channels a pass), but not where one block of
+    channels does not fit (a wide dilation)."""
+    call = meta_call(FEAT, dtype, channels_last=True, channels=channels)
+    with edsc_ext.kernel_policy(lane_tile=True):
+        assert plans(call, H200).backward == f"lane_tile{lanes}"
+        assert plans(call, H200, deterministic=True).backward == f"lane_tile{lanes}+fixed_point"
+        assert plans(call, SM75).backward == f"lane_tile{lanes}"
+        (frame, *rest), kwargs = call
+        frame.requires_grad_(False)
+        assert plans(((frame, *rest), kwargs), H200).backward == f"channel_lanes{lanes}"
+        wide = meta_call(FEAT, dtype, channels_last=True, channels=channels, dilation=40, padding=80)
+        assert plans(wide, SM75).backward == f"channel_lanes{lanes}"
+
+
+
+
 def test_every_cuda_plan_names_a_variant_compiled_for_its_call():
     """The CUDA planner picks the bilinear kernels' variant from the tables in cuda_plan.h and checks
     that the row is compiled for the call (find_variant); the launchers instantiate only those rows.
     Over dtypes, layouts, channel counts, kernel sizes, offsets or none, determinism, the policy's
     extremes and two devices, no plan may name a row its launcher lacks (the planner raises)."""
     dtypes = [(F64, None), (F32, None), (F16, None), (BF16, None), (F32, BF16), (F32, F16)]
-    policies = [{}, {f.name: False for f in dataclasses.fields(edsc_ext.KernelPolicy) if f.type in ("bool", bool)}]
+    policies = [{}, {f.name: False for f in dataclasses.fields(edsc_ext.KernelPolicy) if f.type in ("bool", bool)},
+                {"lane_tile": True}]
     seen = set()
     for case in (TRAIN, SEPCONV):
         for k in (1, 3, 5):
@@ -272,7 +296,7 @@ def test_every_cuda_plan_names_a_variant_compiled_for_its_call():
         assert name in seen, name
     for name in ("pixels", "pixels_blocks3", "tiled", "tiled_blocks3", "tiled_rgb_prefetch", "tiled_warp_staged",
                  "tiled_warp_staged_blocks3", "tiled_warp_staged_rgb", "tiled_prefetch", "channel_lanes1",
-                 "grid_taps_params", "gather_input_grad"):
+                 "lane_tile1", "lane_tile4", "grid_taps_params", "gather_input_grad"):
         assert name in parts, name
 
 
@@ -322,7 +346,7 @@ def test_policy_reaches_the_op():
     block restores it, nested or left by an exception."""
     default = compiled_values()
     assert default == {"grid_taps": 1, "plain_forward": 0, "prefetch": 1, "input_grad_tile": 1, "warp_staging": 1,
-                       "vector_loads": 1, "channel_lanes": 1, "cpu_scratch_mb": 256, "cpu_isa": 0,
+                       "vector_loads": 1, "channel_lanes": 1, "lane_tile": 0, "cpu_scratch_mb": 256, "cpu_isa": 0,
                        "cpu_float32_frame": 1}
     assert _policy.compiled_kernel_policy() == edsc_ext.KernelPolicy()
     with edsc_ext.kernel_policy(grid_taps=False, cpu_scratch_mb=7):

@@ -74,6 +74,13 @@ def run_every_path(dtypes) -> None:
                         out = edsc_ext.deform_sepconv(frame.requires_grad_(), *cl[1:], padding=pad, dilation=dil,
                                                       padding_mode=mode)
                         out.backward(torch.randn_like(out))
+                # The lane tile (kernel_policy(lane_tile=True)): the same 24 and 8 channels, the input
+                # gradient through the shared-memory tile.
+                for frame in (wider, wide.detach()):
+                    with edsc_ext.kernel_policy(lane_tile=True):
+                        out = edsc_ext.deform_sepconv(frame.requires_grad_(), *cl[1:], padding=pad, dilation=dil,
+                                                      padding_mode=mode)
+                        out.backward(torch.randn_like(out))
                 # NCHW with 3 channels: one channel block, where the float32 forward prefetches each
                 # warp's per-pixel values (11 x 13 outputs: warps straddle the two images).
                 rgb = ts[0].detach()[:, :3].contiguous().requires_grad_()

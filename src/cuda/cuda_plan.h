@@ -69,6 +69,13 @@ constexpr int64_t kTileElementBytes = 8;
 // At most (tile pixels x taps) adds reach one element of one channel; the fixed point's low word
 // needs that <= 2^16 (FixedPointTileAdd).
 constexpr int64_t kFixedPointMaxTaps = (int64_t(1) << 16) / kTileThreads;
+// The lane tile (deform_sepconv_backward_lane_tile_cuda_kernel): a block of kTileThreads threads takes
+// kTileH rows of kWarpSize >> lanes_log2 pixels, 2^lanes_log2 channel lanes a pixel; its fixed-point
+// footprint (margin kTileMargin) takes at most kLaneTileSharedBytes of dynamic shared memory (opted in:
+// two blocks a multiprocessor on sm_80 / sm_90), the channels in passes of whole kPixelVectorBlock blocks.
+constexpr int64_t kLaneTileSharedBytes = 96 * 1024;
+// Its static shared memory: the bound's per-warp sums.
+constexpr int64_t kLaneTileStaticBytes = 4 * (kTileThreads / kWarpSize);
 
 // Static shared memory of the warp-staged backward tile (WarpStagedBuffers<scalar_t, 5> per warp
 // and the bound's per-warp sums; deform_sepconv_backward_bilinear_kernels.cuh checks it against the kernel).
@@ -269,6 +276,9 @@ enum class CudaBackwardKernel {
   // channels_last, many channels: 2^lanes_log2 adjacent threads a pixel, each with blocks of
   // kPixelVectorBlock channels (vector loads), the input gradient through global (vector) atomics
   kChannelLanes,
+  // the channel lanes with the input gradient through a fixed-point tile in shared memory, flushed once
+  // per tile and pass (policy.lane_tile)
+  kLaneTile,
 };
 
 // Backward, the bilinear kernels kTiled (deform_sepconv_backward_tiled_cuda_kernel) and kPixels
@@ -343,6 +353,17 @@ inline constexpr ChannelLanesVariant kChannelLanesVariants[] = {
     {.name = "channel_lanes", .channel_block = kPixelVectorBlock, .scope = kChannelsLastVectorScope},
 };
 
+// Backward, kLaneTile (deform_sepconv_backward_bilinear_kernels.cuh): the channel lanes' calls, the
+// input gradient through the fixed-point tile (so float32 and the half types, deterministic or not).
+struct LaneTileVariant {
+  const char* name;
+  int channel_block;  // channels a lane takes per step, read with vector loads
+  VariantScope scope;
+};
+inline constexpr LaneTileVariant kLaneTileVariants[] = {
+    {.name = "lane_tile", .channel_block = kPixelVectorBlock, .scope = kChannelsLastVectorScope},
+};
+
 // Backward, the grid-tap kernels: the per-pixel tensors' gradients from each tile's window
 // (deform_sepconv_backward_grid_taps_cuda.cu) and the gathered input gradient
 // (deform_sepconv_grid_taps_input_grad_cuda.cu). Their channel count (up to 4) and mask are the
@@ -360,7 +381,8 @@ inline constexpr GridTapsBackwardVariant kGatherInputGradVariants[] = {
 
 static_assert(names_are_unique(kGridTapsForwardVariants) && names_are_unique(kStagedForwardVariants) &&
                   names_are_unique(kLanePairsForwardVariants) && names_are_unique(kPixelsForwardVariants) &&
-                  names_are_unique(kBackwardVariants) && names_are_unique(kChannelLanesVariants),
+                  names_are_unique(kBackwardVariants) && names_are_unique(kChannelLanesVariants) &&
+                  names_are_unique(kLaneTileVariants),
               "a plan names its variant row: each row's name is its own");
 
 // ---- Plans
@@ -399,12 +421,13 @@ struct CudaBackwardPlan {
   bool kernel_input_grad = false;                         // ... adds the input gradient
   bool kernel_param_grads = false;                        // ... computes the per-pixel gradients
   bool deterministic = false;                             // ... adds the input gradient as fixed-point integers
-  // kTiled, kPixels: the row of kBackwardVariants; kChannelLanes: of kChannelLanesVariants
+  // kTiled, kPixels: the row of kBackwardVariants; kChannelLanes: of kChannelLanesVariants; kLaneTile:
+  // of kLaneTileVariants
   int variant = 0;
-  TileFootprint footprint{};      // kTiled
-  int64_t tile_shared_bytes = 0;  // kTiled: dynamic shared memory
+  TileFootprint footprint{};      // kTiled, kLaneTile
+  int64_t tile_shared_bytes = 0;  // kTiled, kLaneTile: dynamic shared memory
   bool prefetch = false;          // kTiled, NCHW 5x5: the L2 prefetch (a kernel argument)
-  int lanes_log2 = 0;             // kChannelLanes: log2 of the threads a pixel
+  int lanes_log2 = 0;             // kChannelLanes, kLaneTile: log2 of the threads a pixel
 };
 
 CudaForwardPlan plan_cuda_forward(const CallFacts& call, const CudaDeviceFacts& device, const KernelPolicy& policy);

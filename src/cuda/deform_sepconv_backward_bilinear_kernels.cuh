@@ -169,6 +169,38 @@ __device__ float block_sum(float v, float* scratch) {
   return total;
 }
 
+// A fixed-point tile's scale from the block's bound on the summed magnitude of its contributions;
+// returns whether the tile is used (finite, not vanishingly small: else every add goes to the
+// fallback).
+template <typename index_t, typename GlobalAdd>
+__device__ bool set_fixed_point_scale(float bound, FixedPointTileAdd<index_t, GlobalAdd>& add) {
+  int exponent = 0;
+  frexpf(bound, &exponent);  // bound < 2^exponent
+  // Finite, and not so small that 2^(kFixedPointBits - exponent) overflows float.
+  const bool use_tile = bound == 0.0f || (bound - bound == 0.0f && exponent > kFixedPointBits - 126);
+  add.scale = bound == 0.0f ? 1.0f : ldexpf(1.0f, kFixedPointBits - exponent);
+  add.inv_scale = bound == 0.0f ? 1.0f : ldexpf(1.0f, exponent - kFixedPointBits);
+  add.enabled = use_tile;
+  return use_tile;
+}
+
+// Flush of a tile's pass: one global add per touched footprint element inside the image (neighbouring
+// tiles overlap; elements outside it may hold adds of corners that carry no gradient). Consecutive
+// threads take consecutive addresses: x fastest in NCHW, the channel fastest in channels_last.
+template <bool kChannelsLast, int kThreads, typename TileAdd, typename index_t>
+__device__ void flush_tile(const TileAdd& add, index_t pass_channels, index_t height, index_t width, int tid) {
+  const index_t footprint = add.rows * add.cols;
+  const index_t tile_elems = pass_channels * footprint;
+  for (index_t k = tid; k < tile_elems; k += kThreads) {
+    const index_t e = kChannelsLast ? (k % pass_channels) * footprint + k / pass_channels : k;
+    const index_t row = add.row0 + (e / add.cols) % add.rows;
+    const index_t col = add.col0 + e % add.cols;
+    if (row < 0 || row >= height || col < 0 || col >= width) continue;
+    const auto v = add.element(e);
+    if (v != decltype(v)(0)) add.fallback(add.c0 + e / footprint, row, col, v);
+  }
+}
+
 // GlobalAdd: GlobalAtomicAdd, or FixedPointAtomicAdd when deterministic (float32 and the half
 // types only, whose tile is fixed point and so order-independent). kWarpStaged (channels_last, 5x5,
 // fixed point): each warp, a row of the tile, stages its per-pixel values through shared memory
@@ -187,7 +219,7 @@ __global__ void __launch_bounds__(kTileThreads, 2)
   const index_t channels_per_pass = kExactBlock ? index_t(kChannelBlock) : pass_capacity;
   using acc_t = opmath_t<scalar_t>;
   constexpr bool kFixedPoint = std::is_same_v<acc_t, float>;
-  extern __shared__ __align__(16) unsigned char shared_raw[];
+  EDSC_EXTERN_SHARED(unsigned char, shared_raw);
   __shared__ float bound_scratch[kTileThreads / 32];
   using StagedBuffers = WarpStagedBuffers<scalar_t, kWarpStagedKernel>;
   static_assert(sizeof(StagedBuffers) * kTileH + sizeof(bound_scratch) == warp_staged_static_bytes(sizeof(scalar_t)),
@@ -252,19 +284,11 @@ __global__ void __launch_bounds__(kTileThreads, 2)
     } else {
       part = active ? input_grad_bound<kKernelH, kKernelW, kChannelsLast>(p, grad_output, n, y, x) : 0.0f;
     }
-    const float bound = block_sum(part, bound_scratch);
-    int exponent = 0;
-    frexpf(bound, &exponent);  // bound < 2^exponent
-    // Finite, and not so small that 2^(kFixedPointBits - exponent) overflows float.
-    use_tile = bound == 0.0f || (bound - bound == 0.0f && exponent > kFixedPointBits - 126);
-    add.scale = bound == 0.0f ? 1.0f : ldexpf(1.0f, kFixedPointBits - exponent);
-    add.inv_scale = bound == 0.0f ? 1.0f : ldexpf(1.0f, exponent - kFixedPointBits);
-    add.enabled = use_tile;
+    use_tile = set_fixed_point_scale(block_sum(part, bound_scratch), add);
   }
 
   for (index_t c0 = 0; c0 < p.channels; c0 += channels_per_pass) {
     const index_t pass_channels = min(channels_per_pass, p.channels - c0);
-    const index_t tile_elems = pass_channels * rows * cols;
     if (use_tile) {
       for (index_t e = tid; e < words_per_plane * kWords; e += kTileThreads) tile[e] = word_t(0);
     }
@@ -283,20 +307,84 @@ __global__ void __launch_bounds__(kTileThreads, 2)
                                     index_t>(p, grad_output, pass_grads, add, c0, c0 + pass_channels, n, y, x);
     }
     __syncthreads();
-    // Flush: one global add per touched footprint element inside the image (neighbouring tiles
-    // overlap; elements outside it may hold adds of corners that carry no gradient). Consecutive
-    // threads take consecutive addresses: x fastest in NCHW, the channel fastest in channels_last.
+    if (use_tile) flush_tile<kChannelsLast, kTileThreads>(add, pass_channels, p.height_in, p.width_in, tid);
+    __syncthreads();
+  }
+}
+
+// Backward of the channel lanes through a fixed-point tile (channels_last, float32 and the half
+// types): the channel lanes' mapping of threads (2^lanes_log2 adjacent threads a pixel, each with
+// blocks of kBlock channels), the tiled kernel's input gradient. A block of kTileThreads threads takes
+// kTileH rows of (kWarpSize >> lanes_log2) output pixels, a warp a row; the input-gradient adds of its
+// pixels go to shared memory over the tile's footprint (FixedPointTileAdd, channel planes of rows x
+// cols), in passes of pass_capacity channels (whole blocks), each flushed to global memory once, the
+// channel fastest: one global add per footprint element and channel, where the channel lanes make one
+// a tap, corner and channel. Adds outside the footprint go to the global adder (GlobalAdd:
+// GlobalAtomicAdd, or FixedPointAtomicAdd when deterministic). The per-pixel gradients come with the
+// first pass. Lanes of pixels past the end compute a real pixel's values (the shuffles need every lane)
+// and add and store nothing.
+template <int kBlock, int kKernelH, int kKernelW, int kMaxWidth, typename scalar_t, typename GlobalAdd,
+          typename param_t>
+__global__ void __launch_bounds__(kTileThreads)
+    deform_sepconv_backward_lane_tile_cuda_kernel(const DeformSepconvParams<scalar_t, int32_t, param_t> p,
+                                                  const scalar_t* __restrict__ grad_output,
+                                                  const DeformSepconvParamGrads<param_t> param_grads,
+                                                  const GlobalAdd input_grad, int32_t rows, int32_t cols,
+                                                  int32_t pass_capacity, int lanes_log2) {
+  using index_t = int32_t;
+  using acc_t = opmath_t<scalar_t>;
+  static_assert(std::is_same_v<acc_t, float>, "the fixed-point tile holds float32 sums");
+  EDSC_EXTERN_SHARED(int, tile);
+  __shared__ float bound_scratch[kTileThreads / 32];
+  static_assert(sizeof(bound_scratch) == kLaneTileStaticBytes, "the planner's kLaneTileStaticBytes");
+
+  const int tid = threadIdx.x;
+  const int lanes = 1 << lanes_log2;
+  const int lane = tid & (lanes - 1);
+  const index_t tile_w = kWarpSize >> lanes_log2;
+  const index_t tiles_x = (p.width_out + tile_w - 1) / tile_w;
+  const index_t tiles_y = (p.height_out + kTileH - 1) / kTileH;
+  const index_t tile_x = static_cast<index_t>(blockIdx.x % tiles_x);
+  const index_t tile_y = static_cast<index_t>((blockIdx.x / tiles_x) % tiles_y);
+  const index_t n = static_cast<index_t>(blockIdx.x / (int64_t(tiles_x) * tiles_y));
+  const index_t slot = tid >> lanes_log2;  // the pixel's place in the tile
+  const index_t y = tile_y * kTileH + slot / tile_w;
+  const index_t x = tile_x * tile_w + slot % tile_w;
+  const bool active = y < p.height_out && x < p.width_out;
+  const index_t y_in = min(y, p.height_out - 1), x_in = min(x, p.width_out - 1);
+  const index_t pixel = y_in * p.width_out + x_in;
+  const index_t KH = kernel_extent<kKernelH>(p.kernel_h), KW = kernel_extent<kKernelW>(p.kernel_w);
+
+  FixedPointTileAdd<index_t, GlobalAdd> add{};
+  add.tile = tile;
+  add.row0 = tile_y * kTileH - p.pad_h - kTileMargin;
+  add.col0 = tile_x * tile_w - p.pad_w - kTileMargin;
+  add.rows = rows;
+  add.cols = cols;
+  add.fallback = input_grad.at_batch(n);
+  const index_t words_per_plane = pass_capacity * rows * cols;
+  add.lo_offset = words_per_plane;
+  // The bound over the block's pixels, each counted once (by its lane 0).
+  const float part =
+      active && lane == 0 ? input_grad_bound<kKernelH, kKernelW, true>(p, grad_output, n, y_in, x_in) : 0.0f;
+  const bool use_tile = set_fixed_point_scale(block_sum(part, bound_scratch), add);
+
+  for (index_t c0 = 0; c0 < p.channels; c0 += pass_capacity) {
+    const index_t pass_channels = min(pass_capacity, p.channels - c0);
     if (use_tile) {
-      const index_t footprint = rows * cols;
-      for (index_t k = tid; k < tile_elems; k += kTileThreads) {
-        const index_t e = kChannelsLast ? (k % pass_channels) * footprint + k / pass_channels : k;
-        const index_t row = add.row0 + (e / cols) % rows;
-        const index_t col = add.col0 + e % cols;
-        if (row < 0 || row >= p.height_in || col < 0 || col >= p.width_in) continue;
-        const acc_t v = add.element(e);
-        if (v != acc_t(0)) add.fallback(c0 + e / footprint, row, col, v);
-      }
+      for (index_t e = tid; e < 2 * words_per_plane; e += kTileThreads) tile[e] = 0;
     }
+    __syncthreads();
+    add.c0 = c0;
+    // The parameter gradients need every channel once: on the first pass only.
+    const DeformSepconvParamGrads<param_t> pass_grads =
+        c0 == 0 ? param_grads : DeformSepconvParamGrads<param_t>{nullptr, nullptr, nullptr, nullptr, nullptr};
+    ChannelLanePixelValues<kBlock, scalar_t, index_t, param_t> values(p, n, pixel, KH, KW, pass_grads, lane, lanes,
+                                                                      active);
+    deform_sepconv_backward_pixel_with<kBlock, kKernelH, kKernelW, kMaxWidth, true, scalar_t, acc_t>(
+        p, values, grad_output, add, c0, active ? c0 + pass_channels : c0, n, y_in, x_in);
+    __syncthreads();
+    if (use_tile) flush_tile<true, kTileThreads>(add, pass_channels, p.height_in, p.width_in, tid);
     __syncthreads();
   }
 }

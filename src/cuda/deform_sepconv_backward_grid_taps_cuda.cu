@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(kGridTileThreads, 2)  // at most 128 registers
                                                   const DeformSepconvParamGrads<scalar_t> grads,
                                                   const GridWindow window) {
   using acc_t = opmath_t<scalar_t>;
-  extern __shared__ __align__(16) unsigned char window_raw[];
+  EDSC_EXTERN_SHARED(unsigned char, window_raw);
   acc_t* staged = reinterpret_cast<acc_t*>(window_raw);     // [kChannels][window.rows][window.cols]
   acc_t* grad_h_sums = staged + kChannels * window.size();  // [KW][kGridTileThreads], if wanted
 

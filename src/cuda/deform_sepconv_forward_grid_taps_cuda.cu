@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(kGridTileThreads)
     deform_sepconv_forward_grid_taps_cuda_kernel(const DeformSepconvParams<scalar_t, int64_t> p,
                                                  scalar_t* __restrict__ output, const GridWindow window) {
   using acc_t = opmath_t<scalar_t>;
-  extern __shared__ __align__(16) unsigned char window_raw[];
+  EDSC_EXTERN_SHARED(unsigned char, window_raw);
   acc_t* staged = reinterpret_cast<acc_t*>(window_raw);  // [kPassChannels][window.rows][window.cols]
   const int window_size = window.size();
 

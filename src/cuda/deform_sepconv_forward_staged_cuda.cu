@@ -41,7 +41,7 @@ __global__ void __launch_bounds__(kStagedPixels)
                                               scalar_t* __restrict__ output) {
   using acc_t = opmath_t<scalar_t>;
   constexpr int K = kStagedKernel;
-  extern __shared__ __align__(16) unsigned char staged_raw[];
+  EDSC_EXTERN_SHARED(unsigned char, staged_raw);
   scalar_t* staged = reinterpret_cast<scalar_t*>(staged_raw);
 
   const int hw = p.height_out * p.width_out;

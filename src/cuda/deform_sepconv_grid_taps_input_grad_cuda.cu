@@ -29,7 +29,7 @@ __global__ void __launch_bounds__(kGridTileThreads)
                                                     opmath_t<scalar_t>* __restrict__ grad_virtual,
                                                     const VirtualDomain domain, const GatherLayout layout) {
   using acc_t = opmath_t<scalar_t>;
-  extern __shared__ __align__(16) unsigned char gather_raw[];
+  EDSC_EXTERN_SHARED(unsigned char, gather_raw);
   acc_t* h_staged = reinterpret_cast<acc_t*>(gather_raw);         // [kGridTileWidth][h_stride]
   acc_t* a_staged = h_staged + kGridTileWidth * layout.h_stride;  // [kChannels][kGridTileHeight][a_row]
 

@@ -48,6 +48,17 @@ VirtualDomain gather_domain(const CallFacts& c) {
   return domain;
 }
 
+// The lane tile's footprint: kTileH rows of kWarpSize >> lanes_log2 pixels, the channels in passes of
+// whole kPixelVectorBlock blocks within `budget` bytes (channels_per_pass 0: not even one block fits).
+TileFootprint lane_tile_footprint(const CallFacts& c, int lanes_log2, int64_t budget) {
+  TileFootprint f;
+  f.rows = kTileH + c.dilation_h * (c.kernel_h - 1) + 1 + 2 * kTileMargin;
+  f.cols = (kWarpSize >> lanes_log2) + c.dilation_w * (c.kernel_w - 1) + 1 + 2 * kTileMargin;
+  const int64_t blocks = budget / (f.rows * f.cols * kTileElementBytes * kPixelVectorBlock);
+  f.channels_per_pass = std::min<int64_t>(c.channels, blocks * kPixelVectorBlock);
+  return f;
+}
+
 TileFootprint tile_footprint(const CallFacts& c) {
   TileFootprint f;
   f.rows = kTileH + c.dilation_h * (c.kernel_h - 1) + 1 + 2 * kTileMargin;
@@ -154,11 +165,35 @@ CudaBackwardPlan plan_cuda_backward(const CallFacts& c, const CudaDeviceFacts& d
     const int64_t blocks = c.channels / kPixelVectorBlock;
     int lanes_log2 = 0;
     while ((int64_t(1) << lanes_log2) < blocks && (1 << lanes_log2) < kMaxChannelLanes) ++lanes_log2;
-    const bool lanes = backward_may_take_channel_lanes(c.channels, policy) && c.element_size <= 4 &&
-                       c.use_32bit_indexing && c.input_alignment >= piece && c.grad_output_alignment >= piece &&
-                       !(c.input_grad() && c.deterministic) &&
+    const bool lane_shape = backward_may_take_channel_lanes(c.channels, policy) && c.element_size <= 4 &&
+                            c.use_32bit_indexing && c.input_alignment >= piece && c.grad_output_alignment >= piece &&
+                            c.output_pixels() > 0;
+    // The lane tile (policy.lane_tile), where the input gradient is wanted: fixed point, so deterministic
+    // calls too; whole blocks of channels a pass in its shared-memory budget, at most kFixedPointMaxTaps
+    // taps, the tiles within one grid.
+    const int64_t lane_tile_budget =
+        std::min(kLaneTileSharedBytes, device.shared_memory_per_block_optin - kLaneTileStaticBytes);
+    const TileFootprint lane_footprint = lane_tile_footprint(c, lanes_log2, lane_tile_budget);
+    const int64_t lane_tiles = c.batch * ((c.height_out + kTileH - 1) / kTileH) *
+                               ((c.width_out + (kWarpSize >> lanes_log2) - 1) / (kWarpSize >> lanes_log2));
+    if (lane_shape && policy.lane_tile && c.input_grad() && lane_footprint.channels_per_pass >= kPixelVectorBlock &&
+        c.kernel_h * c.kernel_w <= kFixedPointMaxTaps && lane_tiles <= std::numeric_limits<int32_t>::max()) {
+      CudaBackwardPlan plan;
+      plan.kernel = CudaBackwardKernel::kLaneTile;
+      plan.kernel_input_grad = true;
+      plan.kernel_param_grads = c.any_per_pixel_grad();
+      plan.deterministic = c.deterministic;
+      plan.lanes_log2 = lanes_log2;
+      plan.footprint = lane_footprint;
+      plan.tile_shared_bytes =
+          lane_footprint.channels_per_pass * lane_footprint.rows * lane_footprint.cols * kTileElementBytes;
+      plan.variant = find_variant(kLaneTileVariants, c,
+                                  [](const LaneTileVariant& v) { return v.channel_block == kPixelVectorBlock; });
+      return plan;
+    }
+    const bool lanes = lane_shape && !(c.input_grad() && c.deterministic) &&
                        (c.output_pixels() << lanes_log2) <= kMaxGridDimX * kThreadsPerBlock;
-    if (lanes && c.output_pixels() > 0) {
+    if (lanes) {
       CudaBackwardPlan plan;
       plan.kernel = CudaBackwardKernel::kChannelLanes;
       plan.kernel_input_grad = c.input_grad();
@@ -286,6 +321,9 @@ std::string plan_name(const CudaBackwardPlan& plan) {
       break;
     case CudaBackwardKernel::kChannelLanes:
       part(kChannelLanesVariants[plan.variant].name + std::to_string(1 << plan.lanes_log2));
+      break;
+    case CudaBackwardKernel::kLaneTile:
+      part(kLaneTileVariants[plan.variant].name + std::to_string(1 << plan.lanes_log2));
       break;
   }
   if (plan.kernel != CudaBackwardKernel::kNone && plan.deterministic) part("fixed_point");

@@ -12,6 +12,7 @@ namespace {
 // Where input-gradient element (n, c, y, x) lives, in the call's memory format.
 template <typename index_t>
 struct InputGradLayout {
+  using index_type = index_t;
   index_t channels, height, width, channel_stride, pixel_stride;
   __host__ __device__ index_t batch_offset(index_t n) const { return n * channels * height * width; }
   __host__ __device__ index_t offset(index_t c, index_t y, index_t x) const {
@@ -34,7 +35,7 @@ struct GlobalAtomicAdd {
     return {grad ? grad + layout.batch_offset(n) : nullptr, layout};
   }
   __host__ __device__ void operator()(index_t c, index_t y, index_t x, acc_t v) const {
-#ifdef __CUDA_ARCH__
+#if defined(__CUDA_ARCH__) || defined(EDSC_CUDA_EMULATION)  // device code, or tests/cuda_emulation
     atomicAdd(grad + layout.offset(c, y, x), v);
 #endif
   }
@@ -84,7 +85,7 @@ struct FixedPointAtomicAdd {
     return {grad + layout.batch_offset(n), scale, poisoned, layout};
   }
   __host__ __device__ void operator()(index_t c, index_t y, index_t x, acc_t v) const {
-#ifdef __CUDA_ARCH__
+#if defined(__CUDA_ARCH__) || defined(EDSC_CUDA_EMULATION)  // device code, or tests/cuda_emulation
     const double scaled = static_cast<double>(v) * *scale;
     if (!(fabs(scaled) <= 4.6e18)) {  // also false for NaN
       atomicOr(poisoned, 1);
@@ -181,6 +182,32 @@ __device__ void scatter_corners(const BilinearSample<float, index_t>& s, float v
   element += add.cols;
   add.add_at(element, bottom * (1.0f - lx));
   add.add_at(element + 1, bottom * lx);
+}
+
+// scatter_corner_block for the fixed-point tile (the channel lanes' tile): when all four corners fall
+// inside the footprint, their four elements are found once and each channel of the block adds to the
+// same four elements of its own plane. As scatter_corners above, corners outside the image are added
+// too, to footprint elements the flush skips.
+template <int kCount, typename index_t, typename GlobalAdd>
+__device__ void scatter_corner_block(const BilinearSample<float, index_t>& s, const float (&value)[kCount], index_t c0,
+                                     FixedPointTileAdd<index_t, GlobalAdd>& add) {
+  const index_t r = s.y.lo - add.row0, q = s.x.lo - add.col0;
+  if (!(add.enabled && r >= 0 && r + 1 < add.rows && q >= 0 && q + 1 < add.cols)) {
+    scatter_corner_block<kCount, float, index_t, FixedPointTileAdd<index_t, GlobalAdd> >(s, value, c0, add);
+    return;
+  }
+  const float ly = s.y.frac, lx = s.x.frac;
+  const float w00 = (1.0f - ly) * (1.0f - lx), w01 = (1.0f - ly) * lx, w10 = ly * (1.0f - lx), w11 = ly * lx;
+  const index_t plane = add.rows * add.cols;
+  int* element = add.element_at(c0, r, q);
+  EDSC_UNROLL
+  for (int k = 0; k < kCount; ++k) {
+    add.add_at(element, value[k] * w00);
+    add.add_at(element + 1, value[k] * w01);
+    add.add_at(element + add.cols, value[k] * w10);
+    add.add_at(element + add.cols + 1, value[k] * w11);
+    element += plane;
+  }
 }
 
 }  // namespace

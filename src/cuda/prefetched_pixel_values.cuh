@@ -16,7 +16,11 @@
 namespace edsc_ext {
 
 __device__ __forceinline__ void prefetch_l2(const void* address) {
+#ifdef __CUDA_ARCH__
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(address));
+#else
+  (void)address;  // a hint: nothing to do where the device code runs on the CPU (tests/cuda_emulation)
+#endif
 }
 
 // Prefetches into L2 the lines of a warp's run of output pixels, from global pixel `first` to

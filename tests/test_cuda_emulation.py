@@ -1,0 +1,136 @@
+"""The CUDA kernels' device code, run on the CPU (tests/cuda_emulation): each block's threads are OS threads,
+so shared memory, __syncthreads and warp shuffles behave as a kernel relies on them. Machines without a GPU
+(CI, a development machine) check here what a kernel computes and how its threads share the work; the GPU
+suite checks the same kernels on the device, at speed, with the sanitizers.
+
+The harness (tests/cuda_emulation/emulated_kernels.cpp) is compiled with the host compiler against the
+kernels' headers (src/cuda, EDSC_CUDA_EMULATION) and the planner (src/cuda/deform_sepconv_plan_cuda.cpp), and
+its results are compared with the CPU op's, which the float64 reference tests check.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+import edsc_ext
+from edsc_ext import _build_support as bs
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HARNESS = os.path.join(REPO, "tests", "cuda_emulation")
+SOURCES = [os.path.join(HARNESS, "emulated_kernels.cpp"),
+           os.path.join(REPO, "src", "cuda", "deform_sepconv_plan_cuda.cpp")]
+
+
+def _digest() -> str:
+    h = hashlib.sha256()
+    for root in (os.path.join(REPO, "src"), os.path.join(REPO, "include"), HARNESS):
+        for dirpath, _, files in sorted(os.walk(root)):
+            for name in sorted(files):
+                with open(os.path.join(dirpath, name), "rb") as f:
+                    h.update(name.encode() + f.read())
+    return h.hexdigest()[:16]
+
+
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory):
+    compiler = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
+    if compiler is None:
+        pytest.skip("no C++ compiler to build the emulation harness")
+    from torch.utils.cpp_extension import include_paths
+
+    library = tmp_path_factory.mktemp("cuda_emulation") / f"emulated_kernels_{_digest()}.so"
+    macros = [f"-D{k}" if v is None else f"-D{k}={v}" for k, v in bs.stable_abi_macros()]
+    command = [compiler, "-std=c++20", "-O2", "-g0", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden",
+               "-DEDSC_CUDA_EMULATION", "-DEDSC_EXT_CUDA_SASS=90", "-DEDSC_EXT_CUDA_PTX=0", *macros,
+               f"-I{HARNESS}", f"-I{os.path.join(REPO, 'src')}", f"-I{os.path.join(REPO, 'include')}",
+               *[f"-I{path}" for path in include_paths()], *SOURCES, "-o", str(library)]
+    built = subprocess.run(command, capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr[-4000:]
+    lib = ctypes.CDLL(str(library))
+    lib.edsc_emulated_backward.restype = ctypes.c_int
+    return lib
+
+
+def _pointer(t):
+    return ctypes.c_void_p(t.data_ptr()) if t is not None else ctypes.c_void_p(0)
+
+
+def _emulated_backward(lib, x, v, h, off, m, grad_out, padding, mode, channels_last, lane_tile=False):
+    n, c, h_in, w_in = x.shape
+    kh, kw = v.shape[1], h.shape[1]
+    h_out, w_out = grad_out.shape[2:]
+    geometry = (ctypes.c_int64 * 14)(n, c, h_in, w_in, h_out, w_out, kh, kw, padding, padding, 1, 1,
+                                     edsc_ext.ops.PADDING_MODES[mode], int(channels_last))
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+
+    def dense(t):
+        return None if t is None else t.detach().contiguous(memory_format=fmt)
+
+    inputs = [dense(t) for t in (x, v, h, off, m, grad_out)]
+    grads = [torch.zeros_like(t) if t is not None else None for t in inputs[:5]]
+    plan, error = ctypes.create_string_buffer(256), ctypes.create_string_buffer(512)
+    status = lib.edsc_emulated_backward(geometry, int(lane_tile), *[_pointer(t) for t in inputs],
+                                        *[_pointer(g) for g in grads], plan, 256, error, 512)
+    assert status == 0, error.value.decode()
+    return plan.value.decode(), grads
+
+
+def _case(c, k, mode, channels_last, seed):
+    """A random call (13x13 output, padding K // 2), its output gradient, and the CPU op's gradients."""
+    gen = torch.Generator().manual_seed(seed)
+    n, size, padding = 2, 13, k // 2
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    x = torch.randn(n, c, size, size, generator=gen)
+    v = torch.randn(n, k, size, size, generator=gen)
+    h = torch.randn(n, k, size, size, generator=gen)
+    # Offsets of a few pixels: most taps land in the tile's footprint, some beyond it (the global fallback).
+    off = torch.randn(n, 2 * k * k, size, size, generator=gen) * 3
+    m = torch.rand(n, k * k, size, size, generator=gen)
+    args = [t.contiguous(memory_format=fmt).requires_grad_() for t in (x, v, h, off, m)]
+    out = edsc_ext.deform_sepconv(*args, padding=padding, padding_mode=mode)
+    grad_out = torch.randn(out.shape, generator=gen).contiguous(memory_format=fmt)
+    expected = torch.autograd.grad(out, args, grad_out)
+    return args, grad_out, padding, expected
+
+
+def _assert_grads_match(grads, expected):
+    for name, got, want in zip(("input", "vertical", "horizontal", "offset", "mask"), grads, expected):
+        scale = want.abs().max().item()
+        assert (got - want).abs().max().item() <= 2e-5 * max(scale, 1.0), name
+
+
+@pytest.mark.parametrize("c, k, mode, channels_last, expected_plan", [
+    (3, 5, "border", False, "tiled_rgb"),      # EDSC's call: exact RGB, the L2 prefetch
+    (5, 5, "edsc", False, "tiled"),           # a second pass of channels' blocks, the doubled border
+    (4, 3, "zeros", False, "tiled"),          # run-time kernel size
+    (3, 3, "border", True, "tiled"),          # channels_last: the tile flushed channel-fastest
+])
+def test_the_tiled_backward_computes_what_the_cpu_op_does(harness, c, k, mode, channels_last, expected_plan):
+    args, grad_out, padding, expected = _case(c, k, mode, channels_last, 1000 + c * 10 + k)
+    plan, grads = _emulated_backward(harness, *args, grad_out, padding, mode, channels_last)
+    assert plan.startswith(expected_plan), plan
+    _assert_grads_match(grads, expected)
+
+
+@pytest.mark.parametrize("lane_tile", [False, True], ids=["channel_lanes", "lane_tile"])
+@pytest.mark.parametrize("c, k, mode, lanes", [
+    (8, 5, "border", 1),    # a tile row a warp of 32 pixels
+    (16, 3, "zeros", 2),    # run-time kernel size
+    (24, 5, "edsc", 4),     # three blocks on four lanes: one lane idle
+    (32, 5, "border", 4),   # the feat case's channels
+    (64, 5, "zeros", 8),    # two passes of channels through the tile
+])
+def test_the_channel_lanes_compute_what_the_cpu_op_does(harness, c, k, mode, lanes, lane_tile):
+    """The channels_last backward of many channels, with the input gradient through global atomics (the
+    channel lanes) or through the fixed-point tile (policy lane_tile)."""
+    args, grad_out, padding, expected = _case(c, k, mode, True, 2000 + c * 10 + k)
+    plan, grads = _emulated_backward(harness, *args, grad_out, padding, mode, True, lane_tile=lane_tile)
+    assert plan == f"{'lane_tile' if lane_tile else 'channel_lanes'}{lanes}", plan
+    _assert_grads_match(grads, expected)
