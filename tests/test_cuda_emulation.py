@@ -62,6 +62,9 @@ def _pointer(t):
     return ctypes.c_void_p(t.data_ptr()) if t is not None else ctypes.c_void_p(0)
 
 
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
 def _emulated_backward(lib, x, v, h, off, m, grad_out, padding, mode, channels_last, lane_tile=False):
     n, c, h_in, w_in = x.shape
     kh, kw = v.shape[1], h.shape[1]
@@ -74,16 +77,18 @@ def _emulated_backward(lib, x, v, h, off, m, grad_out, padding, mode, channels_l
         return None if t is None else t.detach().contiguous(memory_format=fmt)
 
     inputs = [dense(t) for t in (x, v, h, off, m, grad_out)]
-    grads = [torch.zeros_like(t) if t is not None else None for t in inputs[:5]]
+    # The input gradient in float32, as the kernels accumulate it; the per-pixel ones in their dtype.
+    grads = [torch.zeros_like(t, dtype=torch.float32 if k == 0 else t.dtype) for k, t in enumerate(inputs[:5])]
     plan, error = ctypes.create_string_buffer(256), ctypes.create_string_buffer(512)
-    status = lib.edsc_emulated_backward(geometry, int(lane_tile), *[_pointer(t) for t in inputs],
+    status = lib.edsc_emulated_backward(geometry, DTYPE_CODES[x.dtype], int(lane_tile), *[_pointer(t) for t in inputs],
                                         *[_pointer(g) for g in grads], plan, 256, error, 512)
     assert status == 0, error.value.decode()
     return plan.value.decode(), grads
 
 
-def _case(c, k, mode, channels_last, seed):
-    """A random call (13x13 output, padding K // 2), its output gradient, and the CPU op's gradients."""
+def _case(c, k, mode, channels_last, seed, dtype=torch.float32):
+    """A random call (13x13 output, padding K // 2) in ``dtype``, its output gradient, and the CPU op's
+    gradients."""
     gen = torch.Generator().manual_seed(seed)
     n, size, padding = 2, 13, k // 2
     fmt = torch.channels_last if channels_last else torch.contiguous_format
@@ -93,17 +98,21 @@ def _case(c, k, mode, channels_last, seed):
     # Offsets of a few pixels: most taps land in the tile's footprint, some beyond it (the global fallback).
     off = torch.randn(n, 2 * k * k, size, size, generator=gen) * 3
     m = torch.rand(n, k * k, size, size, generator=gen)
-    args = [t.contiguous(memory_format=fmt).requires_grad_() for t in (x, v, h, off, m)]
+    args = [t.to(dtype).contiguous(memory_format=fmt).requires_grad_() for t in (x, v, h, off, m)]
     out = edsc_ext.deform_sepconv(*args, padding=padding, padding_mode=mode)
-    grad_out = torch.randn(out.shape, generator=gen).contiguous(memory_format=fmt)
+    grad_out = torch.randn(out.shape, generator=gen).to(dtype).contiguous(memory_format=fmt)
     expected = torch.autograd.grad(out, args, grad_out)
     return args, grad_out, padding, expected
 
 
-def _assert_grads_match(grads, expected):
+def _assert_grads_match(grads, expected, tolerance=2e-5):
+    """Each gradient within ``tolerance`` of the CPU op's, relative to its largest element. The CPU op
+    rounds its 16-bit results from the same float32 sums, summed in another order: they may differ by
+    a rounding step of the dtype."""
     for name, got, want in zip(("input", "vertical", "horizontal", "offset", "mask"), grads, expected):
         scale = want.abs().max().item()
-        assert (got - want).abs().max().item() <= 2e-5 * max(scale, 1.0), name
+        apart = (got.to(want.dtype).float() - want.float()).abs().max().item()  # rounded as the launcher does
+        assert apart <= tolerance * max(scale, 1.0), (name, apart, scale)
 
 
 @pytest.mark.parametrize("c, k, mode, channels_last, expected_plan", [
@@ -134,3 +143,14 @@ def test_the_channel_lanes_compute_what_the_cpu_op_does(harness, c, k, mode, lan
     plan, grads = _emulated_backward(harness, *args, grad_out, padding, mode, True, lane_tile=lane_tile)
     assert plan == f"{'lane_tile' if lane_tile else 'channel_lanes'}{lanes}", plan
     _assert_grads_match(grads, expected)
+
+
+@pytest.mark.parametrize("lane_tile", [False, True], ids=["channel_lanes", "lane_tile"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+def test_the_channel_lanes_in_half_precision(harness, dtype, lane_tile):
+    """The half types: vector loads of 8 values (16 bytes) a corner, float32 sums, 16-bit per-pixel
+    gradients; 32 channels, 5x5."""
+    args, grad_out, padding, expected = _case(32, 5, "border", True, 3000, dtype=dtype)
+    plan, grads = _emulated_backward(harness, *args, grad_out, padding, "border", True, lane_tile=lane_tile)
+    assert plan == f"{'lane_tile' if lane_tile else 'channel_lanes'}4", plan
+    _assert_grads_match(grads, expected, tolerance=8e-3 if dtype == torch.bfloat16 else 1e-3)
