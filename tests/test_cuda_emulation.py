@@ -4,8 +4,10 @@ so shared memory, __syncthreads and warp shuffles behave as a kernel relies on t
 suite checks the same kernels on the device, at speed, with the sanitizers.
 
 The harness (tests/cuda_emulation/emulated_kernels.cpp) is compiled with the host compiler against the
-kernels' headers (src/cuda, EDSC_CUDA_EMULATION) and the planner (src/cuda/deform_sepconv_plan_cuda.cpp), and
-its results are compared with the CPU op's, which the float64 reference tests check.
+kernels' headers (src/cuda, EDSC_CUDA_EMULATION) and the planner (src/cuda/deform_sepconv_plan_cuda.cpp); it
+runs the kernel the planner picks for an H200, and its results are compared with the CPU op's, which the
+float64 reference tests check. Emulated so far: the pixels forward and the bilinear backward's kernels
+(tiled, warp-staged or not; one thread a pixel; the channel lanes; the lane tile).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ def harness(tmp_path_factory):
     assert built.returncode == 0, built.stderr[-4000:]
     lib = ctypes.CDLL(str(library))
     lib.edsc_emulated_backward.restype = ctypes.c_int
+    lib.edsc_emulated_forward.restype = ctypes.c_int
     return lib
 
 
@@ -65,12 +68,27 @@ def _pointer(t):
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
-def _emulated_backward(lib, x, v, h, off, m, grad_out, padding, mode, channels_last, lane_tile=False):
+def _geometry(x, v, h, out_shape, padding, mode, channels_last):
     n, c, h_in, w_in = x.shape
-    kh, kw = v.shape[1], h.shape[1]
-    h_out, w_out = grad_out.shape[2:]
-    geometry = (ctypes.c_int64 * 14)(n, c, h_in, w_in, h_out, w_out, kh, kw, padding, padding, 1, 1,
-                                     edsc_ext.ops.PADDING_MODES[mode], int(channels_last))
+    return (ctypes.c_int64 * 14)(n, c, h_in, w_in, *out_shape[2:], v.shape[1], h.shape[1], padding, padding, 1, 1,
+                                 edsc_ext.ops.PADDING_MODES[mode], int(channels_last))
+
+
+def _emulated_forward(lib, x, v, h, off, m, out_shape, padding, mode, channels_last):
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    inputs = [t.detach().contiguous(memory_format=fmt) for t in (x, v, h, off, m)]
+    output = torch.empty(out_shape, dtype=x.dtype).contiguous(memory_format=fmt)
+    plan, error = ctypes.create_string_buffer(256), ctypes.create_string_buffer(512)
+    status = lib.edsc_emulated_forward(_geometry(x, v, h, out_shape, padding, mode, channels_last),
+                                       DTYPE_CODES[x.dtype], *[_pointer(t) for t in inputs], _pointer(output),
+                                       plan, 256, error, 512)
+    assert status == 0, error.value.decode()
+    return plan.value.decode(), output
+
+
+def _emulated_backward(lib, x, v, h, off, m, grad_out, padding, mode, channels_last, lane_tile=False,
+                       input_grad_tile=True):
+    geometry = _geometry(x, v, h, grad_out.shape, padding, mode, channels_last)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
 
     def dense(t):
@@ -80,7 +98,8 @@ def _emulated_backward(lib, x, v, h, off, m, grad_out, padding, mode, channels_l
     # The input gradient in float32, as the kernels accumulate it; the per-pixel ones in their dtype.
     grads = [torch.zeros_like(t, dtype=torch.float32 if k == 0 else t.dtype) for k, t in enumerate(inputs[:5])]
     plan, error = ctypes.create_string_buffer(256), ctypes.create_string_buffer(512)
-    status = lib.edsc_emulated_backward(geometry, DTYPE_CODES[x.dtype], int(lane_tile), *[_pointer(t) for t in inputs],
+    status = lib.edsc_emulated_backward(geometry, DTYPE_CODES[x.dtype], int(lane_tile), int(input_grad_tile),
+                                        *[_pointer(t) for t in inputs],
                                         *[_pointer(g) for g in grads], plan, 256, error, 512)
     assert status == 0, error.value.decode()
     return plan.value.decode(), grads
@@ -115,16 +134,34 @@ def _assert_grads_match(grads, expected, tolerance=2e-5):
         assert apart <= tolerance * max(scale, 1.0), (name, apart, scale)
 
 
-@pytest.mark.parametrize("c, k, mode, channels_last, expected_plan", [
-    (3, 5, "border", False, "tiled_rgb"),      # EDSC's call: exact RGB, the L2 prefetch
-    (5, 5, "edsc", False, "tiled"),           # a second pass of channels' blocks, the doubled border
-    (4, 3, "zeros", False, "tiled"),          # run-time kernel size
-    (3, 3, "border", True, "tiled"),          # channels_last: the tile flushed channel-fastest
+TOLERANCES = {torch.float32: 2e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}
+
+
+@pytest.mark.parametrize("c, k, mode, channels_last, dtype, expected_plan", [
+    (3, 5, "border", False, torch.float32, "tiled_rgb_prefetch"),  # EDSC's call: exact RGB, the L2 prefetch
+    (5, 5, "edsc", False, torch.float32, "tiled_prefetch"),  # a second block of channels, the doubled border
+    (4, 3, "zeros", False, torch.float32, "tiled"),  # run-time kernel size
+    (3, 3, "border", True, torch.float32, "tiled"),  # channels_last: the tile flushed channel-fastest
+    (3, 5, "border", True, torch.float32, "tiled_warp_staged_rgb"),  # each warp's values staged in shared memory
+    (4, 5, "zeros", True, torch.float32, "tiled_warp_staged"),
+    (3, 5, "border", False, torch.bfloat16, "tiled_rgb_prefetch"),
+    (4, 5, "border", True, torch.float16, "tiled_warp_staged"),
 ])
-def test_the_tiled_backward_computes_what_the_cpu_op_does(harness, c, k, mode, channels_last, expected_plan):
-    args, grad_out, padding, expected = _case(c, k, mode, channels_last, 1000 + c * 10 + k)
+def test_the_tiled_backward_computes_what_the_cpu_op_does(harness, c, k, mode, channels_last, dtype, expected_plan):
+    args, grad_out, padding, expected = _case(c, k, mode, channels_last, 1000 + c * 10 + k, dtype=dtype)
     plan, grads = _emulated_backward(harness, *args, grad_out, padding, mode, channels_last)
-    assert plan.startswith(expected_plan), plan
+    assert plan == expected_plan, plan
+    _assert_grads_match(grads, expected, TOLERANCES[dtype])
+
+
+@pytest.mark.parametrize("c, k, channels_last, expected_plan", [
+    (3, 5, False, "pixels_blocks3"), (5, 3, False, "pixels"), (4, 5, True, "pixels")])
+def test_the_pixels_backward_computes_what_the_cpu_op_does(harness, c, k, channels_last, expected_plan):
+    """kernel_policy(input_grad_tile=False): one thread a pixel, the input gradient through global atomics."""
+    args, grad_out, padding, expected = _case(c, k, "border", channels_last, 5000 + c * 10 + k)
+    plan, grads = _emulated_backward(harness, *args, grad_out, padding, "border", channels_last,
+                                     input_grad_tile=False)
+    assert plan == expected_plan, plan
     _assert_grads_match(grads, expected)
 
 
@@ -153,4 +190,27 @@ def test_the_channel_lanes_in_half_precision(harness, dtype, lane_tile):
     args, grad_out, padding, expected = _case(32, 5, "border", True, 3000, dtype=dtype)
     plan, grads = _emulated_backward(harness, *args, grad_out, padding, "border", True, lane_tile=lane_tile)
     assert plan == f"{'lane_tile' if lane_tile else 'channel_lanes'}4", plan
-    _assert_grads_match(grads, expected, tolerance=8e-3 if dtype == torch.bfloat16 else 1e-3)
+    _assert_grads_match(grads, expected, TOLERANCES[dtype])
+
+
+@pytest.mark.parametrize("c, k, channels_last, dtype, expected_plan", [
+    (3, 5, False, torch.float32, "pixels_rgb_prefetch"),  # EDSC's call: exact RGB, the L2 prefetch
+    (4, 5, False, torch.float32, "pixels_prefetch"),
+    (5, 3, False, torch.float32, "pixels"),               # two channel blocks, the second partial
+    (3, 5, True, torch.float32, "pixels_rgb"),
+    (4, 3, True, torch.float32, "pixels_vectorized"),     # a corner's 4 channels in one load
+    (16, 5, True, torch.float32, "pixels_vectorized8"),   # 8 channels a thread, two 16-byte loads a corner
+    (16, 3, True, torch.bfloat16, "pixels_vectorized8"),  # 8 channels in one 16-byte load
+    (3, 5, False, torch.float16, "pixels_rgb_prefetch"),
+])
+def test_the_pixels_forward_computes_what_the_cpu_op_does(harness, c, k, channels_last, dtype, expected_plan):
+    """The one-thread-per-(pixel, channel block) forward (kernel_policy(plain_forward=True)), each variant
+    of its table, instantiated through the launcher's dispatch."""
+    mode = "edsc" if c == 5 else "border"  # the doubled border and shifted taps once
+    args, _, padding, _ = _case(c, k, mode, channels_last, 4000 + c * 10 + k, dtype=dtype)
+    with torch.no_grad():
+        expected = edsc_ext.deform_sepconv(*args, padding=padding, padding_mode=mode)
+    plan, output = _emulated_forward(harness, *args, expected.shape, padding, mode, channels_last)
+    assert plan == expected_plan, plan
+    scale = expected.abs().max().item()
+    assert (output.float() - expected.float()).abs().max().item() <= TOLERANCES[dtype] * max(scale, 1.0)

@@ -8,74 +8,9 @@
 // at their own strides (views, e.g. channel slices of the EDSC heads' outputs, in place), except by
 // the prefetching kernel, which the planner gives dense tensors only.
 #include "deform_sepconv_forward_cuda.cuh"
-#include "prefetched_pixel_values.cuh"
+#include "deform_sepconv_forward_pixels_kernel.cuh"
 
 namespace edsc_ext {
-namespace {
-
-// The register budget of the 32-bit-index kernels in float32 and the half types: 64 registers, for 4
-// blocks of kThreadsPerBlock a multiprocessor. The compiler chose 80 for RGB and 72 for 4-channel
-// blocks (3 blocks); the cap costs a few spilled bytes and was faster on the H200 in both
-// (BENCHMARKS.md); in bfloat16 RGB it also beats the staged kernel, so RGB takes this kernel there.
-constexpr int kBlocksPerMultiprocessor = 4;
-// Blocks of 8 channels (vector loads) hold twice the accumulators and corner values: their budget is
-// the compiler's.
-template <int kChannelBlock, typename scalar_t, typename index_t>
-constexpr int min_blocks_per_multiprocessor() {
-  return std::is_same_v<index_t, int32_t> && sizeof(scalar_t) <= 4 && kChannelBlock <= kPixelChannelBlock
-             ? kBlocksPerMultiprocessor
-             : 0;
-}
-
-// kPrefetch (NCHW, 5x5, one block of channels, 32-bit indices): each warp first prefetches all its
-// pixels' per-pixel values into L2 (prefetched_pixel_values.cuh). kExactBlock: the call has exactly
-// kChannelBlock channels (RGB); knowing that at compile time removes a branch per channel and tap.
-// kVectorLoads (channels_last, whole aligned blocks): accumulate_tap's one load a corner.
-// A minimum of 0 blocks leaves the register budget to the compiler.
-template <int kChannelBlock, int kKernelH, int kKernelW, bool kChannelsLast, bool kPrefetch, bool kExactBlock,
-          bool kVectorLoads, typename scalar_t, typename index_t, typename param_t>
-__global__ void __launch_bounds__(kThreadsPerBlock, (min_blocks_per_multiprocessor<kChannelBlock, scalar_t, index_t>()))
-    deform_sepconv_forward_cuda_kernel(const DeformSepconvParams<scalar_t, index_t, param_t> params,
-                                       scalar_t* __restrict__ output, int64_t work_items) {
-  static_assert(
-      !kPrefetch || (!kChannelsLast && kKernelH == kKernelW && kKernelH > 0 && std::is_same_v<index_t, int32_t>),
-      "prefetch: NCHW, static square kernels, 32-bit indices");
-  static_assert(!kVectorLoads || (kChannelsLast && !kExactBlock), "vector loads: channels_last, whole blocks");
-  decltype(auto) p = with_exact_block<kExactBlock, kChannelBlock>(params);
-  using acc_t = opmath_t<scalar_t>;
-  const index_t hw = p.height_out * p.width_out;
-  const index_t channel_blocks = (p.channels + kChannelBlock - 1) / kChannelBlock;
-  for (int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < work_items;
-       k += int64_t(blockDim.x) * gridDim.x) {
-    // Consecutive threads take adjacent memory: items are (n, channel block, y, x) with x fastest
-    // in NCHW, (n, y, x, channel block) with the block fastest in channels_last, where a warp then
-    // gathers whole runs of a corner's channels and shares each pixel's per-pixel loads.
-    const index_t item = static_cast<index_t>(k);
-    index_t pixel, c0, n;
-    if constexpr (kChannelsLast) {
-      c0 = (item % channel_blocks) * kChannelBlock;
-      pixel = (item / channel_blocks) % hw;
-      n = item / channel_blocks / hw;
-    } else {
-      pixel = item % hw;
-      c0 = ((item / hw) % channel_blocks) * kChannelBlock;
-      n = item / hw / channel_blocks;
-    }
-    if constexpr (kPrefetch) {
-      // One channel block (the host checks): the warp's items are consecutive global pixels.
-      const int lane = threadIdx.x % kWarpSize;
-      const int64_t warp_first = k - lane;
-      prefetch_warp_planes_l2<kKernelH>(p, static_cast<int32_t>(warp_first),
-                                        static_cast<int32_t>(min(warp_first + kWarpSize, work_items) - 1), lane);
-    }
-    // Straight-line taps where the channel count is a constant (accumulate_tap says why).
-    deform_sepconv_forward_pixel<kChannelBlock, kKernelH, kKernelW, kChannelsLast, scalar_t, acc_t, index_t,
-                                 /*kBranchFree=*/kExactBlock, kVectorLoads, /*kStrided=*/!kPrefetch>(
-        p, output, n, pixel / p.width_out, pixel % p.width_out, c0);
-  }
-}
-
-}  // namespace
 
 void launch_pixels_forward(const DeformSepconvCall& call, const CudaForwardPlan& plan, const Tensor& output) {
   const CallFacts& f = call.facts;

@@ -9,6 +9,7 @@
 #include <exception>
 
 #include "cuda/deform_sepconv_backward_bilinear_kernels.cuh"
+#include "cuda/deform_sepconv_forward_pixels_kernel.cuh"
 
 namespace edsc_ext {
 namespace {
@@ -57,9 +58,9 @@ CallFacts facts_of(const Geometry& g, const Tensors<scalar_t>& t) {
 }
 
 // make_params of a CallFacts and raw pointers (dense per-pixel tensors).
-template <typename scalar_t>
-DeformSepconvParams<scalar_t, int32_t, scalar_t> params_of(const CallFacts& f, const Tensors<scalar_t>& t) {
-  DeformSepconvParams<scalar_t, int32_t, scalar_t> p{};
+template <typename scalar_t, typename index_t = int32_t>
+DeformSepconvParams<scalar_t, index_t, scalar_t> params_of(const CallFacts& f, const Tensors<scalar_t>& t) {
+  DeformSepconvParams<scalar_t, index_t, scalar_t> p{};
   p.input = t.input;
   p.vertical = t.vertical;
   p.horizontal = t.horizontal;
@@ -67,6 +68,19 @@ DeformSepconvParams<scalar_t, int32_t, scalar_t> params_of(const CallFacts& f, c
   p.offset_dx = nullptr;
   p.mask = t.mask;
   set_geometry(p, f);
+  // Dense per-pixel tensors' strides, which the forward's strided reads take: per image K * H * W, per
+  // pixel 1 (NCHW) or K (channels_last).
+  const auto dense = [&](const scalar_t* v, int64_t k) {
+    const int64_t hw = f.height_out * f.width_out;
+    return v == nullptr
+               ? PerPixelStrides<index_t>{0, 0}
+               : PerPixelStrides<index_t>{static_cast<index_t>(k * hw), static_cast<index_t>(f.channels_last ? k : 1)};
+  };
+  p.vertical_strides = dense(t.vertical, f.kernel_h);
+  p.horizontal_strides = dense(t.horizontal, f.kernel_w);
+  p.offset_strides = dense(t.offset, 2 * f.kernel_h * f.kernel_w);
+  p.offset_dx_strides = dense(nullptr, 0);
+  p.mask_strides = dense(t.mask, f.kernel_h * f.kernel_w);
   return p;
 }
 
@@ -78,123 +92,131 @@ int fail(const char* what, char* error, int error_len) {
   return 1;
 }
 
+// The backward launchers' dispatch: a dtype pair (Seed), then index width, 5x5, layout and a row of kTable.
+template <const auto& kTable, typename Seed, typename Body>
+void dispatch_with_variant(const CallFacts& f, int variant, Body&& body) {
+  dispatch_kernel_types<Seed, dispatch_axis::IndexWidth, dispatch_axis::KernelSize5x5<>, dispatch_axis::Layout,
+                        dispatch_axis::Variant<kTable>>({f, variant}, "emulated", std::forward<Body>(body));
+}
+
 // The backward's bilinear kernel as plan_cuda_backward plans it for an H200 (kernel_policy's defaults,
-// and lane_tile as given), where that kernel is the tiled one (float32; without warp staging, which
-// needs the frame's dtype at 5x5 in channels_last), the lane tile or the channel lanes: the parameter
+// and lane_tile and input_grad_tile as given; not the grid-tap kernels, which a test's offsets never
+// take, nor NCHW copies): the tiled kernel (warp-staged or not), the one-thread-per-pixel kernel, the
+// channel lanes or the lane tile, instantiated through the launchers' dispatch, with the parameter
 // gradients and the input gradient (float32, zero on entry). Writes the plan's name to `plan_out`.
 template <typename scalar_t>
-int emulated_backward(const Geometry& g, bool lane_tile, const Tensors<scalar_t>& t, char* plan_out, int plan_out_len,
-                      char* error, int error_len) {
+int emulated_backward(const Geometry& g, const KernelPolicy& policy, const Tensors<scalar_t>& t, char* plan_out,
+                      int plan_out_len, char* error, int error_len) {
   const CallFacts f = facts_of(g, t);
-  KernelPolicy policy;
-  policy.lane_tile = lane_tile;
   const CudaBackwardPlan plan = plan_cuda_backward(f, kHopper, policy);
   std::snprintf(plan_out, static_cast<size_t>(plan_out_len), "%s", plan_name(plan).c_str());
-  const auto p = params_of(f, t);
+  if (plan.nchw_copies || plan.grid_tap_param_grads || plan.gather_input_grad) {
+    return fail("a plan beyond the bilinear kernels", error, error_len);
+  }
   const DeformSepconvParamGrads<scalar_t> grads{t.grad_vertical, t.grad_horizontal, t.grad_offset, t.grad_mask,
                                                 nullptr};
-  using Add = GlobalAtomicAdd<float, int32_t>;
-  const bool fixed5 = f.square_kernel(kSpecializedKernel);
-  if (plan.nchw_copies) return fail("a plan on NCHW copies", error, error_len);
+  using Seed = KernelTypes<kernel_facts::Dtypes<scalar_t, scalar_t>>;
+  const auto shared = static_cast<size_t>(plan.tile_shared_bytes);
+  const auto rows = static_cast<int32_t>(plan.footprint.rows), cols = static_cast<int32_t>(plan.footprint.cols);
+  const auto pass = static_cast<int32_t>(plan.footprint.channels_per_pass);
+  const auto tiles_of = [&](int64_t tile_w) {
+    return static_cast<unsigned int>(f.batch * ((f.height_out + kTileH - 1) / kTileH) *
+                                     ((f.width_out + tile_w - 1) / tile_w));
+  };
   if (plan.kernel == CudaBackwardKernel::kLaneTile || plan.kernel == CudaBackwardKernel::kChannelLanes) {
-    const Add add{t.grad_input, input_grad_layout<true>(p)};
+    const auto p = params_of(f, t);
+    const GlobalAtomicAdd<float, int32_t> add{t.grad_input, input_grad_layout<true>(p)};
     if (plan.kernel == CudaBackwardKernel::kLaneTile) {
-      const int64_t tile_w = kWarpSize >> plan.lanes_log2;
-      const int64_t tiles = f.batch * ((f.height_out + kTileH - 1) / kTileH) * ((f.width_out + tile_w - 1) / tile_w);
-      const auto run = [&](auto kernel) {
-        edsc_emulation::launch(dim3(static_cast<unsigned int>(tiles)), dim3(kTileThreads),
-                               static_cast<size_t>(plan.tile_shared_bytes), [&] {
-                                 kernel(p, t.grad_output, grads, add, static_cast<int32_t>(plan.footprint.rows),
-                                        static_cast<int32_t>(plan.footprint.cols),
-                                        static_cast<int32_t>(plan.footprint.channels_per_pass), plan.lanes_log2);
-                               });
-      };
-      if (fixed5) {
-        run(deform_sepconv_backward_lane_tile_cuda_kernel<kPixelVectorBlock, 5, 5, 5, scalar_t, Add, scalar_t>);
-      } else {
-        run(deform_sepconv_backward_lane_tile_cuda_kernel<kPixelVectorBlock, 0, 0, static_cast<int>(kMaxKernelWidth),
-                                                          scalar_t, Add, scalar_t>);
-      }
+      dispatch_with_variant<kLaneTileVariants, Seed>(f, plan.variant, [&](auto k) {
+        using K = decltype(k);
+        constexpr int kMaxWidth = K::kKernelW > 0 ? K::kKernelW : static_cast<int>(kMaxKernelWidth);
+        const auto kernel =
+            deform_sepconv_backward_lane_tile_cuda_kernel<K::variant.channel_block, K::kKernelH, K::kKernelW, kMaxWidth,
+                                                          scalar_t, std::decay_t<decltype(add)>, scalar_t>;
+        edsc_emulation::launch(dim3(tiles_of(kWarpSize >> plan.lanes_log2)), dim3(kTileThreads), shared,
+                               [&] { kernel(p, t.grad_output, grads, add, rows, cols, pass, plan.lanes_log2); });
+      });
     } else {
       const int64_t pixels = f.output_pixels(), threads = pixels << plan.lanes_log2;
-      const auto run = [&](auto kernel) {
+      dispatch_with_variant<kChannelLanesVariants, Seed>(f, plan.variant, [&](auto k) {
+        using K = decltype(k);
+        constexpr int kMaxWidth = K::kKernelW > 0 ? K::kKernelW : static_cast<int>(kMaxKernelWidth);
+        const auto kernel =
+            deform_sepconv_backward_channel_lanes_cuda_kernel<K::variant.channel_block, K::kKernelH, K::kKernelW,
+                                                              kMaxWidth, scalar_t, int32_t, scalar_t>;
         edsc_emulation::launch(dim3(static_cast<unsigned int>((threads + kThreadsPerBlock - 1) / kThreadsPerBlock)),
                                dim3(kThreadsPerBlock), 0, [&] {
                                  kernel(p, t.grad_output, grads, add, plan.kernel_input_grad, plan.lanes_log2, pixels);
                                });
-      };
-      if (fixed5) {
-        run(deform_sepconv_backward_channel_lanes_cuda_kernel<kPixelVectorBlock, 5, 5, 5, scalar_t, int32_t, scalar_t>);
-      } else {
-        run(deform_sepconv_backward_channel_lanes_cuda_kernel<
-            kPixelVectorBlock, 0, 0, static_cast<int>(kMaxKernelWidth), scalar_t, int32_t, scalar_t>);
-      }
+      });
     }
     return 0;
   }
-  if (plan.kernel != CudaBackwardKernel::kTiled) return fail("a plan without the tiled kernel", error, error_len);
-  if constexpr (!std::is_same_v<scalar_t, float>) {
-    return fail("the tiled kernel is emulated in float32", error, error_len);
-  } else {
-    const BackwardVariant& v = kBackwardVariants[plan.variant];
-    if (v.warp_staged) return fail("the warp-staged tile is not emulated", error, error_len);
-    const InputGradLayout<int32_t> layout{p.channels, p.height_in, p.width_in,
-                                          f.channels_last ? 1 : p.height_in * p.width_in,
-                                          f.channels_last ? p.channels : 1};
-    const Add add{t.grad_input, layout};
-    const int64_t tiles = f.batch * ((f.height_out + kTileH - 1) / kTileH) * ((f.width_out + kTileW - 1) / kTileW);
-    const auto rows = static_cast<int32_t>(plan.footprint.rows), cols = static_cast<int32_t>(plan.footprint.cols);
-    const auto pass = static_cast<int32_t>(plan.footprint.channels_per_pass);
-    const auto run = [&](auto kernel) {
-      edsc_emulation::launch(dim3(static_cast<unsigned int>(tiles)), dim3(kTileW, kTileH),
-                             static_cast<size_t>(plan.tile_shared_bytes),
-                             [&] { kernel(p, t.grad_output, grads, add, rows, cols, pass, plan.prefetch); });
-    };
-    if (v.exact_rgb && fixed5 && !f.channels_last) {
-      run(deform_sepconv_backward_tiled_cuda_kernel<3, 5, 5, 5, false, false, true, float, int32_t, Add, float>);
-    } else if (v.channel_block == 4 && !f.channels_last && !fixed5) {
-      run(deform_sepconv_backward_tiled_cuda_kernel<4, 0, 0, static_cast<int>(kMaxKernelWidth), false, false, false,
-                                                    float, int32_t, Add, float>);
-    } else if (v.channel_block == 4 && f.channels_last && !fixed5) {
-      run(deform_sepconv_backward_tiled_cuda_kernel<4, 0, 0, static_cast<int>(kMaxKernelWidth), true, false, false,
-                                                    float, int32_t, Add, float>);
-    } else if (v.channel_block == 4 && !f.channels_last && fixed5) {
-      run(deform_sepconv_backward_tiled_cuda_kernel<4, 5, 5, 5, false, false, false, float, int32_t, Add, float>);
+  if (plan.kernel != CudaBackwardKernel::kTiled && plan.kernel != CudaBackwardKernel::kPixels) {
+    return fail("a plan without a bilinear kernel", error, error_len);
+  }
+  dispatch_with_variant<kBackwardVariants, Seed>(f, plan.variant, [&](auto k) {
+    using K = decltype(k);
+    using index_t = typename K::index_t;
+    constexpr int kMaxWidth = K::kKernelW > 0 ? K::kKernelW : static_cast<int>(kMaxKernelWidth);
+    const auto p = params_of<scalar_t, index_t>(f, t);
+    const GlobalAtomicAdd<float, index_t> add{t.grad_input, input_grad_layout<K::kChannelsLast>(p)};
+    if constexpr (K::variant.kernel == CudaBackwardKernel::kTiled) {
+      const auto kernel =
+          deform_sepconv_backward_tiled_cuda_kernel<K::variant.channel_block, K::kKernelH, K::kKernelW, kMaxWidth,
+                                                    K::kChannelsLast, K::variant.warp_staged, K::variant.exact_rgb,
+                                                    scalar_t, index_t, std::decay_t<decltype(add)>, scalar_t>;
+      edsc_emulation::launch(dim3(tiles_of(kTileW)), dim3(kTileW, kTileH), shared, [&] {
+        kernel(p, t.grad_output, grads, add, static_cast<index_t>(rows), static_cast<index_t>(cols),
+               static_cast<index_t>(pass), plan.prefetch);
+      });
     } else {
-      return fail("this plan's instantiation is not emulated", error, error_len);
+      const int64_t pixels = f.output_pixels();
+      const auto kernel = deform_sepconv_backward_cuda_kernel<K::variant.channel_block, K::kKernelH, K::kKernelW,
+                                                              kMaxWidth, K::kChannelsLast, scalar_t, index_t,
+                                                              std::decay_t<decltype(add)>, scalar_t>;
+      edsc_emulation::launch(dim3(blocks_for(pixels)), dim3(kThreadsPerBlock), 0,
+                             [&] { kernel(p, t.grad_output, grads, add, plan.kernel_input_grad, pixels); });
     }
-    return 0;
-  }
+  });
+  return 0;
 }
 
-}  // namespace
-}  // namespace edsc_ext
+// The forward's one-thread-per-(pixel, channel block) kernel (kernel_policy(plain_forward=True)), the
+// variant plan_cuda_forward picks for an H200, instantiated through the launcher's own dispatch.
+template <typename scalar_t>
+int emulated_forward(const Geometry& g, const Tensors<scalar_t>& t, scalar_t* output, char* plan_out, int plan_out_len,
+                     char* error, int error_len) {
+  const CallFacts f = facts_of(g, t);
+  KernelPolicy policy;
+  policy.plain_forward = true;
+  const CudaForwardPlan plan = plan_cuda_forward(f, kHopper, policy);
+  std::snprintf(plan_out, static_cast<size_t>(plan_out_len), "%s", plan_name(plan).c_str());
+  if (plan.kernel != CudaForwardKernel::kPixels) return fail("not the pixels forward", error, error_len);
+  const int channel_block = kPixelsForwardVariants[plan.variant].channel_block;
+  const int64_t work_items = f.batch * ((f.channels + channel_block - 1) / channel_block) * f.height_out * f.width_out;
+  using Seed = KernelTypes<kernel_facts::Dtypes<scalar_t, scalar_t>>;
+  dispatch_kernel_types<Seed, dispatch_axis::IndexWidth, dispatch_axis::KernelSize5x5<>, dispatch_axis::Layout,
+                        dispatch_axis::Variant<kPixelsForwardVariants>>(
+      {f, plan.variant}, "emulated_forward", [&](auto k) {
+        using K = decltype(k);
+        constexpr PixelsForwardVariant v = K::variant;
+        const auto p = params_of<scalar_t, typename K::index_t>(f, t);
+        const auto kernel = deform_sepconv_forward_cuda_kernel<v.channel_block, K::kKernelH, K::kKernelW,
+                                                               K::kChannelsLast, v.prefetch, v.channel_block == 3,
+                                                               v.vector_loads, scalar_t, typename K::index_t, scalar_t>;
+        edsc_emulation::launch(dim3(blocks_for(work_items)), dim3(kThreadsPerBlock), 0,
+                               [&] { kernel(p, output, work_items); });
+      });
+  return 0;
+}
 
-extern "C" __attribute__((visibility("default"))) int edsc_emulated_backward(
-    const int64_t* geometry_values, int dtype, int lane_tile, const void* input, const void* vertical,
-    const void* horizontal, const void* offset, const void* mask, const void* grad_output, float* grad_input,
-    void* grad_vertical, void* grad_horizontal, void* grad_offset, void* grad_mask, char* plan_out, int plan_out_len,
-    char* error, int error_len) {
-  using namespace edsc_ext;
+// Calls run(T{}) for the dtype code (0 float32, 1 bfloat16, 2 float16) and returns what it returns; 1
+// with a message for another code or an exception.
+template <typename Run>
+int with_dtype(int dtype, const Run& run, char* error, int error_len) {
   try {
-    Geometry g;
-    std::copy(geometry_values, geometry_values + 14, &g.n);
-    const auto run = [&](auto type) {
-      using T = decltype(type);
-      const Tensors<T> t{static_cast<const T*>(input),
-                         static_cast<const T*>(vertical),
-                         static_cast<const T*>(horizontal),
-                         static_cast<const T*>(offset),
-                         static_cast<const T*>(mask),
-                         static_cast<const T*>(grad_output),
-                         grad_input,
-                         static_cast<T*>(grad_vertical),
-                         static_cast<T*>(grad_horizontal),
-                         static_cast<T*>(grad_offset),
-                         static_cast<T*>(grad_mask)};
-      return emulated_backward<T>(g, lane_tile != 0, t, plan_out, plan_out_len, error, error_len);
-    };
-    switch (dtype) {  // 0 float32, 1 bfloat16, 2 float16
+    switch (dtype) {
       case 0:
         return run(float{});
       case 1:
@@ -207,4 +229,58 @@ extern "C" __attribute__((visibility("default"))) int edsc_emulated_backward(
   } catch (const std::exception& e) {
     return fail(e.what(), error, error_len);
   }
+}
+
+Geometry geometry_of(const int64_t* values) {
+  Geometry g;
+  std::copy(values, values + 14, &g.n);
+  return g;
+}
+
+}  // namespace
+}  // namespace edsc_ext
+
+extern "C" __attribute__((visibility("default"))) int edsc_emulated_backward(
+    const int64_t* geometry_values, int dtype, int lane_tile, int input_grad_tile, const void* input,
+    const void* vertical, const void* horizontal, const void* offset, const void* mask, const void* grad_output,
+    float* grad_input, void* grad_vertical, void* grad_horizontal, void* grad_offset, void* grad_mask, char* plan_out,
+    int plan_out_len, char* error, int error_len) {
+  using namespace edsc_ext;
+  const auto run = [&](auto type) {
+    using T = decltype(type);
+    const Tensors<T> t{static_cast<const T*>(input),
+                       static_cast<const T*>(vertical),
+                       static_cast<const T*>(horizontal),
+                       static_cast<const T*>(offset),
+                       static_cast<const T*>(mask),
+                       static_cast<const T*>(grad_output),
+                       grad_input,
+                       static_cast<T*>(grad_vertical),
+                       static_cast<T*>(grad_horizontal),
+                       static_cast<T*>(grad_offset),
+                       static_cast<T*>(grad_mask)};
+    KernelPolicy policy;
+    policy.lane_tile = lane_tile != 0;
+    policy.input_grad_tile = input_grad_tile != 0;
+    return emulated_backward<T>(geometry_of(geometry_values), policy, t, plan_out, plan_out_len, error, error_len);
+  };
+  return with_dtype(dtype, run, error, error_len);
+}
+
+extern "C" __attribute__((visibility("default"))) int edsc_emulated_forward(
+    const int64_t* geometry_values, int dtype, const void* input, const void* vertical, const void* horizontal,
+    const void* offset, const void* mask, void* output, char* plan_out, int plan_out_len, char* error, int error_len) {
+  using namespace edsc_ext;
+  const auto run = [&](auto type) {
+    using T = decltype(type);
+    Tensors<T> t{};
+    t.input = static_cast<const T*>(input);
+    t.vertical = static_cast<const T*>(vertical);
+    t.horizontal = static_cast<const T*>(horizontal);
+    t.offset = static_cast<const T*>(offset);
+    t.mask = static_cast<const T*>(mask);
+    return emulated_forward<T>(geometry_of(geometry_values), t, static_cast<T*>(output), plan_out, plan_out_len, error,
+                               error_len);
+  };
+  return with_dtype(dtype, run, error, error_len);
 }
