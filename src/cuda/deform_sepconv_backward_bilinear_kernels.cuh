@@ -169,6 +169,19 @@ __device__ float block_sum(float v, float* scratch) {
   return total;
 }
 
+// A tile adder over shared memory `tile` for the footprint rows x cols from input row row0, column
+// col0; adds outside it go to `fallback`.
+template <typename TileAdd, typename word_t, typename index_t, typename GlobalAdd>
+__device__ void place_tile(TileAdd& add, word_t* tile, index_t row0, index_t col0, index_t rows, index_t cols,
+                           const GlobalAdd& fallback) {
+  add.tile = tile;
+  add.row0 = row0;
+  add.col0 = col0;
+  add.rows = rows;
+  add.cols = cols;
+  add.fallback = fallback;
+}
+
 // A fixed-point tile's scale from the block's bound on the summed magnitude of its contributions;
 // returns whether the tile is used (finite, not vanishingly small: else every add goes to the
 // fallback).
@@ -251,12 +264,8 @@ __global__ void __launch_bounds__(kTileThreads, 2)
   constexpr int kWords = kFixedPoint ? 2 : 1;
   word_t* tile = reinterpret_cast<word_t*>(shared_raw);
   TileAdd add{};
-  add.tile = tile;
-  add.row0 = tile_y * kTileH - p.pad_h - kTileMargin;
-  add.col0 = tile_x * kTileW - p.pad_w - kTileMargin;
-  add.rows = rows;
-  add.cols = cols;
-  add.fallback = input_grad.at_batch(n);
+  place_tile(add, tile, tile_y * kTileH - p.pad_h - kTileMargin, tile_x * kTileW - p.pad_w - kTileMargin, rows, cols,
+             input_grad.at_batch(n));
   const index_t words_per_plane = channels_per_pass * rows * cols;
   // kWarpStaged: the warp's staged values, for the bound and every pass.
   struct Unstaged {};
@@ -356,12 +365,8 @@ __global__ void __launch_bounds__(kTileThreads)
   const index_t KH = kernel_extent<kKernelH>(p.kernel_h), KW = kernel_extent<kKernelW>(p.kernel_w);
 
   FixedPointTileAdd<index_t, GlobalAdd> add{};
-  add.tile = tile;
-  add.row0 = tile_y * kTileH - p.pad_h - kTileMargin;
-  add.col0 = tile_x * tile_w - p.pad_w - kTileMargin;
-  add.rows = rows;
-  add.cols = cols;
-  add.fallback = input_grad.at_batch(n);
+  place_tile(add, tile, tile_y * kTileH - p.pad_h - kTileMargin, tile_x * tile_w - p.pad_w - kTileMargin, rows, cols,
+             input_grad.at_batch(n));
   const index_t words_per_plane = pass_capacity * rows * cols;
   add.lo_offset = words_per_plane;
   // The bound over the block's pixels, each counted once (by its lane 0).
