@@ -58,11 +58,21 @@ def harness(tmp_path_factory):
     lib = ctypes.CDLL(str(library))
     lib.edsc_emulated_backward.restype = ctypes.c_int
     lib.edsc_emulated_forward.restype = ctypes.c_int
+    lib.edsc_emulation_check.restype = ctypes.c_int
     return lib
 
 
 def _pointer(t):
     return ctypes.c_void_p(t.data_ptr()) if t is not None else ctypes.c_void_p(0)
+
+
+def test_the_emulation_shuffles_and_guards_shared_memory(harness):
+    """Warp shuffles deliver the partner lane's value, and a write past a launch's dynamic shared memory
+    is reported (as compute-sanitizer's memcheck would on the GPU)."""
+    error = ctypes.create_string_buffer(512)
+    assert harness.edsc_emulation_check(0, error, 512) == 0, error.value.decode()
+    assert harness.edsc_emulation_check(1, error, 512) == 1
+    assert "wrote past its 256 bytes of dynamic shared memory" in error.value.decode()
 
 
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}

@@ -48,6 +48,9 @@ inline cudaError_t cudaGetLastError() { return cudaSuccess; }
 
 namespace edsc_emulation {
 
+constexpr size_t kSharedGuardBytes = 256;
+constexpr unsigned char kSharedFill = 0xcd;
+
 struct Block {
   dim3 grid, block;
   std::unique_ptr<std::barrier<>> all;                 // __syncthreads
@@ -76,7 +79,9 @@ void launch(dim3 grid, dim3 block, size_t shared_bytes, const Kernel& kernel) {
   if (threads == 0 || threads > 1024) throw std::invalid_argument("emulated launch: 1 to 1024 threads a block");
   b.grid = grid;
   b.block = block;
-  b.shared.assign(shared_bytes + 16, 0xcd);  // not zeroed: a kernel must initialise what it reads
+  // Not zeroed (a kernel must initialise what it reads), and followed by guard bytes that a write past the
+  // planned size would change (checked after each block).
+  b.shared.assign(shared_bytes + kSharedGuardBytes, kSharedFill);
   b.exchange.assign(threads, 0);
   for (unsigned int bz = 0; bz < grid.z; ++bz) {
     for (unsigned int by = 0; by < grid.y; ++by) {
@@ -99,6 +104,13 @@ void launch(dim3 grid, dim3 block, size_t shared_bytes, const Kernel& kernel) {
           });
         }
         for (std::thread& thread : pool) thread.join();
+        for (size_t k = shared_bytes; k < b.shared.size(); ++k) {
+          if (b.shared[k] != kSharedFill) {
+            throw std::runtime_error("emulated launch: block (" + std::to_string(bx) + ", " + std::to_string(by) +
+                                     ") wrote past its " + std::to_string(shared_bytes) +
+                                     " bytes of dynamic shared memory");
+          }
+        }
       }
     }
   }

@@ -284,3 +284,26 @@ extern "C" __attribute__((visibility("default"))) int edsc_emulated_forward(
   };
   return with_dtype(dtype, run, error, error_len);
 }
+
+// The emulation's own check: a block of 64 threads sums its lanes' ids with xor shuffles (each warp
+// must get 0 + 1 + ... + 31 in every lane) and writes 4 bytes a thread of 256 bytes of dynamic shared
+// memory, or, with `overflow`, thread 0 also writes one byte past them, which the launch must report.
+extern "C" __attribute__((visibility("default"))) int edsc_emulation_check(int overflow, char* error, int error_len) {
+  using namespace edsc_ext;
+  try {
+    std::atomic<int> wrong{0};
+    edsc_emulation::launch(dim3(2), dim3(64), 256, [&] {
+      EDSC_EXTERN_SHARED(unsigned char, bytes);
+      int sum = static_cast<int>(threadIdx.x % 32);
+      for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+      if (sum != 496) wrong.fetch_add(1);
+      for (int k = 0; k < 4; ++k) bytes[threadIdx.x * 4 + k] = static_cast<unsigned char>(k);
+      __syncthreads();
+      if (overflow && threadIdx.x == 0) bytes[256] = 0;
+    });
+    if (wrong.load() != 0) return fail("the shuffles summed wrongly", error, error_len);
+    return 0;
+  } catch (const std::exception& e) {
+    return fail(e.what(), error, error_len);
+  }
+}
