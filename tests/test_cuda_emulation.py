@@ -84,14 +84,14 @@ def _geometry(x, v, h, out_shape, padding, mode, channels_last):
                                  edsc_ext.ops.PADDING_MODES[mode], int(channels_last))
 
 
-def _emulated_forward(lib, x, v, h, off, m, out_shape, padding, mode, channels_last):
+def _emulated_forward(lib, x, v, h, off, m, out_shape, padding, mode, channels_last, plain=False):
     fmt = torch.channels_last if channels_last else torch.contiguous_format
-    inputs = [t.detach().contiguous(memory_format=fmt) for t in (x, v, h, off, m)]
+    inputs = [None if t is None else t.detach().contiguous(memory_format=fmt) for t in (x, v, h, off, m)]
     output = torch.empty(out_shape, dtype=x.dtype).contiguous(memory_format=fmt)
     plan, error = ctypes.create_string_buffer(256), ctypes.create_string_buffer(512)
     status = lib.edsc_emulated_forward(_geometry(x, v, h, out_shape, padding, mode, channels_last),
-                                       DTYPE_CODES[x.dtype], *[_pointer(t) for t in inputs], _pointer(output),
-                                       plan, 256, error, 512)
+                                       DTYPE_CODES[x.dtype], int(plain), *[_pointer(t) for t in inputs],
+                                       _pointer(output), plan, 256, error, 512)
     assert status == 0, error.value.decode()
     return plan.value.decode(), output
 
@@ -106,7 +106,8 @@ def _emulated_backward(lib, x, v, h, off, m, grad_out, padding, mode, channels_l
 
     inputs = [dense(t) for t in (x, v, h, off, m, grad_out)]
     # The input gradient in float32, as the kernels accumulate it; the per-pixel ones in their dtype.
-    grads = [torch.zeros_like(t, dtype=torch.float32 if k == 0 else t.dtype) for k, t in enumerate(inputs[:5])]
+    grads = [None if t is None else torch.zeros_like(t, dtype=torch.float32 if k == 0 else t.dtype)
+             for k, t in enumerate(inputs[:5])]
     plan, error = ctypes.create_string_buffer(256), ctypes.create_string_buffer(512)
     status = lib.edsc_emulated_backward(geometry, DTYPE_CODES[x.dtype], int(lane_tile), int(input_grad_tile),
                                         *[_pointer(t) for t in inputs],
@@ -115,11 +116,11 @@ def _emulated_backward(lib, x, v, h, off, m, grad_out, padding, mode, channels_l
     return plan.value.decode(), grads
 
 
-def _case(c, k, mode, channels_last, seed, dtype=torch.float32):
-    """A random call (13x13 output, padding K // 2) in ``dtype``, its output gradient, and the CPU op's
-    gradients."""
+def _case(c, k, mode, channels_last, seed, dtype=torch.float32, offsets=True, mask=True, size=13):
+    """A random call (size x size output, padding K // 2) in ``dtype``, its output gradient, and the CPU
+    op's gradients (None for an absent tensor)."""
     gen = torch.Generator().manual_seed(seed)
-    n, size, padding = 2, 13, k // 2
+    n, padding = 2, k // 2
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     x = torch.randn(n, c, size, size, generator=gen)
     v = torch.randn(n, k, size, size, generator=gen)
@@ -127,10 +128,14 @@ def _case(c, k, mode, channels_last, seed, dtype=torch.float32):
     # Offsets of a few pixels: most taps land in the tile's footprint, some beyond it (the global fallback).
     off = torch.randn(n, 2 * k * k, size, size, generator=gen) * 3
     m = torch.rand(n, k * k, size, size, generator=gen)
-    args = [t.to(dtype).contiguous(memory_format=fmt).requires_grad_() for t in (x, v, h, off, m)]
+    present = (True, True, True, offsets, mask)
+    args = [t.to(dtype).contiguous(memory_format=fmt).requires_grad_() if keep else None
+            for t, keep in zip((x, v, h, off, m), present)]
     out = edsc_ext.deform_sepconv(*args, padding=padding, padding_mode=mode)
     grad_out = torch.randn(out.shape, generator=gen).to(dtype).contiguous(memory_format=fmt)
-    expected = torch.autograd.grad(out, args, grad_out)
+    given = [t for t in args if t is not None]
+    found = iter(torch.autograd.grad(out, given, grad_out))
+    expected = [None if t is None else next(found) for t in args]
     return args, grad_out, padding, expected
 
 
@@ -139,6 +144,8 @@ def _assert_grads_match(grads, expected, tolerance=2e-5):
     rounds its 16-bit results from the same float32 sums, summed in another order: they may differ by
     a rounding step of the dtype."""
     for name, got, want in zip(("input", "vertical", "horizontal", "offset", "mask"), grads, expected):
+        if want is None:
+            continue
         scale = want.abs().max().item()
         apart = (got.to(want.dtype).float() - want.float()).abs().max().item()  # rounded as the launcher does
         assert apart <= tolerance * max(scale, 1.0), (name, apart, scale)
@@ -203,24 +210,54 @@ def test_the_channel_lanes_in_half_precision(harness, dtype, lane_tile):
     _assert_grads_match(grads, expected, TOLERANCES[dtype])
 
 
-@pytest.mark.parametrize("c, k, channels_last, dtype, expected_plan", [
-    (3, 5, False, torch.float32, "pixels_rgb_prefetch"),  # EDSC's call: exact RGB, the L2 prefetch
-    (4, 5, False, torch.float32, "pixels_prefetch"),
-    (5, 3, False, torch.float32, "pixels"),               # two channel blocks, the second partial
-    (3, 5, True, torch.float32, "pixels_rgb"),
-    (4, 3, True, torch.float32, "pixels_vectorized"),     # a corner's 4 channels in one load
-    (16, 5, True, torch.float32, "pixels_vectorized8"),   # 8 channels a thread, two 16-byte loads a corner
-    (16, 3, True, torch.bfloat16, "pixels_vectorized8"),  # 8 channels in one 16-byte load
-    (3, 5, False, torch.float16, "pixels_rgb_prefetch"),
+@pytest.mark.parametrize("c, k, channels_last, dtype, plain, expected_plan", [
+    # kernel_policy(plain_forward=True): each variant of the pixels kernel.
+    (3, 5, False, torch.float32, True, "pixels_rgb_prefetch"),  # EDSC's call: exact RGB, the L2 prefetch
+    (4, 5, False, torch.float32, True, "pixels_prefetch"),
+    (5, 3, False, torch.float32, True, "pixels"),  # two channel blocks, the second partial
+    (3, 5, True, torch.float32, True, "pixels_rgb"),
+    (4, 3, True, torch.float32, True, "pixels_vectorized"),  # a corner's 4 channels in one load
+    (16, 5, True, torch.float32, True, "pixels_vectorized8"),  # 8 channels a thread, two 16-byte loads a corner
+    (16, 3, True, torch.bfloat16, True, "pixels_vectorized8"),  # 8 channels in one 16-byte load
+    (3, 5, False, torch.float16, True, "pixels_rgb_prefetch"),
+    # The defaults: the specialised forwards.
+    (3, 5, True, torch.float32, False, "lane_pairs_rgb_staged"),  # two lanes a pixel, values staged a warp at a time
+    (4, 5, True, torch.bfloat16, False, "lane_pairs_staged"),
+    # NCHW 2-byte types (16 x 16 outputs: each image's planes 16-byte aligned): the block's values staged.
+    (4, 5, False, torch.bfloat16, False, "staged_chunk16"),
+    (2, 5, False, torch.float16, False, "staged_chunk16"),
 ])
-def test_the_pixels_forward_computes_what_the_cpu_op_does(harness, c, k, channels_last, dtype, expected_plan):
-    """The one-thread-per-(pixel, channel block) forward (kernel_policy(plain_forward=True)), each variant
-    of its table, instantiated through the launcher's dispatch."""
+def test_the_forward_computes_what_the_cpu_op_does(harness, c, k, channels_last, dtype, plain, expected_plan):
+    """The forward kernels, each variant of their tables instantiated through the launchers' dispatch."""
     mode = "edsc" if c == 5 else "border"  # the doubled border and shifted taps once
-    args, _, padding, _ = _case(c, k, mode, channels_last, 4000 + c * 10 + k, dtype=dtype)
+    size = 16 if expected_plan.startswith("staged") else 13
+    args, _, padding, _ = _case(c, k, mode, channels_last, 4000 + c * 10 + k, dtype=dtype, size=size)
+    _assert_forward_matches(harness, args, padding, mode, channels_last, dtype, plain, expected_plan)
+
+
+def _assert_forward_matches(harness, args, padding, mode, channels_last, dtype, plain, expected_plan):
     with torch.no_grad():
         expected = edsc_ext.deform_sepconv(*args, padding=padding, padding_mode=mode)
-    plan, output = _emulated_forward(harness, *args, expected.shape, padding, mode, channels_last)
+    plan, output = _emulated_forward(harness, *args, expected.shape, padding, mode, channels_last, plain=plain)
     assert plan == expected_plan, plan
     scale = expected.abs().max().item()
     assert (output.float() - expected.float()).abs().max().item() <= TOLERANCES[dtype] * max(scale, 1.0)
+
+
+@pytest.mark.parametrize("c, mask, channels_last, mode, expected_forward, expected_backward", [
+    (3, False, False, "zeros", "grid_taps_pass3", "grid_taps_params+gather_input_grad"),  # sepconv
+    # A mask: the input gradient scattered by the tile.
+    (4, True, False, "border", "grid_taps_pass4", "grid_taps_params+tiled_prefetch"),
+    (2, False, True, "border", "grid_taps_pass2", "grid_taps_params"),  # the gather's fold and layout: not emulated
+])
+def test_the_grid_tap_kernels_compute_what_the_cpu_op_does(harness, c, mask, channels_last, mode, expected_forward,
+                                                           expected_backward):
+    """Calls without offsets (sepconv, K = 5): each tile's input window in shared memory, forward and the
+    per-pixel tensors' gradients; the gathered input gradient where it needs no fold (zeros, NCHW)."""
+    args, grad_out, padding, expected = _case(c, 5, mode, channels_last, 6000 + c, offsets=False, mask=mask)
+    _assert_forward_matches(harness, args, padding, mode, channels_last, torch.float32, False, expected_forward)
+    if expected_backward.endswith("params"):
+        return
+    plan, grads = _emulated_backward(harness, *args, grad_out, padding, mode, channels_last)
+    assert plan == expected_backward, plan
+    _assert_grads_match(grads, expected)

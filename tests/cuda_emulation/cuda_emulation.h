@@ -39,6 +39,11 @@ struct dim3 {
   constexpr dim3(unsigned int x_ = 1, unsigned int y_ = 1, unsigned int z_ = 1) : x(x_), y(y_), z(z_) {}
 };
 
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+
 using cudaStream_t = void*;
 using cudaError_t = int;
 constexpr cudaError_t cudaSuccess = 0;

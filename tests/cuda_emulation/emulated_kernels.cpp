@@ -9,7 +9,12 @@
 #include <exception>
 
 #include "cuda/deform_sepconv_backward_bilinear_kernels.cuh"
+#include "cuda/deform_sepconv_backward_grid_taps_kernel.cuh"
+#include "cuda/deform_sepconv_forward_grid_taps_kernel.cuh"
+#include "cuda/deform_sepconv_forward_lane_pairs_kernel.cuh"
 #include "cuda/deform_sepconv_forward_pixels_kernel.cuh"
+#include "cuda/deform_sepconv_forward_staged_kernel.cuh"
+#include "cuda/deform_sepconv_grid_taps_input_grad_kernel.cuh"
 
 namespace edsc_ext {
 namespace {
@@ -110,12 +115,46 @@ int emulated_backward(const Geometry& g, const KernelPolicy& policy, const Tenso
   const CallFacts f = facts_of(g, t);
   const CudaBackwardPlan plan = plan_cuda_backward(f, kHopper, policy);
   std::snprintf(plan_out, static_cast<size_t>(plan_out_len), "%s", plan_name(plan).c_str());
-  if (plan.nchw_copies || plan.grid_tap_param_grads || plan.gather_input_grad) {
-    return fail("a plan beyond the bilinear kernels", error, error_len);
-  }
+  if (plan.nchw_copies) return fail("a plan on NCHW copies", error, error_len);
   const DeformSepconvParamGrads<scalar_t> grads{t.grad_vertical, t.grad_horizontal, t.grad_offset, t.grad_mask,
                                                 nullptr};
   using Seed = KernelTypes<kernel_facts::Dtypes<scalar_t, scalar_t>>;
+  // Calls without offsets: the grid-tap kernels (launch_grid_taps_param_grads, launch_gather_input_grad).
+  if (plan.grid_tap_param_grads) {
+    dispatch_kernel_types<Seed, dispatch_axis::FixedIndex<int64_t>, dispatch_axis::Layout, dispatch_axis::SmallChannels,
+                          dispatch_axis::MaskPresence, dispatch_axis::Variant<kGridTapsParamsVariants>>(
+        {f, plan.grid_tap_params_variant}, "emulated", [&](auto k) {
+          using K = decltype(k);
+          const auto kernel =
+              deform_sepconv_backward_grid_taps_cuda_kernel<K::kChannels, K::kChannelsLast, K::kMask, scalar_t>;
+          const auto p = params_of<scalar_t, int64_t>(f, t);
+          edsc_emulation::launch(grid_taps_grid(f), dim3(kGridTileThreads),
+                                 static_cast<size_t>(plan.grid_tap_shared_bytes),
+                                 [&] { kernel(p, t.grad_output, grads, plan.window); });
+        });
+  }
+  if (plan.gather_input_grad) {
+    // The launcher gathers into a float32 NCHW plane of the virtual domain, then folds a clamping mode's
+    // border onto the image with torch: emulated where the domain is the image (zeros) and NCHW.
+    if (f.padding.clamps || f.channels_last) return fail("a gather with a fold or a layout copy", error, error_len);
+    const VirtualDomain domain = plan.gather_domain;
+    const dim3 grid(static_cast<unsigned int>((domain.width + kGridTileWidth - 1) / kGridTileWidth),
+                    static_cast<unsigned int>((domain.height + kGridTileHeight - 1) / kGridTileHeight),
+                    static_cast<unsigned int>(f.batch));
+    dispatch_kernel_types<Seed, dispatch_axis::FixedIndex<int64_t>, dispatch_axis::Layout, dispatch_axis::SmallChannels,
+                          dispatch_axis::Variant<kGatherInputGradVariants>>(
+        {f, plan.gather_variant}, "emulated", [&](auto k) {
+          using K = decltype(k);
+          const auto kernel = deform_sepconv_input_grad_grid_taps_cuda_kernel<K::kChannels, K::kChannelsLast, scalar_t>;
+          const auto p = params_of<scalar_t, int64_t>(f, t);
+          edsc_emulation::launch(grid, dim3(kGridTileThreads), static_cast<size_t>(plan.gather_shared_bytes),
+                                 [&] { kernel(p, t.grad_output, t.grad_input, domain, plan.gather_layout); });
+        });
+  }
+  if (plan.kernel == CudaBackwardKernel::kNone) return 0;
+  // The bilinear kernel computes the per-pixel gradients the grid-tap kernel did not.
+  const DeformSepconvParamGrads<scalar_t> kernel_grads =
+      plan.kernel_param_grads ? grads : DeformSepconvParamGrads<scalar_t>{nullptr, nullptr, nullptr, nullptr, nullptr};
   const auto shared = static_cast<size_t>(plan.tile_shared_bytes);
   const auto rows = static_cast<int32_t>(plan.footprint.rows), cols = static_cast<int32_t>(plan.footprint.cols);
   const auto pass = static_cast<int32_t>(plan.footprint.channels_per_pass);
@@ -134,7 +173,7 @@ int emulated_backward(const Geometry& g, const KernelPolicy& policy, const Tenso
             deform_sepconv_backward_lane_tile_cuda_kernel<K::variant.channel_block, K::kKernelH, K::kKernelW, kMaxWidth,
                                                           scalar_t, std::decay_t<decltype(add)>, scalar_t>;
         edsc_emulation::launch(dim3(tiles_of(kWarpSize >> plan.lanes_log2)), dim3(kTileThreads), shared,
-                               [&] { kernel(p, t.grad_output, grads, add, rows, cols, pass, plan.lanes_log2); });
+                               [&] { kernel(p, t.grad_output, kernel_grads, add, rows, cols, pass, plan.lanes_log2); });
       });
     } else {
       const int64_t pixels = f.output_pixels(), threads = pixels << plan.lanes_log2;
@@ -144,10 +183,10 @@ int emulated_backward(const Geometry& g, const KernelPolicy& policy, const Tenso
         const auto kernel =
             deform_sepconv_backward_channel_lanes_cuda_kernel<K::variant.channel_block, K::kKernelH, K::kKernelW,
                                                               kMaxWidth, scalar_t, int32_t, scalar_t>;
-        edsc_emulation::launch(dim3(static_cast<unsigned int>((threads + kThreadsPerBlock - 1) / kThreadsPerBlock)),
-                               dim3(kThreadsPerBlock), 0, [&] {
-                                 kernel(p, t.grad_output, grads, add, plan.kernel_input_grad, plan.lanes_log2, pixels);
-                               });
+        edsc_emulation::launch(
+            dim3(static_cast<unsigned int>((threads + kThreadsPerBlock - 1) / kThreadsPerBlock)),
+            dim3(kThreadsPerBlock), 0,
+            [&] { kernel(p, t.grad_output, kernel_grads, add, plan.kernel_input_grad, plan.lanes_log2, pixels); });
       });
     }
     return 0;
@@ -167,7 +206,7 @@ int emulated_backward(const Geometry& g, const KernelPolicy& policy, const Tenso
                                                     K::kChannelsLast, K::variant.warp_staged, K::variant.exact_rgb,
                                                     scalar_t, index_t, std::decay_t<decltype(add)>, scalar_t>;
       edsc_emulation::launch(dim3(tiles_of(kTileW)), dim3(kTileW, kTileH), shared, [&] {
-        kernel(p, t.grad_output, grads, add, static_cast<index_t>(rows), static_cast<index_t>(cols),
+        kernel(p, t.grad_output, kernel_grads, add, static_cast<index_t>(rows), static_cast<index_t>(cols),
                static_cast<index_t>(pass), plan.prefetch);
       });
     } else {
@@ -176,29 +215,73 @@ int emulated_backward(const Geometry& g, const KernelPolicy& policy, const Tenso
                                                               kMaxWidth, K::kChannelsLast, scalar_t, index_t,
                                                               std::decay_t<decltype(add)>, scalar_t>;
       edsc_emulation::launch(dim3(blocks_for(pixels)), dim3(kThreadsPerBlock), 0,
-                             [&] { kernel(p, t.grad_output, grads, add, plan.kernel_input_grad, pixels); });
+                             [&] { kernel(p, t.grad_output, kernel_grads, add, plan.kernel_input_grad, pixels); });
     }
   });
   return 0;
 }
 
-// The forward's one-thread-per-(pixel, channel block) kernel (kernel_policy(plain_forward=True)), the
-// variant plan_cuda_forward picks for an H200, instantiated through the launcher's own dispatch.
+// The forward as plan_cuda_forward plans it for an H200 (kernel_policy's defaults, or plain_forward):
+// the grid-tap, staged, lane-pair or pixels kernel, instantiated through the launchers' dispatch.
 template <typename scalar_t>
-int emulated_forward(const Geometry& g, const Tensors<scalar_t>& t, scalar_t* output, char* plan_out, int plan_out_len,
-                     char* error, int error_len) {
+int emulated_forward(const Geometry& g, const Tensors<scalar_t>& t, bool plain, scalar_t* output, char* plan_out,
+                     int plan_out_len, char* error, int error_len) {
   const CallFacts f = facts_of(g, t);
   KernelPolicy policy;
-  policy.plain_forward = true;
+  policy.plain_forward = plain;
   const CudaForwardPlan plan = plan_cuda_forward(f, kHopper, policy);
   std::snprintf(plan_out, static_cast<size_t>(plan_out_len), "%s", plan_name(plan).c_str());
-  if (plan.kernel != CudaForwardKernel::kPixels) return fail("not the pixels forward", error, error_len);
-  const int channel_block = kPixelsForwardVariants[plan.variant].channel_block;
-  const int64_t work_items = f.batch * ((f.channels + channel_block - 1) / channel_block) * f.height_out * f.width_out;
   using Seed = KernelTypes<kernel_facts::Dtypes<scalar_t, scalar_t>>;
-  dispatch_kernel_types<Seed, dispatch_axis::IndexWidth, dispatch_axis::KernelSize5x5<>, dispatch_axis::Layout,
-                        dispatch_axis::Variant<kPixelsForwardVariants>>(
-      {f, plan.variant}, "emulated_forward", [&](auto k) {
+  switch (plan.kernel) {
+    case CudaForwardKernel::kEmpty:
+      return 0;
+    case CudaForwardKernel::kGridTaps:
+      dispatch_kernel_types<Seed, dispatch_axis::FixedIndex<int64_t>, dispatch_axis::Layout,
+                            dispatch_axis::MaskPresence, dispatch_axis::Variant<kGridTapsForwardVariants>>(
+          {f, plan.variant}, "emulated_forward", [&](auto k) {
+            using K = decltype(k);
+            constexpr int kPass = K::variant.pass_channels;
+            const size_t shared = static_cast<size_t>(kPass) * plan.window.size() * sizeof(typename K::acc_t);
+            const auto kernel =
+                deform_sepconv_forward_grid_taps_cuda_kernel<kPass, K::kChannelsLast, K::kMask, scalar_t>;
+            const auto p = params_of<scalar_t, int64_t>(f, t);
+            edsc_emulation::launch(grid_taps_grid(f), dim3(kGridTileThreads), shared,
+                                   [&] { kernel(p, output, plan.window); });
+          });
+      return 0;
+    case CudaForwardKernel::kStaged:
+      if constexpr (sizeof(scalar_t) == 2) {
+        const int64_t hw = f.height_out * f.width_out;
+        const auto blocks = static_cast<unsigned int>(f.batch * ((hw + kStagedPixels - 1) / kStagedPixels));
+        dispatch_with_variant<kStagedForwardVariants, Seed>(f, plan.variant, [&](auto k) {
+          using K = decltype(k);
+          const auto kernel =
+              deform_sepconv_forward_staged_cuda_kernel<kStagedChannelBlock, K::variant.chunk_bytes, scalar_t>;
+          const auto p = params_of<scalar_t, int32_t>(f, t);
+          edsc_emulation::launch(dim3(blocks), dim3(kStagedPixels), kStagedSegments * kStagedPixels * sizeof(scalar_t),
+                                 [&] { kernel(p, output); });
+        });
+        return 0;
+      } else {
+        return fail("a staged plan for a 4-byte type", error, error_len);
+      }
+    case CudaForwardKernel::kLanePairs: {
+      const int64_t pixels = f.output_pixels();
+      dispatch_with_variant<kLanePairsForwardVariants, Seed>(f, plan.variant, [&](auto k) {
+        using K = decltype(k);
+        constexpr LanePairsForwardVariant v = K::variant;
+        const auto kernel = deform_sepconv_forward_lane_pairs_cuda_kernel<v.exact_rgb, v.staged_values, scalar_t>;
+        const auto p = params_of<scalar_t, int32_t>(f, t);
+        edsc_emulation::launch(dim3(blocks_for(pixels * kLanesPerPixel)), dim3(kThreadsPerBlock), 0,
+                               [&] { kernel(p, output, pixels); });
+      });
+      return 0;
+    }
+    case CudaForwardKernel::kPixels: {
+      const int channel_block = kPixelsForwardVariants[plan.variant].channel_block;
+      const int64_t work_items =
+          f.batch * ((f.channels + channel_block - 1) / channel_block) * f.height_out * f.width_out;
+      dispatch_with_variant<kPixelsForwardVariants, Seed>(f, plan.variant, [&](auto k) {
         using K = decltype(k);
         constexpr PixelsForwardVariant v = K::variant;
         const auto p = params_of<scalar_t, typename K::index_t>(f, t);
@@ -208,7 +291,10 @@ int emulated_forward(const Geometry& g, const Tensors<scalar_t>& t, scalar_t* ou
         edsc_emulation::launch(dim3(blocks_for(work_items)), dim3(kThreadsPerBlock), 0,
                                [&] { kernel(p, output, work_items); });
       });
-  return 0;
+      return 0;
+    }
+  }
+  return fail("no such forward kernel", error, error_len);
 }
 
 // Calls run(T{}) for the dtype code (0 float32, 1 bfloat16, 2 float16) and returns what it returns; 1
@@ -268,8 +354,9 @@ extern "C" __attribute__((visibility("default"))) int edsc_emulated_backward(
 }
 
 extern "C" __attribute__((visibility("default"))) int edsc_emulated_forward(
-    const int64_t* geometry_values, int dtype, const void* input, const void* vertical, const void* horizontal,
-    const void* offset, const void* mask, void* output, char* plan_out, int plan_out_len, char* error, int error_len) {
+    const int64_t* geometry_values, int dtype, int plain, const void* input, const void* vertical,
+    const void* horizontal, const void* offset, const void* mask, void* output, char* plan_out, int plan_out_len,
+    char* error, int error_len) {
   using namespace edsc_ext;
   const auto run = [&](auto type) {
     using T = decltype(type);
@@ -279,8 +366,8 @@ extern "C" __attribute__((visibility("default"))) int edsc_emulated_forward(
     t.horizontal = static_cast<const T*>(horizontal);
     t.offset = static_cast<const T*>(offset);
     t.mask = static_cast<const T*>(mask);
-    return emulated_forward<T>(geometry_of(geometry_values), t, static_cast<T*>(output), plan_out, plan_out_len, error,
-                               error_len);
+    return emulated_forward<T>(geometry_of(geometry_values), t, plain != 0, static_cast<T*>(output), plan_out,
+                               plan_out_len, error, error_len);
   };
   return with_dtype(dtype, run, error, error_len);
 }
