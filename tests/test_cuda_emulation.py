@@ -6,8 +6,9 @@ suite checks the same kernels on the device, at speed, with the sanitizers.
 The harness (tests/cuda_emulation/emulated_kernels.cpp) is compiled with the host compiler against the
 kernels' headers (src/cuda, EDSC_CUDA_EMULATION) and the planner (src/cuda/deform_sepconv_plan_cuda.cpp); it
 runs the kernel the planner picks for an H200, and its results are compared with the CPU op's, which the
-float64 reference tests check. Emulated so far: the pixels forward and the bilinear backward's kernels
-(tiled, warp-staged or not; one thread a pixel; the channel lanes; the lane tile).
+float64 reference tests check. Emulated: every forward kernel (grid taps, staged, lane pairs, pixels) and
+every backward kernel (the grid-tap ones, the gather where it needs no fold; tiled, warp-staged or not; one
+thread a pixel; the channel lanes; the lane tile), in float32 and, where the planner gives them, the half types.
 """
 
 from __future__ import annotations
