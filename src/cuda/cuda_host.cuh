@@ -2,13 +2,13 @@
 // device, the launch on that device's current stream, every CUDA call and launch checked.
 #pragma once
 
-// A kernel's dynamically sized shared memory, `name` a pointer to its first `type`.
 #ifdef EDSC_CUDA_EMULATION
 // The kernels' device code compiled for the CPU by the tests (tests/cuda_emulation): the emulation
 // in place of the CUDA runtime, and none of the host rules below.
 #include "cuda_emulation.h"
 #include "torch_stable.h"
 #else
+// A kernel's dynamically sized shared memory, `name` its first `type` (the emulation defines its own).
 #define EDSC_EXTERN_SHARED(type, name) extern __shared__ __align__(16) type name[]
 
 #include <cuda_runtime.h>

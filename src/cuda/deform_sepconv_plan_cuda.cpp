@@ -48,12 +48,18 @@ VirtualDomain gather_domain(const CallFacts& c) {
   return domain;
 }
 
+// Along one axis, the input span a tile of `tile` output pixels adds to: the kernel's reach, the
+// bilinear corner's +1, and kTileMargin pixels of offsets on each side.
+int64_t footprint_span(int64_t tile, int64_t dilation, int64_t kernel) {
+  return tile + dilation * (kernel - 1) + 1 + 2 * kTileMargin;
+}
+
 // The lane tile's footprint: kTileH rows of kWarpSize >> lanes_log2 pixels, the channels in passes of
 // whole kPixelVectorBlock blocks within `budget` bytes (channels_per_pass 0: not even one block fits).
 TileFootprint lane_tile_footprint(const CallFacts& c, int lanes_log2, int64_t budget) {
   TileFootprint f;
-  f.rows = kTileH + c.dilation_h * (c.kernel_h - 1) + 1 + 2 * kTileMargin;
-  f.cols = (kWarpSize >> lanes_log2) + c.dilation_w * (c.kernel_w - 1) + 1 + 2 * kTileMargin;
+  f.rows = footprint_span(kTileH, c.dilation_h, c.kernel_h);
+  f.cols = footprint_span(kWarpSize >> lanes_log2, c.dilation_w, c.kernel_w);
   const int64_t blocks = budget / (f.rows * f.cols * kTileElementBytes * kPixelVectorBlock);
   f.channels_per_pass = std::min<int64_t>(c.channels, blocks * kPixelVectorBlock);
   return f;
@@ -61,8 +67,8 @@ TileFootprint lane_tile_footprint(const CallFacts& c, int lanes_log2, int64_t bu
 
 TileFootprint tile_footprint(const CallFacts& c) {
   TileFootprint f;
-  f.rows = kTileH + c.dilation_h * (c.kernel_h - 1) + 1 + 2 * kTileMargin;
-  f.cols = kTileW + c.dilation_w * (c.kernel_w - 1) + 1 + 2 * kTileMargin;
+  f.rows = footprint_span(kTileH, c.dilation_h, c.kernel_h);
+  f.cols = footprint_span(kTileW, c.dilation_w, c.kernel_w);
   f.channels_per_pass = std::min<int64_t>(c.channels, kTileSharedBytes / (f.rows * f.cols * kTileElementBytes));
   return f;
 }
@@ -171,13 +177,17 @@ CudaBackwardPlan plan_cuda_backward(const CallFacts& c, const CudaDeviceFacts& d
     // The lane tile (policy.lane_tile), where the input gradient is wanted: fixed point, so deterministic
     // calls too; whole blocks of channels a pass in its shared-memory budget, at most kFixedPointMaxTaps
     // taps, the tiles within one grid.
-    const int64_t lane_tile_budget =
-        std::min(kLaneTileSharedBytes, device.shared_memory_per_block_optin - kLaneTileStaticBytes);
-    const TileFootprint lane_footprint = lane_tile_footprint(c, lanes_log2, lane_tile_budget);
-    const int64_t lane_tiles = c.batch * ((c.height_out + kTileH - 1) / kTileH) *
-                               ((c.width_out + (kWarpSize >> lanes_log2) - 1) / (kWarpSize >> lanes_log2));
-    if (lane_shape && policy.lane_tile && c.input_grad() && lane_footprint.channels_per_pass >= kPixelVectorBlock &&
-        c.kernel_h * c.kernel_w <= kFixedPointMaxTaps && lane_tiles <= std::numeric_limits<int32_t>::max()) {
+    TileFootprint lane_footprint;
+    int64_t lane_tiles = 0;
+    if (lane_shape && policy.lane_tile && c.input_grad()) {
+      const int64_t budget =
+          std::min(kLaneTileSharedBytes, device.shared_memory_per_block_optin - kLaneTileStaticBytes);
+      lane_footprint = lane_tile_footprint(c, lanes_log2, budget);
+      const int64_t tile_w = kWarpSize >> lanes_log2;
+      lane_tiles = c.batch * ((c.height_out + kTileH - 1) / kTileH) * ((c.width_out + tile_w - 1) / tile_w);
+    }
+    if (lane_footprint.channels_per_pass >= kPixelVectorBlock && c.kernel_h * c.kernel_w <= kFixedPointMaxTaps &&
+        lane_tiles <= std::numeric_limits<int32_t>::max()) {
       CudaBackwardPlan plan;
       plan.kernel = CudaBackwardKernel::kLaneTile;
       plan.kernel_input_grad = true;
