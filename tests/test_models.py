@@ -611,6 +611,29 @@ def test_network_flops_are_the_issues_figures():
     assert 2.5 * forward["total"] < train["total"] < 3.1 * forward["total"]
 
 
+def test_models_import_without_the_flop_counter_and_register_its_formula_when_it_comes():
+    """Importing the models leaves torch.utils.flop_counter (and the Triton it loads) unimported, for the
+    video tool's start-up; a FlopCounterMode made after it still counts the fused conv2d_relu as its
+    convolution's 2 * N * C_out * H * W * C_in * KH * KW FLOPs."""
+    script = """
+import sys
+import torch
+import edsc_ext.models
+assert "torch.utils.flop_counter" not in sys.modules
+assert "triton" not in sys.modules
+from torch.utils.flop_counter import FlopCounterMode
+from edsc_ext.models.networks import conv2d_relu
+x, w, b = torch.randn(2, 4, 6, 7), torch.randn(5, 4, 3, 3), torch.randn(5)
+with FlopCounterMode(display=False) as counter:
+    out = conv2d_relu(x, w, b, 1)
+assert counter.get_total_flops() == 2 * 2 * 5 * 6 * 7 * 4 * 3 * 3, counter.get_total_flops()
+assert torch.equal(out, torch.relu(torch.nn.functional.conv2d(x, w, b, padding=1)))
+print("ok")
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
+
+
 def test_model_benchmark_recipe_reports_families_flops_and_the_gemm_peak(tmp_path, capsys):
     """--recipe: each case in the recipe's precision (float16 inference, bfloat16 training; here the
     eager fused network, which the CPU can run: the compiled-and-replayed recipe needs CUDA), profiled:

@@ -35,7 +35,10 @@ tools) and :func:`compile_edsc`'s ``cudnn_benchmark``, ``freezing`` and ``max_au
 from __future__ import annotations
 
 import contextlib
+import importlib.abc
+import importlib.util
 import os
+import sys
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple, Union
@@ -176,21 +179,53 @@ def _conv2d_relu_fake(input: Tensor, weight: Tensor, bias: Tensor, padding: int,
                        memory_format=_memory_format(input))
 
 
-def _register_conv2d_relu_flops() -> None:
+def _register_conv2d_relu_flops(flop_counter) -> None:
     """FlopCounterMode counts ``conv2d_relu`` as the convolution it is (the ReLU's comparisons are not
     FLOPs there either), so the networks' FLOP figures do not depend on ``conv_relu``."""
-    from torch.utils.flop_counter import conv_flop_count, flop_registry, register_flop_formula
-
     target = torch.ops.edsc_ext_models.conv2d_relu
-    if target in flop_registry:  # a reload of this module
+    if target in flop_counter.flop_registry:  # a reload of this module
         return
 
-    @register_flop_formula(target)
+    @flop_counter.register_flop_formula(target)
     def _conv2d_relu_flops(x_shape, w_shape, _bias, _padding, _groups, *, out_shape=None, **kwargs) -> int:
-        return conv_flop_count(x_shape, w_shape, out_shape, transposed=False)
+        return flop_counter.conv_flop_count(x_shape, w_shape, out_shape, transposed=False)
 
 
-_register_conv2d_relu_flops()
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``action(module)`` once module ``name`` has been imported: importing
+    torch.utils.flop_counter loads Triton (about 0.25 s), which the video tool's start-up should not pay
+    for a FLOP formula that only FlopCounterMode reads (and it copies the registry when it is made, so an
+    import of the module is early enough)."""
+
+    def __init__(self, name: str, action: Callable[[Any], None]) -> None:
+        self.name, self.action = name, action
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)  # find the real spec with the other finders, then wrap its loader
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module, action = spec.loader.exec_module, self.action
+
+        def exec_then_act(module) -> None:
+            exec_module(module)
+            action(module)
+
+        spec.loader.exec_module = exec_then_act
+        return spec
+
+
+def _when_imported(name: str, action: Callable[[Any], None]) -> None:
+    module = sys.modules.get(name)
+    if module is not None:
+        action(module)
+    else:
+        sys.meta_path.insert(0, _AfterImport(name, action))
+
+
+_when_imported("torch.utils.flop_counter", _register_conv2d_relu_flops)
 
 
 def conv2d_relu(x: Tensor, weight: Tensor, bias: Tensor, padding: int, groups: int = 1) -> Tensor:
