@@ -47,28 +47,6 @@ struct DeformSepconvArgs {
   bool deterministic = false;
 };
 
-// The op's arguments by name, as a forward takes them; a backward sets grad_output, output_mask and
-// deterministic on the result.
-inline DeformSepconvArgs forward_args(const Tensor& input, const OptionalTensor& vertical,
-                                      const OptionalTensor& horizontal, const OptionalTensor& offset,
-                                      const OptionalTensor& mask, int64_t kernel_h, int64_t kernel_w, int64_t pad_h,
-                                      int64_t pad_w, int64_t dilation_h, int64_t dilation_w, int64_t padding_mode,
-                                      const OptionalTensor& offset_dx) {
-  return {.input = input,
-          .vertical = vertical,
-          .horizontal = horizontal,
-          .offset = offset,
-          .mask = mask,
-          .kernel_h = kernel_h,
-          .kernel_w = kernel_w,
-          .pad_h = pad_h,
-          .pad_w = pad_w,
-          .dilation_h = dilation_h,
-          .dilation_w = dilation_w,
-          .padding_mode = padding_mode,
-          .offset_dx = offset_dx};
-}
-
 // ---- The call
 
 // The facts of one prepared call: plain values, so that a plan can be made for any call, also for a
@@ -128,13 +106,22 @@ struct DeformSepconvCall {
 // prepared ones (checked, in the call's layout), so preparing this call copies none of them again.
 inline DeformSepconvArgs with_frame(const DeformSepconvArgs& a, const DeformSepconvCall& prepared, const Tensor& input,
                                     const Tensor* grad_output) {
-  DeformSepconvArgs args =
-      forward_args(input, prepared.vertical, prepared.horizontal, prepared.offset, prepared.mask, a.kernel_h,
-                   a.kernel_w, a.pad_h, a.pad_w, a.dilation_h, a.dilation_w, a.padding_mode, prepared.offset_dx);
-  args.grad_output = grad_output;
-  args.output_mask = a.output_mask;
-  args.deterministic = a.deterministic;
-  return args;
+  return {.input = input,
+          .vertical = prepared.vertical,
+          .horizontal = prepared.horizontal,
+          .offset = prepared.offset,
+          .mask = prepared.mask,
+          .kernel_h = a.kernel_h,
+          .kernel_w = a.kernel_w,
+          .pad_h = a.pad_h,
+          .pad_w = a.pad_w,
+          .dilation_h = a.dilation_h,
+          .dilation_w = a.dilation_w,
+          .padding_mode = a.padding_mode,
+          .offset_dx = prepared.offset_dx,
+          .grad_output = grad_output,
+          .output_mask = a.output_mask,
+          .deterministic = a.deterministic};
 }
 
 // Checks what memory safety depends on (edsc_ext/ops.py gives the friendlier messages first) and

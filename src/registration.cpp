@@ -6,6 +6,27 @@
 namespace edsc_ext {
 namespace {
 
+// The op's arguments by name, as a forward takes them; a backward sets grad_output, output_mask and
+// deterministic on the result.
+DeformSepconvArgs forward_args(const Tensor& input, const OptionalTensor& vertical, const OptionalTensor& horizontal,
+                               const OptionalTensor& offset, const OptionalTensor& mask, int64_t kernel_h,
+                               int64_t kernel_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w,
+                               int64_t padding_mode, const OptionalTensor& offset_dx) {
+  return {.input = input,
+          .vertical = vertical,
+          .horizontal = horizontal,
+          .offset = offset,
+          .mask = mask,
+          .kernel_h = kernel_h,
+          .kernel_w = kernel_w,
+          .pad_h = pad_h,
+          .pad_w = pad_w,
+          .dilation_h = dilation_h,
+          .dilation_w = dilation_w,
+          .padding_mode = padding_mode,
+          .offset_dx = offset_dx};
+}
+
 template <Tensor (*kKernel)(const DeformSepconvArgs&)>
 Tensor forward(const Tensor& input, const OptionalTensor& vertical, const OptionalTensor& horizontal,
                const OptionalTensor& offset, const OptionalTensor& mask, int64_t kernel_h, int64_t kernel_w,
