@@ -26,6 +26,7 @@ struct KernelPolicy {
   int64_t cpu_scratch_mb = 256;
   bool cpu_baseline = false;  // the switch cpu_isa: "baseline" (true) or "auto"
   bool cpu_float32_frame = true;
+  bool cpu_sample_rows = true;
 
   bool operator==(const KernelPolicy& other) const;
 };
@@ -101,6 +102,11 @@ inline constexpr PolicySwitch kPolicySwitches[] = {
                     "float32 copy of the frame (and of a backward's grad_output), the output and input gradient "
                     "rounded once (the same values); False runs the 16-bit loops, which convert every value they "
                     "read"},
+    {.name = "cpu_sample_rows",
+     .flag = &KernelPolicy::cpu_sample_rows,
+     .description = "CPU backward of calls with offsets or dilation and fewer than 8 channels (RGB): tap by tap "
+                    "along each output row (every pixel's sample of a tap, then each channel's reads and adds, "
+                    "then the pixels' parameter gradients); False runs it pixel by pixel"},
 };
 
 // A switch's value as the ops carry it: a flag 0 or 1, a count itself, a choice its index.

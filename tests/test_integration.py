@@ -311,20 +311,23 @@ def test_deterministic_cpu(gen, deterministic, padding_mode):
 @pytest.mark.parametrize("padding_mode", PADDING_MODES)
 @pytest.mark.parametrize("config", [(1, 6, 21, 23, 5, 5, 2, 1), (2, 6, 21, 23, 5, 5, 2, 1), (17, 2, 9, 10, 3, 3, 1, 1)],
                          ids=["n1", "n2", "n17"])
-@pytest.mark.parametrize("backward", ["banded", "two-pass"])
+@pytest.mark.parametrize("backward", ["rows", "banded", "two-pass"])
 def test_cpu_backward_independent_of_threads(gen, monkeypatch, config, padding_mode, dtype, backward):
     """The CPU backward splits every image into bands of output rows fixed by the shape alone (16
     tasks in all; a single band per image from N = 16 on), each adding into a plane of its own,
-    and sums the bands' planes in band order; without room for the bands' scratch planes
-    (kernel_policy(cpu_scratch_mb=0) here) it runs a parameter pass and a pass over (n, channel) planes.
-    Either way 1, 3 and 8 threads give the same gradients, to the last bit."""
-    policy = dict(cpu_scratch_mb=0) if backward == "two-pass" else {}
+    and sums the bands' planes in band order, row by row (sample_rows, these calls' fewer than 8
+    channels) or pixel by pixel (kernel_policy(cpu_sample_rows=False)); without room for the bands'
+    scratch planes (cpu_scratch_mb=0 here) the pixel-wise backward runs a parameter pass and a pass over
+    (n, channel) planes. Every way 1, 3 and 8 threads give the same gradients, to the last bit."""
+    policy = {"rows": {}, "banded": dict(cpu_sample_rows=False),
+              "two-pass": dict(cpu_scratch_mb=0, cpu_sample_rows=False)}[backward]
     case = make_inputs(*config, dtype=dtype, generator=gen, offset_scale=3)
     threads = torch.get_num_threads()
     results = []
     with edsc_ext.kernel_policy(**policy):
         # From N = 16 on every image is one band, which needs no scratch.
-        planned = "pixels_fused" if backward == "banded" or config[0] >= 16 else "pixels_two_pass"
+        planned = ("sample_rows" if backward == "rows" else
+                   "pixels_fused" if backward == "banded" or config[0] >= 16 else "pixels_two_pass")
         assert plans_of(case, padding_mode).backward.startswith(planned + "/")
         try:
             for count in (1, 3, 8):

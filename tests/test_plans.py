@@ -107,51 +107,51 @@ TABLE_CALLS["train f32 frame grad only"][0][0][0].requires_grad_(True)
 
 # name -> (CPU forward, CPU backward, H200 forward, H200 backward)
 EXPECTED_PLANS = {
-    'train f32': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
-    'infer f32': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
-    'batch f32': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
+    'train f32': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
+    'infer f32': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
+    'batch f32': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
     'feat f32': ('pixels/avx2', 'pixels_fused/avx2', 'pixels', 'tiled_prefetch'),
     'feat64 f32': ('pixels/avx2', 'pixels_fused/avx2', 'pixels', 'tiled_prefetch'),
     'sepconv f32': ('grid_taps_rows/avx2', 'grid_taps_rows/avx2', 'grid_taps_pass3', 'grid_taps_params+gather_input_grad'),
-    'adacof f32': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
-    'train bf16': ('pixels/avx2+float32_frame', 'pixels_fused/avx2+float32_frame', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
-    'infer bf16': ('pixels/avx2+float32_frame', 'pixels_fused/avx2+float32_frame', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
-    'batch bf16': ('pixels/avx2+float32_frame', 'pixels_fused/avx2+float32_frame', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
+    'adacof f32': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
+    'train bf16': ('pixels/avx2+float32_frame', 'sample_rows/avx2+float32_frame', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
+    'infer bf16': ('pixels/avx2+float32_frame', 'sample_rows/avx2+float32_frame', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
+    'batch bf16': ('pixels/avx2+float32_frame', 'sample_rows/avx2+float32_frame', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
     'feat bf16': ('pixels/avx2+float32_frame', 'pixels_fused/avx2+float32_frame', 'pixels', 'tiled_prefetch'),
     'feat64 bf16': ('pixels/avx2+float32_frame', 'pixels_fused/avx2+float32_frame', 'pixels', 'tiled_prefetch'),
     'sepconv bf16': ('grid_taps_rows/avx2+float32_frame', 'grid_taps_rows/avx2+float32_frame', 'grid_taps_pass3', 'grid_taps_params+gather_input_grad'),
-    'adacof bf16': ('pixels/avx2+float32_frame', 'pixels_fused/avx2+float32_frame', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
-    'train f16': ('pixels/avx2+float32_frame', 'pixels_fused/avx2+float32_frame', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
-    'train f64': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
-    'train f32 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'lane_pairs_rgb_staged', 'tiled_warp_staged_rgb'),
-    'train bf16 channels_last': ('pixels/avx2+float32_frame', 'pixels_fused/avx2+float32_frame', 'lane_pairs_rgb_staged', 'tiled_warp_staged_rgb'),
+    'adacof bf16': ('pixels/avx2+float32_frame', 'sample_rows/avx2+float32_frame', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
+    'train f16': ('pixels/avx2+float32_frame', 'sample_rows/avx2+float32_frame', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
+    'train f64': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
+    'train f32 channels_last': ('pixels/avx2', 'sample_rows/avx2', 'lane_pairs_rgb_staged', 'tiled_warp_staged_rgb'),
+    'train bf16 channels_last': ('pixels/avx2+float32_frame', 'sample_rows/avx2+float32_frame', 'lane_pairs_rgb_staged', 'tiled_warp_staged_rgb'),
     'feat f32 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_vectorized8', 'channel_lanes4'),
     'feat bf16 channels_last': ('pixels/avx2+float32_frame', 'pixels_fused/avx2+float32_frame', 'pixels_vectorized8', 'channel_lanes4'),
     'feat f64 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'pixels', 'nchw_copies+tiled_prefetch'),
     'feat f32+bf16 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_vectorized8', 'channel_lanes4'),
-    'train f32+f16 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb', 'tiled_blocks3'),
-    'train f32 deterministic': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch+fixed_point'),
-    'train f64 deterministic': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb_prefetch', 'pixels_blocks3+fixed_point'),
-    'train f32 channels_last deterministic': ('pixels/avx2', 'pixels_fused/avx2', 'lane_pairs_rgb_staged', 'tiled_warp_staged_rgb+fixed_point'),
+    'train f32+f16 channels_last': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb', 'tiled_blocks3'),
+    'train f32 deterministic': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch+fixed_point'),
+    'train f64 deterministic': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb_prefetch', 'pixels_blocks3+fixed_point'),
+    'train f32 channels_last deterministic': ('pixels/avx2', 'sample_rows/avx2', 'lane_pairs_rgb_staged', 'tiled_warp_staged_rgb+fixed_point'),
     'sepconv f32 deterministic': ('grid_taps_rows/avx2', 'grid_taps_rows/avx2', 'grid_taps_pass3', 'grid_taps_params+gather_input_grad'),
-    'train f32 C=1': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_prefetch', 'tiled_prefetch'),
-    'train bf16 C=1': ('pixels/avx2+float32_frame', 'pixels_fused/avx2+float32_frame', 'staged_chunk16', 'tiled_prefetch'),
-    'train f32 C=4': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_prefetch', 'tiled_prefetch'),
-    'train f16 C=4': ('pixels/avx2+float32_frame', 'pixels_fused/avx2+float32_frame', 'staged_chunk16', 'tiled_prefetch'),
+    'train f32 C=1': ('pixels/avx2', 'sample_rows/avx2', 'pixels_prefetch', 'tiled_prefetch'),
+    'train bf16 C=1': ('pixels/avx2+float32_frame', 'sample_rows/avx2+float32_frame', 'staged_chunk16', 'tiled_prefetch'),
+    'train f32 C=4': ('pixels/avx2', 'sample_rows/avx2', 'pixels_prefetch', 'tiled_prefetch'),
+    'train f16 C=4': ('pixels/avx2+float32_frame', 'sample_rows/avx2+float32_frame', 'staged_chunk16', 'tiled_prefetch'),
     'train f32 C=32': ('pixels/avx2', 'pixels_fused/avx2', 'pixels', 'tiled_prefetch'),
-    'train f32 K=1': ('pixels/avx2', 'pixels_fused/avx2', 'pixels', 'tiled'),
-    'train f32 K=3': ('pixels/avx2', 'pixels_fused/avx2', 'pixels', 'tiled'),
+    'train f32 K=1': ('pixels/avx2', 'sample_rows/avx2', 'pixels', 'tiled'),
+    'train f32 K=3': ('pixels/avx2', 'sample_rows/avx2', 'pixels', 'tiled'),
     'sepconv f32 K=5': ('grid_taps_rows/avx2', 'grid_taps_rows/avx2', 'grid_taps_pass3', 'grid_taps_params+gather_input_grad'),
     'sepconv f32 C=32': ('grid_taps_rows/avx2', 'grid_taps_rows/avx2', 'grid_taps_pass4', 'tiled_prefetch'),
     'sepconv f32 channels_last': ('grid_taps_rows/avx2', 'grid_taps_rows/avx2', 'grid_taps_pass3', 'grid_taps_params+gather_input_grad'),
     'sepconv f64': ('grid_taps_rows/avx2', 'grid_taps_rows/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
-    'adacof f32 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'lane_pairs_rgb_staged', 'tiled_warp_staged_rgb'),
-    'train f32 views': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb', 'tiled_rgb_prefetch'),
-    'train f32 channels_last views': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb', 'tiled_warp_staged_rgb'),
-    'train f16 C=4 views': ('pixels/avx2+float32_frame', 'pixels_fused/avx2+float32_frame', 'pixels', 'tiled_prefetch'),
+    'adacof f32 channels_last': ('pixels/avx2', 'sample_rows/avx2', 'lane_pairs_rgb_staged', 'tiled_warp_staged_rgb'),
+    'train f32 views': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb', 'tiled_rgb_prefetch'),
+    'train f32 channels_last views': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb', 'tiled_warp_staged_rgb'),
+    'train f16 C=4 views': ('pixels/avx2+float32_frame', 'sample_rows/avx2+float32_frame', 'pixels', 'tiled_prefetch'),
     'feat f32 channels_last views': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_vectorized8', 'channel_lanes4'),
     'sepconv f32 channels_last views': ('pixels/avx2', 'grid_taps_rows/avx2', 'pixels', 'grid_taps_params+gather_input_grad'),
-    'train f32 frame grad only': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
+    'train f32 frame grad only': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
     'train f32 no grads': ('pixels/avx2', 'none', 'pixels_rgb_prefetch', 'none'),
 }
 
@@ -172,7 +172,7 @@ POLICY_CASES = [
     ("grid_taps", False, meta_call(SEPCONV, k=5, padding=2), H200,
      ("grid_taps_pass3", "grid_taps_params+gather_input_grad"), ("pixels_rgb_prefetch", "tiled_rgb_prefetch")),
     ("grid_taps", False, meta_call(SEPCONV), CPU,
-     ("grid_taps_rows/avx2", "grid_taps_rows/avx2"), ("pixels/avx2", "pixels_fused/avx2")),
+     ("grid_taps_rows/avx2", "grid_taps_rows/avx2"), ("pixels/avx2", "sample_rows/avx2")),
     ("plain_forward", True, meta_call(TRAIN, F16, channels=4), H200,
      ("staged_chunk16", "tiled_prefetch"), ("pixels_prefetch", "tiled_prefetch")),
     ("plain_forward", True, meta_call(TRAIN, channels_last=True), H200,
@@ -191,12 +191,14 @@ POLICY_CASES = [
      ("pixels_vectorized8", "channel_lanes4"), ("pixels_vectorized8", "nchw_copies+tiled_prefetch")),
     ("lane_tile", True, meta_call(FEAT, channels_last=True), H200,
      ("pixels_vectorized8", "channel_lanes4"), ("pixels_vectorized8", "lane_tile4")),
-    ("cpu_scratch_mb", 0, meta_call(CASES["infer"]), CPU,
+    ("cpu_scratch_mb", 0, meta_call(FEAT), CPU,
      ("pixels/avx2", "pixels_fused/avx2"), ("pixels/avx2", "pixels_two_pass/avx2")),
     ("cpu_isa", "baseline", meta_call(TRAIN), CPU,
-     ("pixels/avx2", "pixels_fused/avx2"), ("pixels/baseline", "pixels_fused/baseline")),
+     ("pixels/avx2", "sample_rows/avx2"), ("pixels/baseline", "sample_rows/baseline")),
     ("cpu_float32_frame", False, meta_call(TRAIN, F16), CPU,
-     ("pixels/avx2+float32_frame", "pixels_fused/avx2+float32_frame"), ("pixels/avx2", "pixels_fused/avx2")),
+     ("pixels/avx2+float32_frame", "sample_rows/avx2+float32_frame"), ("pixels/avx2", "sample_rows/avx2")),
+    ("cpu_sample_rows", False, meta_call(TRAIN), CPU,
+     ("pixels/avx2", "sample_rows/avx2"), ("pixels/avx2", "pixels_fused/avx2")),
 ]
 
 
@@ -347,7 +349,7 @@ def test_policy_reaches_the_op():
     default = compiled_values()
     assert default == {"grid_taps": 1, "plain_forward": 0, "prefetch": 1, "input_grad_tile": 1, "warp_staging": 1,
                        "vector_loads": 1, "channel_lanes": 1, "lane_tile": 0, "cpu_scratch_mb": 256, "cpu_isa": 0,
-                       "cpu_float32_frame": 1}
+                       "cpu_float32_frame": 1, "cpu_sample_rows": 1}
     assert _policy.compiled_kernel_policy() == edsc_ext.KernelPolicy()
     with edsc_ext.kernel_policy(grid_taps=False, cpu_scratch_mb=7):
         assert compiled_values() == {**default, "grid_taps": 0, "cpu_scratch_mb": 7}
@@ -371,7 +373,7 @@ def test_policy_is_process_wide():
         thread = threading.Thread(target=lambda: seen.append(plans(call, CPU)))
         thread.start()
         thread.join()
-    assert seen == [("pixels/avx2", "pixels_fused/avx2")]
+    assert seen == [("pixels/avx2", "sample_rows/avx2")]
 
 
 def test_policy_blocks_of_two_threads_do_not_mix():

@@ -59,13 +59,14 @@ enum class CpuBackwardKernel {
   kPixelsParams,   // per pixel, the per-pixel tensors' gradients only (no input gradient)
   kPixelsFused,    // per pixel, every gradient in one pass over tasks of (image, band of rows)
   kPixelsTwoPass,  // per pixel: the per-pixel gradients, then the input gradient per (image, channels)
+  kSampleRows,     // calls with bilinear samples, row-wise a tap at a time, fused as kGridTapRows is
 };
 
 struct CpuBackwardPlan {
   CpuBackwardKernel kernel = CpuBackwardKernel::kEmpty;
   bool avx2 = false;
   bool float32_frame = false;  // takes_float32_frame: the call runs as its float32-frame twin
-  // kGridTapRows with the input gradient, kPixelsFused: bands of output rows per image (band 0 adds
+  // kGridTapRows and kSampleRows with the input gradient, kPixelsFused: bands of output rows per image (band 0 adds
   // into grad_input, the others into scratch planes summed afterwards).
   int64_t bands = 0;
   // kPixelsTwoPass: channels per input-gradient task (kCpuChannelBlock, or 1 to make a task per thread).

@@ -153,6 +153,155 @@ EDSC_CPU_INLINE inline void deform_sepconv_backward_grid_taps_row(
   }
 }
 
+// Scratch of the sample-row backward (deform_sepconv_backward_sample_row), sized for one call: the
+// weight rows (KH and KW rows of W), dL/dout of the row (C x W), one tap's samples, channel sums and
+// weights (W each), and the vertical and horizontal gradient rows.
+template <typename acc_t, typename index_t>
+struct SampleRowScratch {
+  std::vector<acc_t> data;
+  std::vector<BilinearSample<acc_t, index_t>> samples;
+  acc_t *v_rows, *h_rows, *g, *sw, *sly, *slx, *ws, *gv, *gh;
+  SampleRowScratch(int64_t KH, int64_t KW, int64_t C, int64_t W)
+      : data(static_cast<size_t>((KH + KW + C + 5 + KW) * W)), samples(static_cast<size_t>(W)) {
+    v_rows = data.data();
+    h_rows = v_rows + KH * W;
+    g = h_rows + KW * W;
+    sw = g + C * W;
+    sly = sw + W;
+    slx = sly + W;
+    ws = slx + W;
+    gv = ws + W;
+    gh = gv + W;
+  }
+  SampleRowScratch(const SampleRowScratch&) = delete;  // the pointers point into `data`
+  SampleRowScratch& operator=(const SampleRowScratch&) = delete;
+};
+
+// Backward of output row (n, y) of a call with offsets, tap by tap along the row: the tap's sample
+// for every pixel of the row (make_bilinear_sample), then for each channel the pixels' corner
+// reads, sums and input-gradient adds, then the pixels' parameter gradients. The same math as
+// deform_sepconv_backward_pixel_with, in an order whose iterations are independent (the pixels of
+// one tap), so that the core overlaps them, where the per-pixel loop ran one dependent chain.
+// `image_grad`: grad_input[n] or a band's scratch copy; nullptr: not wanted.
+template <bool kChannelsLast, typename scalar_t, typename acc_t, typename index_t, typename param_t>
+EDSC_CPU_INLINE inline void deform_sepconv_backward_sample_row(const DeformSepconvParams<scalar_t, index_t, param_t>& p,
+                                                               const scalar_t* grad_output,
+                                                               const DeformSepconvParamGrads<param_t>& grads,
+                                                               acc_t* image_grad, index_t n, index_t y,
+                                                               SampleRowScratch<acc_t, index_t>& b) {
+  const index_t KH = p.kernel_h, KW = p.kernel_w, C = p.channels, width = p.width_out;
+  const index_t hw_out = p.height_out * width;
+  const index_t taps = KH * KW;
+  const bool split = p.split_offsets();
+  const PixelView<index_t> v_view = pixel_view<kChannelsLast>(n, y * width, KH, hw_out);
+  const PixelView<index_t> h_view = pixel_view<kChannelsLast>(n, y * width, KW, hw_out);
+  const PixelView<index_t> m_view = pixel_view<kChannelsLast>(n, y * width, taps, hw_out);
+  const PixelView<index_t> o_view = pixel_view<kChannelsLast>(n, y * width, (split ? 1 : 2) * taps, hw_out);
+  const PixelView<index_t> go_view = pixel_view<kChannelsLast>(n, y * width, C, hw_out);
+  const index_t m_step = pixel_step<kChannelsLast>(taps), o_step = pixel_step<kChannelsLast>((split ? 1 : 2) * taps);
+  const index_t o_tap = split ? o_view.stride : 2 * o_view.stride;  // tap t's dy to tap t + 1's
+  const param_t* dx_base = split ? p.offset_dx : p.offset;
+  const index_t dx_shift = split ? index_t(0) : o_view.stride;  // from a tap's dy to its dx
+  load_grid_weight_rows<kChannelsLast>(p, n, y, b.v_rows, b.h_rows);
+  for (index_t c = 0; c < C; ++c) {
+    for (index_t x = 0; x < width; ++x) {
+      b.g[c * width + x] =
+          static_cast<acc_t>(grad_output[go_view.base + c * go_view.stride + x * pixel_step<kChannelsLast>(C)]);
+    }
+  }
+  const bool param_grads = grads.any();
+  if (grads.horizontal) std::fill(b.gh, b.gh + KW * width, acc_t(0));
+  const index_t plane = input_channel_stride<kChannelsLast>(p), pixel_stride = input_pixel_stride<kChannelsLast>(p);
+  const scalar_t* image = p.input + n * C * p.height_in * p.width_in;
+  PlaneAdd<acc_t, index_t> add{image_grad, p.width_in, plane, pixel_stride};
+  const int64_t y_base = static_cast<int64_t>(y) - p.pad_h, x_base = -static_cast<int64_t>(p.pad_w);
+  for (index_t i = 0; i < KH; ++i) {
+    const acc_t* v = b.v_rows + i * width;
+    const acc_t py0 = static_cast<acc_t>(y_base + static_cast<int64_t>(i) * p.dilation_h);
+    if (grads.vertical) std::fill(b.gv, b.gv + width, acc_t(0));
+    for (index_t j = 0; j < KW; ++j) {
+      const index_t t = i * KW + j;
+      const acc_t* h = b.h_rows + j * width;
+      const param_t* m = p.mask ? p.mask + m_view.base + t * m_view.stride : nullptr;
+      const param_t* dy = p.offset ? p.offset + o_view.base + t * o_tap : nullptr;
+      const param_t* dx = p.offset ? dx_base + o_view.base + t * o_tap + dx_shift : nullptr;
+      const int64_t x0 = x_base + static_cast<int64_t>(j) * p.dilation_w;
+      for (index_t x = 0; x < width; ++x) {
+        acc_t py = py0, px = static_cast<acc_t>(x0 + x);
+        if (dy) {
+          py += static_cast<acc_t>(dy[x * o_step]);
+          px += static_cast<acc_t>(dx[x * o_step]);
+        }
+        b.samples[x] = make_bilinear_sample<acc_t, index_t>(py, px, p.height_in, p.width_in, p.padding, pixel_stride,
+                                                            p.frame_pad_h, p.frame_pad_w);
+      }
+      if (image_grad) {
+        // The tap's weight a pixel, V_i H_j M and the doubled border's factor; 0 where the sample is
+        // not finite (it then scatters zeros, as the per-pixel backward does).
+        for (index_t x = 0; x < width; ++x) {
+          const auto& s = b.samples[x];
+          const acc_t w = v[x] * h[x] * (m ? static_cast<acc_t>(m[x * m_step]) : acc_t(1)) * s.weight_scale();
+          b.ws[x] = s.finite ? w : acc_t(0);
+        }
+      }
+      if (param_grads) {
+        std::fill(b.sw, b.sw + width, acc_t(0));
+        std::fill(b.sly, b.sly + width, acc_t(0));
+        std::fill(b.slx, b.slx + width, acc_t(0));
+      }
+      for (index_t c = 0; c < C; ++c) {
+        const acc_t* g = b.g + c * width;
+        const scalar_t* in = image + c * plane;
+        if (param_grads) {
+          for (index_t x = 0; x < width; ++x) {
+            const auto& s = b.samples[x];
+            const Corners<acc_t> corners = load_corners<acc_t>(s, in);
+            b.sw[x] += g[x] * interpolate(s, corners);
+            b.sly[x] += g[x] * interpolate_dy(s, corners);
+            b.slx[x] += g[x] * interpolate_dx(s, corners);
+            if (image_grad) scatter_corners(s, g[x] * b.ws[x], c, add);
+          }
+        } else {
+          for (index_t x = 0; x < width; ++x) scatter_corners(b.samples[x], g[x] * b.ws[x], c, add);
+        }
+      }
+      if (!param_grads) continue;
+      for (index_t x = 0; x < width; ++x) {
+        const auto& s = b.samples[x];
+        const acc_t wm = m ? static_cast<acc_t>(m[x * m_step]) : acc_t(1);
+        const acc_t scale = s.weight_scale();
+        acc_t grad_w = b.sw[x] * scale, grad_ly = b.sly[x] * scale, grad_lx = b.slx[x] * scale;
+        if (!s.finite && C > 0) grad_w = grad_ly = grad_lx = quiet_nan<acc_t>();
+        const acc_t w = v[x] * h[x] * wm;
+        if (grads.vertical) b.gv[x] += grad_w * h[x] * wm;
+        if (grads.horizontal) b.gh[j * width + x] += grad_w * v[x] * wm;
+        if (grads.mask) {
+          grads.mask[m_view.base + t * m_view.stride + x * m_step] = static_cast<param_t>(grad_w * v[x] * h[x]);
+        }
+        if (grads.offset) {
+          const index_t at = o_view.base + t * o_tap + x * o_step;
+          grads.offset[at] = static_cast<param_t>(grad_ly * w * s.y.dcoord);
+          (split ? grads.offset_dx : grads.offset)[at + dx_shift] = static_cast<param_t>(grad_lx * w * s.x.dcoord);
+        }
+      }
+    }
+    if (grads.vertical) {
+      for (index_t x = 0; x < width; ++x) {
+        grads.vertical[v_view.base + i * v_view.stride + x * pixel_step<kChannelsLast>(KH)] =
+            static_cast<param_t>(b.gv[x]);
+      }
+    }
+  }
+  if (grads.horizontal) {
+    for (index_t j = 0; j < KW; ++j) {
+      for (index_t x = 0; x < width; ++x) {
+        grads.horizontal[h_view.base + j * h_view.stride + x * pixel_step<kChannelsLast>(KW)] =
+            static_cast<param_t>(b.gh[j * width + x]);
+      }
+    }
+  }
+}
+
 }  // namespace cpu_backward
 
 // The CPU backward is deterministic, free of atomics, and its result does not depend on the number
@@ -190,8 +339,25 @@ void run_deform_sepconv_backward_cpu(const DeformSepconvCall& call, const CpuBac
     // Calls without offsets: the row-wise backward (deform_sepconv_backward_grid_taps_row), with
     // one scratch a task.
     const bool grid_taps = plan.kernel == CpuBackwardKernel::kGridTapRows;
+    const bool sample_rows = plan.kernel == CpuBackwardKernel::kSampleRows;
+    using SampleRows = SampleRowScratch<acc_t, index_t>;
     // The parameter gradients alone: no adds to share, so parallel over pixels (rows for grid taps).
     const auto parameter_grad_pass = [&] {
+      if (sample_rows) {
+        torch::stable::parallel_for(0, p.batch * p.height_out, std::max<int64_t>(1, kPixelGrain / p.width_out),
+                                    [&](int64_t begin, int64_t end) {
+                                      SampleRows scratch(kernel_h, kernel_w, p.channels, p.width_out);
+                                      run_for_cpu<param_t>(avx2, [&]() EDSC_CPU_INLINE {
+                                        for (int64_t row = begin; row < end; ++row) {
+                                          deform_sepconv_backward_sample_row<kChannelsLast>(
+                                              p, go, param_grads, static_cast<acc_t*>(nullptr),
+                                              static_cast<index_t>(row / p.height_out),
+                                              static_cast<index_t>(row % p.height_out), scratch);
+                                        }
+                                      });
+                                    });
+        return;
+      }
       if (grid_taps) {
         torch::stable::parallel_for(
             0, p.batch * p.height_out, std::max<int64_t>(1, kPixelGrain / p.width_out),
@@ -231,6 +397,8 @@ void run_deform_sepconv_backward_cpu(const DeformSepconvCall& call, const CpuBac
         torch::stable::parallel_for(0, p.batch * bands, 1, [&](int64_t begin, int64_t end) {
           std::optional<GridTapRowScratch<acc_t>> scratch;
           if (grid_taps) scratch.emplace(kernel_h, kernel_w, p.channels, p.width_out, p.width_in);
+          std::optional<SampleRows> rows;
+          if (sample_rows) rows.emplace(kernel_h, kernel_w, p.channels, p.width_out);
           run_for_cpu<param_t>(avx2, [&]() EDSC_CPU_INLINE {
             for (int64_t task = begin; task < end; ++task) {
               const index_t n = static_cast<index_t>(task / bands);
@@ -241,6 +409,12 @@ void run_deform_sepconv_backward_cpu(const DeformSepconvCall& call, const CpuBac
               if (grid_taps) {
                 for (index_t y = y_begin; y < y_end; ++y) {
                   deform_sepconv_backward_grid_taps_row<kChannelsLast>(p, go, param_grads, add.grad, n, y, *scratch);
+                }
+                continue;
+              }
+              if (sample_rows) {
+                for (index_t y = y_begin; y < y_end; ++y) {
+                  deform_sepconv_backward_sample_row<kChannelsLast>(p, go, param_grads, add.grad, n, y, *rows);
                 }
                 continue;
               }

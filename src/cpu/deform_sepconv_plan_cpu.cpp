@@ -66,14 +66,20 @@ CpuBackwardPlan plan_cpu_backward(const CallFacts& call, const CpuFacts& cpu, co
   if (call.batch == 0 || call.height_out * call.width_out == 0) return plan;
   plan.float32_frame = takes_float32_frame(call, policy);
   const bool grid_taps = takes_grid_taps(call, policy);
+  // Row-wise samples pay where a pixel has fewer channels than a block (RGB): the per-pixel loop's
+  // work there is the per-tap overhead, which the rows overlap across pixels; with whole blocks of
+  // channels the per-pixel loop reads a pixel's channels together and is faster (BENCHMARKS.md).
+  const bool sample_rows = !grid_taps && policy.cpu_sample_rows && call.channels < kCpuChannelBlock;
+  const CpuBackwardKernel rows = grid_taps ? CpuBackwardKernel::kGridTapRows : CpuBackwardKernel::kSampleRows;
   if (!call.input_grad()) {
-    plan.kernel = grid_taps ? CpuBackwardKernel::kGridTapRows : CpuBackwardKernel::kPixelsParams;
+    plan.kernel = grid_taps || sample_rows ? rows : CpuBackwardKernel::kPixelsParams;
     return plan;
   }
-  // The row-wise backward has no per-channel pass: beyond the scratch budget, one band per image.
-  plan.bands = std::max<int64_t>(grid_taps ? 1 : 0, cpu_backward_bands(call, policy.cpu_scratch_mb << 20));
-  if (grid_taps) {
-    plan.kernel = CpuBackwardKernel::kGridTapRows;
+  // The row-wise backwards have no per-channel pass: beyond the scratch budget, one band per image.
+  plan.bands =
+      std::max<int64_t>(grid_taps || sample_rows ? 1 : 0, cpu_backward_bands(call, policy.cpu_scratch_mb << 20));
+  if (grid_taps || sample_rows) {
+    plan.kernel = rows;
   } else if (plan.bands > 0) {
     plan.kernel = CpuBackwardKernel::kPixelsFused;
   } else {
@@ -113,6 +119,9 @@ std::string plan_name(const CpuBackwardPlan& plan) {
       break;
     case CpuBackwardKernel::kPixelsTwoPass:
       kernel = "pixels_two_pass";
+      break;
+    case CpuBackwardKernel::kSampleRows:
+      kernel = "sample_rows";
       break;
   }
   return kernel + std::string(isa_name(plan.avx2)) + float32_frame_name(plan.float32_frame);
