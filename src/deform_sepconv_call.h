@@ -101,16 +101,16 @@ struct DeformSepconvCall {
   CallFacts facts;
 };
 
-// The prepared call with another frame (input) and, a backward's, grad_output: the CPU runs its 16-bit
-// calls on float32 copies of them (cpu_plan.h: takes_float32_frame). The per-pixel tensors are the
-// prepared ones (checked, in the call's layout), so preparing this call copies none of them again.
-inline DeformSepconvArgs with_frame(const DeformSepconvArgs& a, const DeformSepconvCall& prepared, const Tensor& input,
-                                    const Tensor* grad_output) {
+// The arguments `a` with other tensors: the same geometry, padding mode and backward flags.
+inline DeformSepconvArgs with_tensors(const DeformSepconvArgs& a, const Tensor& input, const OptionalTensor& vertical,
+                                      const OptionalTensor& horizontal, const OptionalTensor& offset,
+                                      const OptionalTensor& mask, const OptionalTensor& offset_dx,
+                                      const Tensor* grad_output) {
   return {.input = input,
-          .vertical = prepared.vertical,
-          .horizontal = prepared.horizontal,
-          .offset = prepared.offset,
-          .mask = prepared.mask,
+          .vertical = vertical,
+          .horizontal = horizontal,
+          .offset = offset,
+          .mask = mask,
           .kernel_h = a.kernel_h,
           .kernel_w = a.kernel_w,
           .pad_h = a.pad_h,
@@ -118,10 +118,19 @@ inline DeformSepconvArgs with_frame(const DeformSepconvArgs& a, const DeformSepc
           .dilation_h = a.dilation_h,
           .dilation_w = a.dilation_w,
           .padding_mode = a.padding_mode,
-          .offset_dx = prepared.offset_dx,
+          .offset_dx = offset_dx,
           .grad_output = grad_output,
           .output_mask = a.output_mask,
           .deterministic = a.deterministic};
+}
+
+// The prepared call with another frame (input) and, a backward's, grad_output: the CPU runs its 16-bit
+// calls on float32 copies of them (cpu_plan.h: takes_float32_frame). The per-pixel tensors are the
+// prepared ones (checked, in the call's layout), so preparing this call copies none of them again.
+inline DeformSepconvArgs with_frame(const DeformSepconvArgs& a, const DeformSepconvCall& prepared, const Tensor& input,
+                                    const Tensor* grad_output) {
+  return with_tensors(a, input, prepared.vertical, prepared.horizontal, prepared.offset, prepared.mask,
+                      prepared.offset_dx, grad_output);
 }
 
 // Checks what memory safety depends on (edsc_ext/ops.py gives the friendlier messages first) and

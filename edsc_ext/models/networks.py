@@ -193,7 +193,7 @@ def _register_conv2d_relu_flops(flop_counter) -> None:
 
 class _AfterImport(importlib.abc.MetaPathFinder):
     """Runs ``action(module)`` once module ``name`` has been imported: importing
-    torch.utils.flop_counter loads Triton (about 0.25 s), which the video tool's start-up should not pay
+    torch.utils.flop_counter loads Triton, which the video tool's start-up should not pay
     for a FLOP formula that only FlopCounterMode reads (and it copies the registry when it is made, so an
     import of the module is early enough)."""
 

@@ -76,22 +76,8 @@ DeformSepconvBackwardResult deform_sepconv_backward_cuda(const DeformSepconvArgs
     const Tensor grad_output = contiguous_in(*args.grad_output), frame = contiguous_in(input);
     const OptionalTensor vertical = nchw(args.vertical), horizontal = nchw(args.horizontal), offset = nchw(args.offset),
                          mask = nchw(args.mask), offset_dx = nchw(args.offset_dx);
-    auto grads = deform_sepconv_backward_cuda({.input = frame,
-                                               .vertical = vertical,
-                                               .horizontal = horizontal,
-                                               .offset = offset,
-                                               .mask = mask,
-                                               .kernel_h = args.kernel_h,
-                                               .kernel_w = args.kernel_w,
-                                               .pad_h = args.pad_h,
-                                               .pad_w = args.pad_w,
-                                               .dilation_h = args.dilation_h,
-                                               .dilation_w = args.dilation_w,
-                                               .padding_mode = args.padding_mode,
-                                               .offset_dx = offset_dx,
-                                               .grad_output = &grad_output,
-                                               .output_mask = args.output_mask,
-                                               .deterministic = args.deterministic});
+    auto grads = deform_sepconv_backward_cuda(
+        with_tensors(args, frame, vertical, horizontal, offset, mask, offset_dx, &grad_output));
     const auto back = [](const Tensor& g) { return g.numel() > 0 ? contiguous_in(g, MemoryFormat::ChannelsLast) : g; };
     return {back(std::get<0>(grads)), back(std::get<1>(grads)), back(std::get<2>(grads)),
             back(std::get<3>(grads)), back(std::get<4>(grads)), back(std::get<5>(grads))};
