@@ -167,6 +167,18 @@ TOLERANCES = {
 GRAD_FACTOR = 4.0
 
 
+def subprocess_env(*paths, **changes) -> dict:
+    """The environment for a Python subprocess that must import what this test process imports: the
+    folder holding the edsc_ext imported here (the checkout, or an installed wheel) first, then
+    ``paths`` (e.g. the checkout, for its tools), then the PYTHONPATH already set (where packages
+    such as PyAV may have been installed on their own), and ``changes``."""
+    import edsc_ext
+
+    package_parent = str(Path(edsc_ext.__file__).resolve().parent.parent)
+    entries = [package_parent, *map(str, paths), os.environ.get("PYTHONPATH")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(e for e in entries if e)), **changes}
+
+
 def seed_for(nodeid: str) -> int:
     """A stable seed for a test (Python's hash() is salted per process; crc32 is not)."""
     return zlib.crc32(nodeid.encode())

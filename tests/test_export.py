@@ -26,7 +26,7 @@ import torch
 import edsc_ext
 from edsc_ext.models import EDSC, compat, networks
 
-from conftest import ALL_PRESENT, PADDING_MODES, present_id, requires_cuda
+from conftest import ALL_PRESENT, PADDING_MODES, present_id, requires_cuda, subprocess_env
 
 REPO = Path(__file__).resolve().parent.parent
 Dim = torch.export.Dim
@@ -145,7 +145,7 @@ def max_error(actual, expected) -> float:
 def run_fresh(code: str) -> str:
     """Runs ``code`` in a new Python process that imports edsc_ext from this checkout, with float32 CUDA
     convolutions as here (float32_convolutions); returns stdout."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    env = subprocess_env(REPO)
     code = "import torch\ntorch.backends.cudnn.allow_tf32 = False\n" + textwrap.dedent(code)
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=600)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
-import os
 import re
 import subprocess
 import sys
@@ -15,6 +14,8 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Set
 
 import pytest
+
+from conftest import subprocess_env
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "edsc_ext"
@@ -127,11 +128,8 @@ def test_each_console_script_runs_its_modules_main():
 
 def run_help(command: List[str], tmp_path: Path) -> str:
     # The edsc_ext these tests imported (the checkout, or an installed wheel) is the one the command runs.
-    import edsc_ext
-
-    package_parent = str(Path(edsc_ext.__file__).resolve().parent.parent)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")])))
-    result = subprocess.run(command + ["--help"], capture_output=True, text=True, timeout=180, cwd=tmp_path, env=env)
+    result = subprocess.run(command + ["--help"], capture_output=True, text=True, timeout=180, cwd=tmp_path,
+                            env=subprocess_env())
     assert result.returncode == 0, result.stderr
     assert "RuntimeWarning" not in result.stderr, result.stderr
     return result.stdout

@@ -41,7 +41,15 @@ from edsc_ext.models.networks import (
     save_checkpoint,
 )
 
-from conftest import assert_close, needs_packages, needs_shared_data, rel_error, requires_cuda, shared_data_path
+from conftest import (
+    assert_close,
+    needs_packages,
+    needs_shared_data,
+    rel_error,
+    requires_cuda,
+    shared_data_path,
+    subprocess_env,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 TABLES = shared_data_path("edsc")
@@ -1496,9 +1504,7 @@ def test_train_script_bad_path_exits_2_without_a_traceback(tmp_path, bad):
             "resume": ["--data", str(data), "--resume", str(not_a_checkpoint)]}[bad]
     command = [sys.executable, str(REPO / "examples" / "train.py"), *argv, "--out", str(tmp_path / "run")]
     # The script imports the edsc_ext these tests imported, installed or not.
-    package_parent = str(Path(models_module.__file__).resolve().parents[2])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")])))
-    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(command, cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     expected = tmp_path / "missing" if bad == "data" else not_a_checkpoint

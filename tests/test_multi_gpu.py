@@ -38,6 +38,7 @@ from conftest import (
     default_grad_output,
     make_inputs,
     requires_two_gpus,
+    subprocess_env,
 )
 from multi_gpu_helpers import RESULT_MARKER, allocation_count, device_uuid, seed_scenario
 
@@ -46,8 +47,6 @@ OP = edsc_ext.deform_sepconv
 TESTS_DIR = Path(__file__).resolve().parent
 EXAMPLE = TESTS_DIR.parent / "examples" / "ddp_train.py"
 HELPER = TESTS_DIR / "multi_gpu_helpers.py"
-# The folder holding the edsc_ext this test imported; subprocesses get it on PYTHONPATH.
-PACKAGE_PARENT = Path(edsc_ext.__file__).resolve().parent.parent
 
 DDP_TIMEOUT_S = 180
 HELPER_TIMEOUT_S = 120
@@ -210,11 +209,9 @@ TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "G
                       "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
 
 
-def subprocess_env(**changes) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARIABLES}
-    env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_PARENT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    env.update(changes)
-    return env
+def torchrun_free_env(**changes) -> dict:
+    """conftest.subprocess_env without torchrun's variables."""
+    return {k: v for k, v in subprocess_env(**changes).items() if k not in TORCHRUN_VARIABLES}
 
 
 class Launched:
@@ -256,7 +253,7 @@ def run(cmd, env, log_path: Path, timeout: float):
 
 
 def run_helper(tmp_path: Path, device: str, **env_changes) -> dict:
-    rc, output = run([sys.executable, HELPER, "--device", device], subprocess_env(**env_changes),
+    rc, output = run([sys.executable, HELPER, "--device", device], torchrun_free_env(**env_changes),
                      tmp_path / "helper.log", HELPER_TIMEOUT_S)
     lines = [line for line in output.splitlines() if RESULT_MARKER in line]
     assert rc == 0 and lines, f"{HELPER.name} --device {device} failed (exit {rc}); output:\n{output[-8000:]}"
@@ -467,11 +464,11 @@ def check_ddp(tmp_path: Path, device: str, env: dict) -> None:
 @requires_two_gpus
 def test_ddp_two_gpus(tmp_path):
     """torchrun --nproc_per_node=2 examples/ddp_train.py on cuda:0 and cuda:1 (NCCL)."""
-    check_ddp(tmp_path, "cuda", subprocess_env())
+    check_ddp(tmp_path, "cuda", torchrun_free_env())
 
 
 @pytest.mark.skipif(not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
                     reason="needs torch.distributed with gloo")
 def test_ddp_cpu_gloo(tmp_path):
     """The same on the CPU (two processes, gloo), one thread each; runs without any GPU."""
-    check_ddp(tmp_path, "cpu", subprocess_env(OMP_NUM_THREADS="1"))
+    check_ddp(tmp_path, "cpu", torchrun_free_env(OMP_NUM_THREADS="1"))

@@ -12,7 +12,6 @@ from __future__ import annotations
 import errno
 import importlib.util
 import json
-import os
 import re
 import subprocess
 import sys
@@ -26,7 +25,7 @@ import torch
 
 from edsc_ext.models import EDSC_m
 
-from conftest import assert_one_line_error, requires_cuda, requires_two_gpus, run_cli
+from conftest import assert_one_line_error, requires_cuda, requires_two_gpus, run_cli, subprocess_env
 
 MISSING = [m for m in ("av", "PIL", "tqdm") if importlib.util.find_spec(m) is None]
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
@@ -551,7 +550,7 @@ def test_the_test_clip_is_deterministic_with_audio(tmp_path):
     for name in ("a.mp4", "b.mp4"):
         done = subprocess.run([sys.executable, str(REPO / "tools" / "make_test_clip.py"), str(tmp_path / name),
                                "--size", "64x48", "--seconds", "1"], capture_output=True, text=True, cwd=REPO,
-                              timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+                              timeout=120, env=subprocess_env(REPO))
         assert done.returncode == 0 and "24 frames" in done.stdout, done.stderr
         outputs.append(decoded_planes(tmp_path / name)[1])
     assert [len(o) for o in outputs] == [24, 24]
@@ -580,7 +579,7 @@ def test_the_throughput_script_makes_its_table(tmp_path):
     done = subprocess.run([sys.executable, str(REPO / "tools" / "video_throughput.py"), "--out", str(tmp_path),
                            "--device", "cpu", "--quick", "--configs", "medium", "--no-benchmark"],
                           capture_output=True, text=True, cwd=REPO, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+                          env=subprocess_env(REPO))
     assert done.returncode == 0, done.stderr
     assert "| medium | `--preset medium` | 32x32 | 11 |" in done.stdout
     assert "Stage profile, medium" in done.stdout and "| network |" in done.stdout
@@ -589,7 +588,7 @@ def test_the_throughput_script_makes_its_table(tmp_path):
     done = subprocess.run([sys.executable, str(REPO / "tools" / "video_throughput.py"), "--out", str(tmp_path),
                            "--multi-gpu", "--device", "cpu", "--pair", "cpu,cpu", "--quick", "--no-benchmark"],
                           capture_output=True, text=True, cwd=REPO, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+                          env=subprocess_env(REPO))
     assert done.returncode == 0, done.stderr
     assert "cpu against cpu,cpu" in done.stdout and "speedup, two GPUs against one: " in done.stdout
 
