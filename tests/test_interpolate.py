@@ -662,6 +662,20 @@ def test_variable_frame_rate_uses_the_timestamps(tmp_path, weights, capsys, blen
     assert all(abs(t - Fraction(k, 50)) < Fraction(1, 1000) for k, t in enumerate(got))
 
 
+@needs_packages("av")
+@pytest.mark.parametrize("codec", ["libx264", "libx265", "libvpx-vp9"])
+def test_every_encoder_opens_with_the_thread_count_of_a_big_machine(tmp_path, codec):
+    """The tool passes 1.5 threads a core (24 on 16 cores); x265 refused that as frame threads (at most 15)."""
+    target = tmp_path / ("out.webm" if codec == "libvpx-vp9" else "out.mkv")
+    sink = video.VideoSink(target, target, 64, 48, Fraction(24), Fraction(1, 24), codec=codec, crf=30,
+                           threads=interpolate.encoder_threads(64))
+    try:
+        assert sink.encoder == codec
+    finally:
+        sink.abort()
+    assert not target.exists()
+
+
 @needs_packages("av", "tqdm")
 def test_codec_crf_and_pixel_format_follow_the_input_or_are_set(tmp_path, weights, clip, capsys, blend_network):
     rc, stdout, err = run_cli(video_argv(weights, "EDSC_s", clip, tmp_path / "same.mp4"), capsys)
@@ -1223,6 +1237,27 @@ def swscale_rgb(planes: np.ndarray, layout, colorspace: int, color_range: int) -
     return frame.to_ndarray(format="rgb24", src_colorspace=colorspace, src_color_range=color_range)
 
 
+def yuv_reference(rgb: np.ndarray, layout) -> np.ndarray:
+    """The flat planar YUV codes of an 8-bit RGB image in float64 (rounded), from the standards' luma
+    weights and ranges; each chroma sample the mean of the pixels it covers (sizes its multiples here)."""
+    kr, kb = {"bt601": (0.299, 0.114), "bt709": (0.2126, 0.0722), "bt2020": (0.2627, 0.0593)}[layout.matrix]
+    r, g, b = (rgb.astype(np.float64) / 255).transpose(2, 0, 1)
+    y = kr * r + (1 - kr - kb) * g + kb * b
+    _, sx, sy = frames.PLANAR_YUV[layout.format]
+    h, w = y.shape
+
+    def covered_mean(c):
+        return c.reshape(h >> sy, 1 << sy, w >> sx, 1 << sx).mean(axis=(1, 3))
+
+    cb, cr = covered_mean((b - y) / (2 * (1 - kb))), covered_mean((r - y) / (2 * (1 - kr)))
+    top, scale = (1 << layout.bits) - 1, 1 << (layout.bits - 8)
+    if layout.full_range:
+        y, cb, cr = y * top, cb * top + (top + 1) / 2, cr * top + (top + 1) / 2
+    else:
+        y, cb, cr = (16 + 219 * y) * scale, (128 + 224 * cb) * scale, (128 + 224 * cr) * scale
+    return np.clip(np.round(np.concatenate([p.ravel() for p in (y, cb, cr)])), 0, top)
+
+
 @needs_packages("av")
 @pytest.mark.parametrize("pix_fmt, colorspace, color_range", [
     ("yuv420p", 2, 0), ("yuv420p", 1, 1), ("yuv420p", 5, 2), ("yuv422p", 1, 1), ("yuv444p", 6, 1),
@@ -1252,13 +1287,15 @@ def test_device_yuv_conversion_agrees_with_swscale(gen, pix_fmt, colorspace, col
     for reference in references:
         diff = (bgr.flip(0).permute(1, 2, 0) * 255 - torch.from_numpy(reference).float()).abs()
         assert diff.max() <= 3.5 and diff.mean() <= 1.5, (diff.max(), diff.mean())
-    # RGB -> YUV: luma within a level of swscale's, chroma (a block mean here) close to its filter.
+    # RGB -> YUV: every sample within a code of the float64 reference (chroma: the mean of the pixels it
+    # covers); the luma within a level of swscale's, the chroma close to its filter on average. Not at
+    # each sample: swscale (FFmpeg 7.1) writes runs of neutral chroma (512) into some 4:2:2 10-bit frames.
     mine = frames.from_model(torch.from_numpy(rgb).permute(2, 0, 1).flip(0).float() / 255, layout)
     assert mine.shape == planes.shape and mine.dtype == layout.torch_dtype
     mine = frames.host_array(mine, layout).astype(int)
+    assert np.abs(mine - yuv_reference(rgb, layout)).max() <= 1
     d = np.abs(mine - planes.astype(int)) / step
-    assert d[:y_size].max() <= 1 and d[y_size:].mean() <= 1.5 and d[y_size:].max() <= 8, (d[:y_size].max(),
-                                                                                           d[y_size:].max())
+    assert d[:y_size].max() <= 1 and d[y_size:].mean() <= 1.5, (d[:y_size].max(), d[y_size:].mean())
     # There and back: the chroma exactly, the luma to within one code (colours the RGB cube holds: a
     # clamped one converts back to another).
     back = frames.host_array(frames.from_model(bgr, layout), layout).astype(int)

@@ -352,6 +352,9 @@ def slow_stages(monkeypatch, network_s: float, mux_s: float):
 def test_decode_network_and_encode_overlap(tmp_path, weights, monkeypatch):
     source = moving_clip(tmp_path / "in.mp4", frames=20, w=64, h=48, audio=False)
     slow_stages(monkeypatch, network_s=0.04, mux_s=0.015)
+    # x264 holds back about as many frames as it has frame threads: 24 on 16 cores would keep most of
+    # these 40 until the flush, after the network. Two threads, as on a small machine.
+    monkeypatch.setattr(interpolate, "encoder_threads", lambda cores: 2)
     model = engine.load_model(weights["EDSC_s"])
     result = interpolate.interpolate_video(model, source, tmp_path / "x2.mp4", quiet=True, show_progress=False,
                                            scene_threshold=None, preset="ultrafast")  # no lookahead to wait for

@@ -419,6 +419,11 @@ def _mux(container, packets) -> None:
     container.mux(packets)
 
 
+# The encoders that take ``threads`` as their thread count. x265 sizes its frame threads and pools from
+# the cores itself, and libavcodec passes a thread count to it as frame threads, which it refuses above 15.
+SIZED_THREADS = ("libx264",)
+
+
 class VideoSink:
     """Encodes frames into a video file at ``path`` (a temporary name: the caller renames it),
     copying the input's audio and subtitle streams in sync. Writes happen in the encode thread
@@ -430,8 +435,9 @@ class VideoSink:
     The input's display matrix is kept (:attr:`keeps_rotation`) where the container stores one and
     ``rotate_pixels`` is not asked for; ``width`` and ``height`` are those of the frames written
     (turned already where the caller turns the pixels). ``preset``: x264/x265's (None: ``default_preset``,
-    else the encoder's own); ``threads``: the encoder's threads (None: its own choice, x264: 1.5 per
-    core); ``profile``: a :class:`~edsc_ext.apps.stages.StageProfile` timing the encode and mux stages."""
+    else the encoder's own); ``threads``: x264's threads (None: its own choice, 1.5 per core; other
+    encoders size their threads themselves); ``profile``: a :class:`~edsc_ext.apps.stages.StageProfile`
+    timing the encode and mux stages."""
 
     def __init__(self, path: Path, target: Path, width: int, height: int, rate: Fraction, time_base: Fraction,
                  info: Optional[VideoInfo] = None, codec: Optional[str] = None, crf: Optional[float] = None,
@@ -466,7 +472,7 @@ class VideoSink:
             # Frame threads as well as slices (PyAV's default is slices only): x264 then keeps up
             # with the network at 1080p (BENCHMARKS.md, video section).
             ctx.thread_type = "AUTO"
-            if threads:
+            if threads and encoder in SIZED_THREADS:
                 ctx.thread_count = threads
             self.stream.time_base = time_base
             ctx.time_base = time_base

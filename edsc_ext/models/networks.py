@@ -324,18 +324,21 @@ def check_frames(first: Tensor, second: Tensor) -> None:
 
 
 def check_time(time, *, read_device_values: bool = False) -> None:
-    """Raises a ValueError naming ``time`` unless it (a number, or each value of a tensor) lies in (0, 1),
+    """Raises a ValueError naming ``time`` unless it (a number, or each value of a tensor or a list) lies in (0, 1),
     strictly between the two frames. A tensor's values are read where that costs no device sync (on the
     CPU, outside torch.compile and export tracing); ``read_device_values`` reads a GPU tensor's too."""
     if time is None:
         return
+    kind = "tensor"
+    if isinstance(time, (list, tuple)):
+        kind, time = type(time).__name__, torch.as_tensor(time, dtype=torch.float64)
     if isinstance(time, Tensor):
         if type(time) is not Tensor or _is_compiling() or (time.device.type != "cpu" and not read_device_values):
             return
         outside = ~((time > 0) & (time < 1))  # NaN compares False: outside
         if bool(outside.any()):
             first = time[outside][0].item()
-            raise ValueError(f"time must be in (0, 1) (strictly between the two frames), got {first!r} in a tensor "
+            raise ValueError(f"time must be in (0, 1) (strictly between the two frames), got {first!r} in a {kind} "
                              f"of shape {tuple(time.shape)}")
     elif not 0 < time < 1:
         raise ValueError(f"time must be in (0, 1) (strictly between the two frames), got {float(time)!r}")
