@@ -79,10 +79,10 @@ def test_the_emulation_shuffles_and_guards_shared_memory(harness):
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
-def _geometry(x, v, h, out_shape, padding, mode, channels_last):
+def _geometry(x, v, h, out_shape, padding, mode, channels_last, dilation=1):
     n, c, h_in, w_in = x.shape
-    return (ctypes.c_int64 * 14)(n, c, h_in, w_in, *out_shape[2:], v.shape[1], h.shape[1], padding, padding, 1, 1,
-                                 edsc_ext.ops.PADDING_MODES[mode], int(channels_last))
+    return (ctypes.c_int64 * 14)(n, c, h_in, w_in, *out_shape[2:], v.shape[1], h.shape[1], padding, padding, dilation,
+                                 dilation, edsc_ext.ops.PADDING_MODES[mode], int(channels_last))
 
 
 def _emulated_forward(lib, x, v, h, off, m, out_shape, padding, mode, channels_last, plain=False):
@@ -98,8 +98,8 @@ def _emulated_forward(lib, x, v, h, off, m, out_shape, padding, mode, channels_l
 
 
 def _emulated_backward(lib, x, v, h, off, m, grad_out, padding, mode, channels_last, lane_tile=False,
-                       input_grad_tile=True):
-    geometry = _geometry(x, v, h, grad_out.shape, padding, mode, channels_last)
+                       input_grad_tile=True, dilation=1):
+    geometry = _geometry(x, v, h, grad_out.shape, padding, mode, channels_last, dilation)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
 
     def dense(t):
@@ -117,11 +117,11 @@ def _emulated_backward(lib, x, v, h, off, m, grad_out, padding, mode, channels_l
     return plan.value.decode(), grads
 
 
-def _case(c, k, mode, channels_last, seed, dtype=torch.float32, offsets=True, mask=True, size=13):
-    """A random call (size x size output, padding K // 2) in ``dtype``, its output gradient, and the CPU
-    op's gradients (None for an absent tensor)."""
+def _case(c, k, mode, channels_last, seed, dtype=torch.float32, offsets=True, mask=True, size=13, dilation=1):
+    """A random call (size x size output, padding dilation * (K // 2)) in ``dtype``, its output gradient,
+    and the CPU op's gradients (None for an absent tensor)."""
     gen = torch.Generator().manual_seed(seed)
-    n, padding = 2, k // 2
+    n, padding = 2, dilation * (k // 2)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     x = torch.randn(n, c, size, size, generator=gen)
     v = torch.randn(n, k, size, size, generator=gen)
@@ -132,7 +132,7 @@ def _case(c, k, mode, channels_last, seed, dtype=torch.float32, offsets=True, ma
     present = (True, True, True, offsets, mask)
     args = [t.to(dtype).contiguous(memory_format=fmt).requires_grad_() if keep else None
             for t, keep in zip((x, v, h, off, m), present)]
-    out = edsc_ext.deform_sepconv(*args, padding=padding, padding_mode=mode)
+    out = edsc_ext.deform_sepconv(*args, padding=padding, dilation=dilation, padding_mode=mode)
     grad_out = torch.randn(out.shape, generator=gen).to(dtype).contiguous(memory_format=fmt)
     given = [t for t in args if t is not None]
     found = iter(torch.autograd.grad(out, given, grad_out))
@@ -184,19 +184,21 @@ def test_the_pixels_backward_computes_what_the_cpu_op_does(harness, c, k, channe
 
 
 @pytest.mark.parametrize("lane_tile", [False, True], ids=["channel_lanes", "lane_tile"])
-@pytest.mark.parametrize("c, k, mode, lanes", [
-    (8, 5, "border", 1),    # a tile row a warp of 32 pixels
-    (16, 3, "zeros", 2),    # run-time kernel size
-    (24, 5, "edsc", 4),     # three blocks on four lanes: one lane idle
-    (32, 5, "border", 4),   # the feat case's channels
-    (64, 5, "zeros", 8),    # two passes of channels through the tile
+@pytest.mark.parametrize("c, k, mode, lanes, dilation", [
+    (8, 5, "border", 1, 1),   # a tile row a warp of 32 pixels
+    (16, 3, "zeros", 2, 1),   # run-time kernel size
+    (24, 5, "edsc", 4, 1),    # three blocks on four lanes: one lane idle
+    (32, 5, "border", 4, 1),  # the feat case's channels
+    (32, 5, "zeros", 4, 5),   # a 35 x 35 footprint: four passes of 8 channels through the tile
+    (64, 5, "zeros", 8, 1),   # 8 lanes: the lane tile leaves them to the channel lanes
 ])
-def test_the_channel_lanes_compute_what_the_cpu_op_does(harness, c, k, mode, lanes, lane_tile):
+def test_the_channel_lanes_compute_what_the_cpu_op_does(harness, c, k, mode, lanes, dilation, lane_tile):
     """The channels_last backward of many channels, with the input gradient through global atomics (the
-    channel lanes) or through the fixed-point tile (policy lane_tile)."""
-    args, grad_out, padding, expected = _case(c, k, mode, True, 2000 + c * 10 + k)
-    plan, grads = _emulated_backward(harness, *args, grad_out, padding, mode, True, lane_tile=lane_tile)
-    assert plan == f"{'lane_tile' if lane_tile else 'channel_lanes'}{lanes}", plan
+    channel lanes) or, for at most 4 lanes, through the fixed-point tile (policy lane_tile)."""
+    args, grad_out, padding, expected = _case(c, k, mode, True, 2000 + c * 10 + k + dilation, dilation=dilation)
+    plan, grads = _emulated_backward(harness, *args, grad_out, padding, mode, True, lane_tile=lane_tile,
+                                     dilation=dilation)
+    assert plan == f"{'lane_tile' if lane_tile and lanes <= 4 else 'channel_lanes'}{lanes}", plan
     _assert_grads_match(grads, expected)
 
 

@@ -275,8 +275,8 @@ def test_plans_of_mixed_precision_calls(gen):
              ("pixels_prefetch", "tiled_prefetch")),
             (3, "channels_last", (True,) * 4, ("lane_pairs_rgb_staged", "tiled_warp_staged_rgb"),
              ("pixels_rgb", "tiled_blocks3")),
-            (8, "channels_last", (True,) * 4, ("pixels_vectorized8", "channel_lanes1"),
-             ("pixels_vectorized8", "channel_lanes1")),
+            (8, "channels_last", (True,) * 4, ("pixels_vectorized8", "lane_tile1"),
+             ("pixels_vectorized8", "lane_tile1")),
             (3, "contiguous", (True, True, False, False), ("grid_taps_pass3", "grid_taps_params+gather_input_grad"),
              ("pixels_rgb_prefetch", "tiled_rgb_prefetch")),
         ):

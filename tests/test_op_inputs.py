@@ -669,7 +669,8 @@ def test_non_finite_offset(gen, device, config, dtype, poison, which, padding_mo
 # and the two-pass one under cpu_scratch_mb=0).
 NON_FINITE_CONFIGS = {"3x3-c2": ((2, 2, 6, 7, 3, 3, 1, 1), "contiguous", ("tiled", "tiled")),
                       "5x5-rgb": ((2, 3, 8, 9, 5, 5, 2, 1), "contiguous", ("tiled_rgb_prefetch",) * 2),
-                      "3x3-c8-cl": ((2, 8, 6, 7, 3, 3, 1, 1), "channels_last", ("channel_lanes", "nchw_copies"))}
+                      "3x3-c8-cl": ((2, 8, 6, 7, 3, 3, 1, 1), "channels_last", ("lane_tile", "nchw_copies")),
+                      "3x3-c40-cl": ((2, 40, 6, 7, 3, 3, 1, 1), "channels_last", ("channel_lanes", "nchw_copies"))}
 
 
 @pytest.mark.parametrize("device", DEVICES)

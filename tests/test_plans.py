@@ -125,10 +125,10 @@ EXPECTED_PLANS = {
     'train f64': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
     'train f32 channels_last': ('pixels/avx2', 'sample_rows/avx2', 'lane_pairs_rgb_staged', 'tiled_warp_staged_rgb'),
     'train bf16 channels_last': ('pixels/avx2+float32_frame', 'sample_rows/avx2+float32_frame', 'lane_pairs_rgb_staged', 'tiled_warp_staged_rgb'),
-    'feat f32 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_vectorized8', 'channel_lanes4'),
-    'feat bf16 channels_last': ('pixels/avx2+float32_frame', 'pixels_fused/avx2+float32_frame', 'pixels_vectorized8', 'channel_lanes4'),
+    'feat f32 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_vectorized8', 'lane_tile4'),
+    'feat bf16 channels_last': ('pixels/avx2+float32_frame', 'pixels_fused/avx2+float32_frame', 'pixels_vectorized8', 'lane_tile4'),
     'feat f64 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'pixels', 'nchw_copies+tiled_prefetch'),
-    'feat f32+bf16 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_vectorized8', 'channel_lanes4'),
+    'feat f32+bf16 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_vectorized8', 'lane_tile4'),
     'train f32+f16 channels_last': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb', 'tiled_blocks3'),
     'train f32 deterministic': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch+fixed_point'),
     'train f64 deterministic': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb_prefetch', 'pixels_blocks3+fixed_point'),
@@ -149,7 +149,7 @@ EXPECTED_PLANS = {
     'train f32 views': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb', 'tiled_rgb_prefetch'),
     'train f32 channels_last views': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb', 'tiled_warp_staged_rgb'),
     'train f16 C=4 views': ('pixels/avx2+float32_frame', 'sample_rows/avx2+float32_frame', 'pixels', 'tiled_prefetch'),
-    'feat f32 channels_last views': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_vectorized8', 'channel_lanes4'),
+    'feat f32 channels_last views': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_vectorized8', 'lane_tile4'),
     'sepconv f32 channels_last views': ('pixels/avx2', 'grid_taps_rows/avx2', 'pixels', 'grid_taps_params+gather_input_grad'),
     'train f32 frame grad only': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
     'train f32 no grads': ('pixels/avx2', 'none', 'pixels_rgb_prefetch', 'none'),
@@ -189,8 +189,8 @@ POLICY_CASES = [
      ("pixels_vectorized8", "channel_lanes4"), ("pixels", "channel_lanes4")),
     ("channel_lanes", False, meta_call(FEAT, channels_last=True), H200,
      ("pixels_vectorized8", "channel_lanes4"), ("pixels_vectorized8", "nchw_copies+tiled_prefetch")),
-    ("lane_tile", True, meta_call(FEAT, channels_last=True), H200,
-     ("pixels_vectorized8", "channel_lanes4"), ("pixels_vectorized8", "lane_tile4")),
+    ("lane_tile", False, meta_call(FEAT, channels_last=True), H200,
+     ("pixels_vectorized8", "lane_tile4"), ("pixels_vectorized8", "channel_lanes4")),
     ("cpu_scratch_mb", 0, meta_call(FEAT), CPU,
      ("pixels/avx2", "pixels_fused/avx2"), ("pixels/avx2", "pixels_two_pass/avx2")),
     ("cpu_isa", "baseline", meta_call(TRAIN), CPU,
@@ -217,11 +217,19 @@ def test_policy_changes_plan(keyword, value, call, device, default, changed):
     (64, F32, "channel_lanes8"), (256, F32, "channel_lanes32"), (320, F32, "channel_lanes32"),
     (12, F32, "nchw_copies+tiled_prefetch"), (32, F64, "nchw_copies+tiled_prefetch")])
 def test_channel_lanes_plans(channels, dtype, expected):
-    """By default (kernel_policy(channel_lanes=True)) the H200 plan of a channels_last backward of a
+    """With kernel_policy(channel_lanes=True) (the default) and the lane tile off (which takes 8 to 32
+    channels with the input gradient, below), the H200 plan of a channels_last backward of a
     multiple of 8 channels (float32 or a half type) gives a pixel one thread per block of 8 channels,
     rounded up to a power of two, at most a warp; other counts and float64 run on NCHW copies. A
     deterministic input gradient (float atomics would not be) runs on NCHW copies too; without the
     input gradient the lanes stay."""
+    with edsc_ext.kernel_policy(lane_tile=False):
+        channel_lanes_plans(channels, dtype, expected)
+    if channels > 32:  # the lane tile's default stops at 4 lanes
+        channel_lanes_plans(channels, dtype, expected)
+
+
+def channel_lanes_plans(channels, dtype, expected):
     call = meta_call(FEAT, dtype, channels_last=True, channels=channels)
     assert edsc_ext.current_kernel_policy().channel_lanes
     assert plans(call, H200).backward == expected
@@ -242,14 +250,14 @@ def test_channel_lanes_plans(channels, dtype, expected):
 SM75 = CudaDeviceFacts(7, 5, 65536)
 
 
-@pytest.mark.parametrize("channels, dtype, lanes", [(8, F32, 1), (16, BF16, 2), (24, F16, 4), (64, F32, 8),
-                                                    (320, F32, 32)])
+@pytest.mark.parametrize("channels, dtype, lanes", [(8, F32, 1), (16, BF16, 2), (24, F16, 4), (32, F32, 4)])
 def test_lane_tile_plans(channels, dtype, lanes):
-    """kernel_policy(lane_tile=True): the channel lanes' calls that want the input gradient take the lane
-    tile, deterministic ones too (its fixed point); without the input gradient the lanes stay; on a
-    device with 64 KB of shared memory a block too (fewer channels a pass), but not where one block of
-    channels does not fit (a wide dilation)."""
+    """kernel_policy(lane_tile=True), the default: the channel lanes' calls of at most 4 lanes (8 to 32
+    channels) that want the input gradient take the lane tile, deterministic ones too (its fixed point);
+    without the input gradient the lanes stay; on a device with 64 KB of shared memory a block too (fewer
+    channels a pass), but not where one block of channels does not fit (a wide dilation)."""
     call = meta_call(FEAT, dtype, channels_last=True, channels=channels)
+    assert edsc_ext.current_kernel_policy().lane_tile
     with edsc_ext.kernel_policy(lane_tile=True):
         assert plans(call, H200).backward == f"lane_tile{lanes}"
         assert plans(call, H200, deterministic=True).backward == f"lane_tile{lanes}+fixed_point"
@@ -259,6 +267,16 @@ def test_lane_tile_plans(channels, dtype, lanes):
         assert plans(((frame, *rest), kwargs), H200).backward == f"channel_lanes{lanes}"
         wide = meta_call(FEAT, dtype, channels_last=True, channels=channels, dilation=40, padding=80)
         assert plans(wide, SM75).backward == f"channel_lanes{lanes}"
+
+
+@pytest.mark.parametrize("channels, lanes", [(40, 8), (64, 8), (256, 32)])
+def test_the_lane_tile_leaves_8_lanes_and_more_to_the_channel_lanes(channels, lanes):
+    """With 8 lanes a pixel the lane tile's tiles are 4 pixels wide: their halo cost more than the
+    atomics saved (1.35-1.45x the channel lanes' time at 64 channels), so the planner keeps the lanes."""
+    call = meta_call(FEAT, F32, channels_last=True, channels=channels)
+    with edsc_ext.kernel_policy(lane_tile=True):
+        assert plans(call, H200).backward == f"channel_lanes{lanes}"
+        assert plans(call, H200, deterministic=True).backward.startswith("nchw_copies+")
 
 
 
@@ -348,7 +366,7 @@ def test_policy_reaches_the_op():
     block restores it, nested or left by an exception."""
     default = compiled_values()
     assert default == {"grid_taps": 1, "plain_forward": 0, "prefetch": 1, "input_grad_tile": 1, "warp_staging": 1,
-                       "vector_loads": 1, "channel_lanes": 1, "lane_tile": 0, "cpu_scratch_mb": 256, "cpu_isa": 0,
+                       "vector_loads": 1, "channel_lanes": 1, "lane_tile": 1, "cpu_scratch_mb": 256, "cpu_isa": 0,
                        "cpu_float32_frame": 1, "cpu_sample_rows": 1}
     assert _policy.compiled_kernel_policy() == edsc_ext.KernelPolicy()
     with edsc_ext.kernel_policy(grid_taps=False, cpu_scratch_mb=7):

@@ -175,11 +175,11 @@ CudaBackwardPlan plan_cuda_backward(const CallFacts& c, const CudaDeviceFacts& d
                             c.use_32bit_indexing && c.input_alignment >= piece && c.grad_output_alignment >= piece &&
                             c.output_pixels() > 0;
     // The lane tile (policy.lane_tile), where the input gradient is wanted: fixed point, so deterministic
-    // calls too; whole blocks of channels a pass in its shared-memory budget, at most kFixedPointMaxTaps
-    // taps, the tiles within one grid.
+    // calls too; at most 4 lanes a pixel (kLaneTileMaxLanesLog2: 8 to 32 channels), whole blocks of channels
+    // a pass in its shared-memory budget, at most kFixedPointMaxTaps taps, the tiles within one grid.
     TileFootprint lane_footprint;
     int64_t lane_tiles = 0;
-    if (lane_shape && policy.lane_tile && c.input_grad()) {
+    if (lane_shape && policy.lane_tile && c.input_grad() && lanes_log2 <= kLaneTileMaxLanesLog2) {
       const int64_t budget =
           std::min(kLaneTileSharedBytes, device.shared_memory_per_block_optin - kLaneTileStaticBytes);
       lane_footprint = lane_tile_footprint(c, lanes_log2, budget);
