@@ -64,7 +64,7 @@ struct AxisSample {
 // [0, padded size - 1) of the frame padded by frame_pad (the EDSC layer clamps there and adds both
 // bilinear corners, the same border pixel, at weight 1).
 // The traits by value: through a reference into the kernel parameters the CUDA pixel forward's code
-// came out longer and slower (BENCHMARKS.md, the host reshape before/after).
+// came out longer and slower (BENCHMARKS.md, "The padding traits by value").
 template <typename acc_t, typename index_t>
 EDSC_HOST_DEVICE AxisSample<acc_t, index_t> sample_axis(acc_t coord, index_t size, const PaddingTraits padding,
                                                         index_t frame_pad = 0) {
