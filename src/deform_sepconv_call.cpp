@@ -169,6 +169,7 @@ DeformSepconvCall prepare(const DeformSepconvArgs& args) {
   f.dilation_h = args.dilation_h;
   f.dilation_w = args.dilation_w;
   f.padding = mode->traits;
+  f.padding_mode = mode->code;
   f.batch = input_sizes[0];
   f.channels = input_sizes[1];
   f.height_in = input_sizes[2];

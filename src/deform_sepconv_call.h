@@ -55,6 +55,7 @@ struct CallFacts {
   // The geometry as given, and the padding mode's traits (edsc_ext/spec.h).
   int64_t kernel_h = 0, kernel_w = 0, pad_h = 0, pad_w = 0, dilation_h = 1, dilation_w = 1;
   PaddingTraits padding{};
+  PaddingMode padding_mode = kPaddingZeros;  // the mode's code (the kernels compiled per mode take it)
   int64_t batch = 0, channels = 0, height_in = 0, width_in = 0, height_out = 0, width_out = 0;
   // The frame's dtype (input, output, grad_output) and the per-pixel tensors' (all of vertical,
   // horizontal, offset, mask and offset_dx share one; the frame's when none is given): a pair of
@@ -293,6 +294,10 @@ struct Mask {
 template <const auto& kTable, size_t kRow>
 struct Variant {
   static constexpr auto variant = kTable[kRow];  // a row of a variant table (src/cuda/cuda_plan.h)
+};
+template <int64_t kMode>
+struct Padding {
+  static constexpr int64_t kPaddingMode = kMode;  // a PaddingMode, or kRuntimePaddingMode
 };
 }  // namespace kernel_facts
 
@@ -568,6 +573,30 @@ struct Variant {
       }
     } else {
       throw std::logic_error(message(name, ": a plan names variant row ", row, " of a table of ", std::size(kTable)));
+    }
+  }
+};
+
+// kPaddingMode (after Variant): the call's padding mode where the variant row compiles one kernel per
+// mode (its static_padding), else kRuntimePaddingMode (the kernel reads the traits).
+struct PaddingModeOfVariant {
+  template <typename K, typename Next>
+  static void apply(const KernelChoice& choice, const char* name, Next&& next) {
+    if constexpr (K::variant.static_padding) {
+      apply_mode<K, 0>(choice.facts.padding_mode, name, next);
+    } else {
+      next(typename K::template With<kernel_facts::Padding<kRuntimePaddingMode>>{});
+    }
+  }
+
+ private:
+  template <typename K, size_t kRow, typename Next>
+  static void apply_mode(PaddingMode mode, const char* name, Next& next) {
+    if constexpr (kRow < std::size(kPaddingModes)) {
+      if (mode != kPaddingModes[kRow].code) return apply_mode<K, kRow + 1>(mode, name, next);
+      next(typename K::template With<kernel_facts::Padding<kPaddingModes[kRow].code>>{});
+    } else {
+      throw std::logic_error(message(name, ": no kernel for padding mode code ", static_cast<int64_t>(mode)));
     }
   }
 };

@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "edsc_ext/spec.h"  // PaddingTraits, kMaxKernelWidth
 
@@ -42,6 +44,10 @@ template <typename acc_t>
 EDSC_HOST_DEVICE acc_t clamp_value(acc_t v, acc_t lo, acc_t hi) {
   return v < lo ? lo : (v > hi ? hi : v);
 }
+
+// v clamped to [lo, hi], NaN to lo (fmax and fmin return the operand that is not NaN).
+EDSC_HOST_DEVICE float clamp_nan_to_low(float v, float lo, float hi) { return fminf(fmaxf(v, lo), hi); }
+EDSC_HOST_DEVICE double clamp_nan_to_low(double v, double lo, double hi) { return fmin(fmax(v, lo), hi); }
 
 // One coordinate axis of a bilinear sample: the lower corner index, the fractional weight of the
 // upper corner, which of the two corners lie inside the image, and d(coordinate)/d(offset).
@@ -591,6 +597,165 @@ EDSC_HOST_DEVICE void deform_sepconv_forward_pixel(const DeformSepconvParams<sca
   Values values(p, n, y * p.width_out + x, kernel_extent<kKernelH>(p.kernel_h), kernel_extent<kKernelW>(p.kernel_w));
   deform_sepconv_forward_pixel_with<kChannelBlock, kKernelH, kKernelW, kChannelsLast, scalar_t, acc_t, index_t, Values,
                                     kBranchFree, kVectorLoads>(p, values, output, n, y, x, c0);
+}
+
+// ---- The forward with the padding mode a compile-time constant (the CUDA exact-RGB kernels)
+//
+// The sample of accumulate_tap in fewer instructions, for a padding mode whose traits the kernel
+// was compiled for (kPaddingModes[...].code as kPaddingMode): no branch on the traits; the tap's
+// weight folded into the four bilinear corner weights (one multiply-add a corner and channel);
+// a clamping mode reads its corners at indices clamped into the image (the corner past the last
+// row or column has weight 0 there), so its loads need no predicate; and a non-finite position
+// adds NaN (position * 0) to a `poison` sum that goes into every channel at the end, instead of a
+// branch. Measured against accumulate_tap's kernels in BENCHMARKS.md ("The forward with the padding
+// mode compiled in").
+
+// A kernel's kPaddingMode where it reads the mode's traits from the params instead.
+constexpr int64_t kRuntimePaddingMode = -1;
+
+// The traits of padding mode `kMode` at compile time.
+template <int64_t kMode>
+constexpr PaddingTraits static_padding_traits() {
+  static_assert(find_padding_mode(kMode) != nullptr, "a padding mode of edsc_ext/spec.h");
+  return find_padding_mode(kMode)->traits;
+}
+
+// `pointer` unchanged, but opaque to the compiler: a frame plane's base kept in registers, so that
+// each corner's address is that base plus the corner's 32-bit index (nvcc otherwise folded the
+// batch and channel offsets into every corner's 64-bit address arithmetic).
+template <typename T>
+EDSC_HOST_DEVICE const T* opaque_pointer(const T* pointer) {
+#if defined(__CUDA_ARCH__)
+  asm("mov.b64 %0, %0;" : "+l"(pointer));
+#endif
+  return pointer;
+}
+
+// *at through the read-only data path on the GPU (the frame does not change during a kernel).
+template <typename scalar_t>
+EDSC_HOST_DEVICE scalar_t load_read_only(const scalar_t* at) {
+#if defined(__CUDA_ARCH__)
+  static_assert(sizeof(scalar_t) == 2 || sizeof(scalar_t) == 4 || sizeof(scalar_t) == 8, "a 2, 4 or 8-byte float");
+  using Bits = std::conditional_t<sizeof(scalar_t) == 2, unsigned short,
+                                  std::conditional_t<sizeof(scalar_t) == 4, unsigned int, unsigned long long>>;
+  const Bits bits = __ldg(reinterpret_cast<const Bits*>(at));
+  scalar_t value;
+  memcpy(&value, &bits, sizeof(value));
+  return value;
+#else
+  return *at;
+#endif
+}
+
+// Adds the tap of weight w at (py, px) to the kChannels accumulators; planes[c] points at channel
+// c's first pixel (opaque_pointer), pixels pixel_stride elements apart.
+template <int64_t kPaddingMode, int kChannels, typename scalar_t, typename acc_t, typename index_t, typename param_t>
+EDSC_HOST_DEVICE void accumulate_tap_static_padding(const DeformSepconvParams<scalar_t, index_t, param_t>& p,
+                                                    const scalar_t* const (&planes)[kChannels], index_t pixel_stride,
+                                                    acc_t w, acc_t py, acc_t px, acc_t& poison,
+                                                    acc_t (&acc)[kChannels]) {
+  constexpr PaddingTraits kPadding = static_padding_traits<kPaddingMode>();
+  poison += py * acc_t(0);
+  poison += px * acc_t(0);
+  const acc_t y_last = static_cast<acc_t>(p.height_in - 1), x_last = static_cast<acc_t>(p.width_in - 1);
+  if constexpr (kPadding.doubles_border) {
+    // As sample_axis: outside [-frame_pad, size - 1 + frame_pad) the border pixel counts twice.
+    const acc_t pad_y = static_cast<acc_t>(p.frame_pad_h), pad_x = static_cast<acc_t>(p.frame_pad_w);
+    if (py < -pad_y || py >= y_last + pad_y) w *= acc_t(2);
+    if (px < -pad_x || px >= x_last + pad_x) w *= acc_t(2);
+  }
+  // As sample_axis, but a NaN position goes to the lower bound, so every index stays in its range.
+  if constexpr (kPadding.clamps) {
+    py = clamp_nan_to_low(py, acc_t(0), y_last);
+    px = clamp_nan_to_low(px, acc_t(0), x_last);
+  } else {
+    py = clamp_nan_to_low(py, acc_t(-2), y_last + acc_t(2));
+    px = clamp_nan_to_low(px, acc_t(-2), x_last + acc_t(2));
+  }
+  const acc_t fy = floor_value(py), fx = floor_value(px);
+  const acc_t ly = py - fy, lx = px - fx;
+  const index_t y0 = static_cast<index_t>(fy), x0 = static_cast<index_t>(fx);
+  const acc_t w_lower = w - w * ly, w_upper = w * ly;
+  const acc_t w01 = w_lower * lx, w00 = w_lower - w01, w11 = w_upper * lx, w10 = w_upper - w11;
+  const index_t row_stride = p.width_in * pixel_stride;
+  const index_t i00 = y0 * row_stride + x0 * pixel_stride;
+  if constexpr (kPadding.clamps) {
+    const index_t i01 = i00 + (x0 < p.width_in - 1 ? pixel_stride : index_t(0));
+    const index_t down = y0 < p.height_in - 1 ? row_stride : index_t(0);
+    const index_t i10 = i00 + down, i11 = i01 + down;
+    EDSC_UNROLL
+    for (int c = 0; c < kChannels; ++c) {
+      acc[c] += w11 * static_cast<acc_t>(load_read_only(planes[c] + i11));
+      acc[c] += w10 * static_cast<acc_t>(load_read_only(planes[c] + i10));
+      acc[c] += w01 * static_cast<acc_t>(load_read_only(planes[c] + i01));
+      acc[c] += w00 * static_cast<acc_t>(load_read_only(planes[c] + i00));
+    }
+  } else {
+    using unsigned_t = std::make_unsigned_t<index_t>;
+    const bool y_lo = static_cast<unsigned_t>(y0) < static_cast<unsigned_t>(p.height_in);
+    const bool y_hi = static_cast<unsigned_t>(y0 + 1) < static_cast<unsigned_t>(p.height_in);
+    const bool x_lo = static_cast<unsigned_t>(x0) < static_cast<unsigned_t>(p.width_in);
+    const bool x_hi = static_cast<unsigned_t>(x0 + 1) < static_cast<unsigned_t>(p.width_in);
+    const auto corner = [&](bool inside, const scalar_t* at) {
+      return inside ? static_cast<acc_t>(load_read_only(at)) : acc_t(0);
+    };
+    EDSC_UNROLL
+    for (int c = 0; c < kChannels; ++c) {
+      acc[c] += w11 * corner(y_hi && x_hi, planes[c] + i00 + row_stride + pixel_stride);
+      acc[c] += w10 * corner(y_hi && x_lo, planes[c] + i00 + row_stride);
+      acc[c] += w01 * corner(y_lo && x_hi, planes[c] + i00 + pixel_stride);
+      acc[c] += w00 * corner(y_lo && x_lo, planes[c] + i00);
+    }
+  }
+}
+
+// The forward of every channel of one output pixel, the call having exactly kChannels channels,
+// with the padding mode kPaddingMode (the kernel's) and the per-pixel values read through `values`
+// (GlobalPixelValues).
+template <int64_t kPaddingMode, int kChannels, int kKernelH, int kKernelW, bool kChannelsLast, typename scalar_t,
+          typename acc_t, typename index_t, typename PixelValues, typename param_t>
+EDSC_HOST_DEVICE void deform_sepconv_forward_pixel_static_padding(
+    const DeformSepconvParams<scalar_t, index_t, param_t>& p, PixelValues& values, scalar_t* output, index_t n,
+    index_t y, index_t x) {
+  const index_t KH = kernel_extent<kKernelH>(p.kernel_h);
+  const index_t KW = kernel_extent<kKernelW>(p.kernel_w);
+  const index_t hw_out = p.height_out * p.width_out;
+  const index_t plane = input_channel_stride<kChannelsLast>(p);
+  const scalar_t* in = p.input + n * index_t(kChannels) * p.height_in * p.width_in;
+  const scalar_t* planes[kChannels];
+  EDSC_UNROLL
+  for (int c = 0; c < kChannels; ++c) planes[c] = opaque_pointer(in + c * plane);
+  const index_t pixel_stride = input_pixel_stride<kChannelsLast>(p);
+
+  acc_t acc[kChannels];
+  EDSC_UNROLL
+  for (int c = 0; c < kChannels; ++c) acc[c] = acc_t(0);
+  acc_t poison = acc_t(0);
+  const HorizontalWeights<kKernelW, typename PixelValues::param_type, acc_t, index_t> horizontal(
+      values.horizontal_values(), values.horizontal_stride());
+  const int64_t y_base = static_cast<int64_t>(y) - p.pad_h;
+  const int64_t x_base = static_cast<int64_t>(x) - p.pad_w;
+  EDSC_UNROLL
+  for (index_t i = 0; i < KH; ++i) {
+    const acc_t wv = values.template vertical<acc_t>(i);
+    const acc_t py0 = static_cast<acc_t>(y_base + static_cast<int64_t>(i) * p.dilation_h);
+    EDSC_UNROLL
+    for (index_t j = 0; j < KW; ++j) {
+      const index_t t = i * KW + j;
+      const acc_t w = wv * horizontal(j) * values.template mask_value<acc_t>(j, t);
+      acc_t py = py0;
+      acc_t px = static_cast<acc_t>(x_base + static_cast<int64_t>(j) * p.dilation_w);
+      if (values.has_offset()) {
+        py += values.template offset_value<acc_t>(j, t, 0);
+        px += values.template offset_value<acc_t>(j, t, 1);
+      }
+      accumulate_tap_static_padding<kPaddingMode>(p, planes, pixel_stride, w, py, px, poison, acc);
+    }
+  }
+  const PixelView<index_t> out_view = pixel_view<kChannelsLast>(n, y * p.width_out + x, p.channels, hw_out);
+  scalar_t* out = output + out_view.base;
+  EDSC_UNROLL
+  for (int c = 0; c < kChannels; ++c) out[c * out_view.stride] = static_cast<scalar_t>(acc[c] + poison);
 }
 
 // Backward of one output pixel, recomputing each tap's sample once:

@@ -85,12 +85,12 @@ def _geometry(x, v, h, out_shape, padding, mode, channels_last, dilation=1):
                                  dilation, edsc_ext.ops.PADDING_MODES[mode], int(channels_last))
 
 
-def _emulated_forward(lib, x, v, h, off, m, out_shape, padding, mode, channels_last, plain=False):
+def _emulated_forward(lib, x, v, h, off, m, out_shape, padding, mode, channels_last, plain=False, dilation=1):
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     inputs = [None if t is None else t.detach().contiguous(memory_format=fmt) for t in (x, v, h, off, m)]
     output = torch.empty(out_shape, dtype=x.dtype).contiguous(memory_format=fmt)
     plan, error = ctypes.create_string_buffer(256), ctypes.create_string_buffer(512)
-    status = lib.edsc_emulated_forward(_geometry(x, v, h, out_shape, padding, mode, channels_last),
+    status = lib.edsc_emulated_forward(_geometry(x, v, h, out_shape, padding, mode, channels_last, dilation),
                                        DTYPE_CODES[x.dtype], int(plain), *[_pointer(t) for t in inputs],
                                        _pointer(output), plan, 256, error, 512)
     assert status == 0, error.value.decode()
@@ -238,10 +238,42 @@ def test_the_forward_computes_what_the_cpu_op_does(harness, c, k, channels_last,
     _assert_forward_matches(harness, args, padding, mode, channels_last, dtype, plain, expected_plan)
 
 
-def _assert_forward_matches(harness, args, padding, mode, channels_last, dtype, plain, expected_plan):
+@pytest.mark.parametrize("mode, dilation", [("zeros", 2), ("border", 1), ("edsc", 1)])
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_exact_rgb_forward_compiled_per_padding_mode(harness, mode, dilation, channels_last, dtype):
+    """The exact-RGB pixel kernels are compiled once per padding mode (the mode's traits constants in the
+    taps): each mode against the CPU op, in both layouts, taps leaving the image on every side; then
+    non-finite offsets (NaN, +-inf) make NaN in every channel of their own pixels and nowhere else."""
+    seed = 7000 + 10 * list(edsc_ext.ops.PADDING_MODES).index(mode) + int(channels_last)
+    args, _, padding, _ = _case(3, 5, mode, channels_last, seed, dtype=dtype, dilation=dilation)
+    expected_plan = "pixels_rgb" if channels_last else "pixels_rgb_prefetch"
+    _assert_forward_matches(harness, args, padding, mode, channels_last, dtype, True, expected_plan, dilation)
+
+    x, v, h, off, m = (t.detach() for t in args)
+    off = off.clone()
+    off[0, 7, 2, 3] = float("nan")
+    off[1, 30, 5, 0] = float("inf")
+    off[1, 11, 12, 12] = -float("inf")
     with torch.no_grad():
-        expected = edsc_ext.deform_sepconv(*args, padding=padding, padding_mode=mode)
-    plan, output = _emulated_forward(harness, *args, expected.shape, padding, mode, channels_last, plain=plain)
+        expected = edsc_ext.deform_sepconv(x, v, h, off, m, padding=padding, dilation=dilation, padding_mode=mode)
+    plan, output = _emulated_forward(harness, x, v, h, off, m, expected.shape, padding, mode, channels_last,
+                                     plain=True, dilation=dilation)
+    assert plan == expected_plan, plan
+    poisoned = torch.zeros(expected.shape[0], 1, *expected.shape[2:], dtype=torch.bool)
+    poisoned[0, 0, 2, 3] = poisoned[1, 0, 5, 0] = poisoned[1, 0, 12, 12] = True
+    assert torch.equal(expected.isnan(), poisoned.expand_as(expected))
+    assert torch.equal(output.isnan(), poisoned.expand_as(output))
+    finite = ~poisoned.expand_as(output)
+    scale = expected[finite].abs().max().item()
+    assert (output[finite].float() - expected[finite].float()).abs().max().item() <= TOLERANCES[dtype] * max(scale, 1.0)
+
+
+def _assert_forward_matches(harness, args, padding, mode, channels_last, dtype, plain, expected_plan, dilation=1):
+    with torch.no_grad():
+        expected = edsc_ext.deform_sepconv(*args, padding=padding, dilation=dilation, padding_mode=mode)
+    plan, output = _emulated_forward(harness, *args, expected.shape, padding, mode, channels_last, plain=plain,
+                                     dilation=dilation)
     assert plan == expected_plan, plan
     scale = expected.abs().max().item()
     assert (output.float() - expected.float()).abs().max().item() <= TOLERANCES[dtype] * max(scale, 1.0)

@@ -241,6 +241,9 @@ struct PixelsForwardVariant {
   int channel_block;  // channels a thread; 3: exactly RGB, the channel count a compile-time constant
   bool prefetch;      // each warp prefetches its per-pixel values into L2 first (dense NCHW planes)
   bool vector_loads;  // a bilinear corner's block of channels in vector loads of <= 16 bytes
+  // One kernel per padding mode, the mode's traits compiled in (exact blocks only:
+  // deform_sepconv_forward_pixel_static_padding); else the traits read at run time.
+  bool static_padding;
   VariantScope scope;
 };
 inline constexpr PixelsForwardVariant kPixelsForwardVariants[] = {
@@ -248,27 +251,37 @@ inline constexpr PixelsForwardVariant kPixelsForwardVariants[] = {
      .channel_block = kPixelChannelBlock,
      .prefetch = false,
      .vector_loads = false,
+     .static_padding = false,
      .scope = kAnyScope},
-    {.name = "pixels_rgb", .channel_block = 3, .prefetch = false, .vector_loads = false, .scope = kSpecialized5x5Scope},
+    {.name = "pixels_rgb",
+     .channel_block = 3,
+     .prefetch = false,
+     .vector_loads = false,
+     .static_padding = true,
+     .scope = kSpecialized5x5Scope},
     {.name = "pixels_rgb_prefetch",
      .channel_block = 3,
      .prefetch = true,
      .vector_loads = false,
+     .static_padding = true,
      .scope = kSpecialized5x5NchwScope},
     {.name = "pixels_prefetch",
      .channel_block = kPixelChannelBlock,
      .prefetch = true,
      .vector_loads = false,
+     .static_padding = false,
      .scope = kSpecialized5x5NchwScope},
     {.name = "pixels_vectorized",
      .channel_block = kPixelChannelBlock,
      .prefetch = false,
      .vector_loads = true,
+     .static_padding = false,
      .scope = kChannelsLastVectorScope},
     {.name = "pixels_vectorized8",
      .channel_block = kPixelVectorBlock,
      .prefetch = false,
      .vector_loads = true,
+     .static_padding = false,
      .scope = kChannelsLastVectorScope},
 };
 

@@ -2,7 +2,8 @@
 // for each memory layout, with consecutive threads on adjacent memory (x fastest in NCHW, the
 // channel block in channels_last): the kernel of every call no specialised kernel takes
 // (plan_cuda_forward). With 5x5 kernels, exactly 3 channels (RGB) make the channel count a
-// compile-time constant, which leaves no branch in a tap (accumulate_tap); in NCHW with one channel
+// compile-time constant, and a kernel per padding mode leaves no branch in a tap
+// (deform_sepconv_forward_pixel_static_padding); in NCHW with one channel
 // block each warp first prefetches its per-pixel values into L2 (prefetched_pixel_values.cuh); in
 // channels_last whole blocks of channels load a corner as one vector. The per-pixel tensors are read
 // at their own strides (views, e.g. channel slices of the EDSC heads' outputs, in place), except by
@@ -20,7 +21,7 @@ void launch_pixels_forward(const DeformSepconvCall& call, const CudaForwardPlan&
   // Mixed precision (per-pixel tensors in a half type, a float32 frame) is read here as it is.
   dispatch_kernel_types<KernelTypes<>, dispatch_axis::FrameAndParamTypes, dispatch_axis::IndexWidth,
                         dispatch_axis::KernelSize5x5<>, dispatch_axis::Layout,
-                        dispatch_axis::Variant<kPixelsForwardVariants>>(
+                        dispatch_axis::Variant<kPixelsForwardVariants>, dispatch_axis::PaddingModeOfVariant>(
       {f, plan.variant}, "deform_sepconv_forward_pixels_cuda", [&](auto k) {
         using K = decltype(k);
         using scalar_t = typename K::scalar_t;
@@ -29,7 +30,7 @@ void launch_pixels_forward(const DeformSepconvCall& call, const CudaForwardPlan&
         // Channel blocks of 3: exactly RGB, the channel count a constant.
         deform_sepconv_forward_cuda_kernel<v.channel_block, K::kKernelH, K::kKernelW, K::kChannelsLast, v.prefetch,
                                            v.channel_block == 3, v.vector_loads, scalar_t, typename K::index_t,
-                                           typename K::param_t>
+                                           typename K::param_t, K::kPaddingMode>
             <<<blocks_for(work_items), kThreadsPerBlock, 0, stream>>>(p, output.mutable_data_ptr<scalar_t>(),
                                                                       work_items);
         EDSC_CUDA_KERNEL_LAUNCH_CHECK();

@@ -26,9 +26,12 @@ constexpr int min_blocks_per_multiprocessor() {
 // pixels' per-pixel values into L2 (prefetched_pixel_values.cuh). kExactBlock: the call has exactly
 // kChannelBlock channels (RGB); knowing that at compile time removes a branch per channel and tap.
 // kVectorLoads (channels_last, whole aligned blocks): accumulate_tap's one load a corner.
+// kPaddingMode (exact blocks only): the call's padding mode compiled in
+// (deform_sepconv_forward_pixel_static_padding), or kRuntimePaddingMode.
 // A minimum of 0 blocks leaves the register budget to the compiler.
 template <int kChannelBlock, int kKernelH, int kKernelW, bool kChannelsLast, bool kPrefetch, bool kExactBlock,
-          bool kVectorLoads, typename scalar_t, typename index_t, typename param_t>
+          bool kVectorLoads, typename scalar_t, typename index_t, typename param_t,
+          int64_t kPaddingMode = kRuntimePaddingMode>
 __global__ void __launch_bounds__(kThreadsPerBlock, (min_blocks_per_multiprocessor<kChannelBlock, scalar_t, index_t>()))
     deform_sepconv_forward_cuda_kernel(const DeformSepconvParams<scalar_t, index_t, param_t> params,
                                        scalar_t* __restrict__ output, int64_t work_items) {
@@ -36,6 +39,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, (min_blocks_per_multiprocess
       !kPrefetch || (!kChannelsLast && kKernelH == kKernelW && kKernelH > 0 && std::is_same_v<index_t, int32_t>),
       "prefetch: NCHW, static square kernels, 32-bit indices");
   static_assert(!kVectorLoads || (kChannelsLast && !kExactBlock), "vector loads: channels_last, whole blocks");
+  static_assert(kPaddingMode == kRuntimePaddingMode || kExactBlock, "a compiled-in padding mode: exact blocks");
   decltype(auto) p = with_exact_block<kExactBlock, kChannelBlock>(params);
   using acc_t = opmath_t<scalar_t>;
   const index_t hw = p.height_out * p.width_out;
@@ -62,6 +66,14 @@ __global__ void __launch_bounds__(kThreadsPerBlock, (min_blocks_per_multiprocess
       const int64_t warp_first = k - lane;
       prefetch_warp_planes_l2<kKernelH>(p, static_cast<int32_t>(warp_first),
                                         static_cast<int32_t>(min(warp_first + kWarpSize, work_items) - 1), lane);
+    }
+    if constexpr (kPaddingMode != kRuntimePaddingMode) {
+      GlobalPixelValues<kChannelsLast, scalar_t, index_t, param_t, /*kStrided=*/!kPrefetch> values(
+          p, n, pixel, kernel_extent<kKernelH>(p.kernel_h), kernel_extent<kKernelW>(p.kernel_w));
+      deform_sepconv_forward_pixel_static_padding<kPaddingMode, kChannelBlock, kKernelH, kKernelW, kChannelsLast,
+                                                  scalar_t, acc_t, index_t>(p, values, output, n, pixel / p.width_out,
+                                                                            pixel % p.width_out);
+      continue;
     }
     // Straight-line taps where the channel count is a constant (accumulate_tap says why).
     deform_sepconv_forward_pixel<kChannelBlock, kKernelH, kKernelW, kChannelsLast, scalar_t, acc_t, index_t,

@@ -44,6 +44,7 @@ CallFacts facts_of(const Geometry& g, const Tensors<scalar_t>& t) {
   const PaddingModeSpec* mode = find_padding_mode(g.mode);
   if (mode == nullptr) throw std::invalid_argument("no such padding mode code");
   f.padding = mode->traits;
+  f.padding_mode = mode->code;
   f.batch = g.n;
   f.channels = g.c;
   f.height_in = g.h_in;
@@ -281,16 +282,19 @@ int emulated_forward(const Geometry& g, const Tensors<scalar_t>& t, bool plain, 
       const int channel_block = kPixelsForwardVariants[plan.variant].channel_block;
       const int64_t work_items =
           f.batch * ((f.channels + channel_block - 1) / channel_block) * f.height_out * f.width_out;
-      dispatch_with_variant<kPixelsForwardVariants, Seed>(f, plan.variant, [&](auto k) {
-        using K = decltype(k);
-        constexpr PixelsForwardVariant v = K::variant;
-        const auto p = params_of<scalar_t, typename K::index_t>(f, t);
-        const auto kernel = deform_sepconv_forward_cuda_kernel<v.channel_block, K::kKernelH, K::kKernelW,
-                                                               K::kChannelsLast, v.prefetch, v.channel_block == 3,
-                                                               v.vector_loads, scalar_t, typename K::index_t, scalar_t>;
-        edsc_emulation::launch(dim3(blocks_for(work_items)), dim3(kThreadsPerBlock), 0,
-                               [&] { kernel(p, output, work_items); });
-      });
+      dispatch_kernel_types<Seed, dispatch_axis::IndexWidth, dispatch_axis::KernelSize5x5<>, dispatch_axis::Layout,
+                            dispatch_axis::Variant<kPixelsForwardVariants>, dispatch_axis::PaddingModeOfVariant>(
+          {f, plan.variant}, "emulated", [&](auto k) {
+            using K = decltype(k);
+            constexpr PixelsForwardVariant v = K::variant;
+            const auto p = params_of<scalar_t, typename K::index_t>(f, t);
+            const auto kernel =
+                deform_sepconv_forward_cuda_kernel<v.channel_block, K::kKernelH, K::kKernelW, K::kChannelsLast,
+                                                   v.prefetch, v.channel_block == 3, v.vector_loads, scalar_t,
+                                                   typename K::index_t, scalar_t, K::kPaddingMode>;
+            edsc_emulation::launch(dim3(blocks_for(work_items)), dim3(kThreadsPerBlock), 0,
+                                   [&] { kernel(p, output, work_items); });
+          });
       return 0;
     }
   }
