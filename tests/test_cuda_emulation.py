@@ -215,14 +215,14 @@ def test_the_channel_lanes_in_half_precision(harness, dtype, lane_tile):
 
 @pytest.mark.parametrize("c, k, channels_last, dtype, plain, expected_plan", [
     # kernel_policy(plain_forward=True): each variant of the pixels kernel.
-    (3, 5, False, torch.float32, True, "pixels_rgb_prefetch"),  # EDSC's call: exact RGB, the L2 prefetch
+    (3, 5, False, torch.float32, True, "pixels_rgb"),  # EDSC's call: exact RGB, the padding mode compiled in
     (4, 5, False, torch.float32, True, "pixels_prefetch"),
     (5, 3, False, torch.float32, True, "pixels"),  # two channel blocks, the second partial
     (3, 5, True, torch.float32, True, "pixels_rgb"),
     (4, 3, True, torch.float32, True, "pixels_vectorized"),  # a corner's 4 channels in one load
     (16, 5, True, torch.float32, True, "pixels_vectorized8"),  # 8 channels a thread, two 16-byte loads a corner
     (16, 3, True, torch.bfloat16, True, "pixels_vectorized8"),  # 8 channels in one 16-byte load
-    (3, 5, False, torch.float16, True, "pixels_rgb_prefetch"),
+    (3, 5, False, torch.float16, True, "pixels_rgb_prefetch"),  # 2-byte per-pixel values: the L2 prefetch too
     # The defaults: the specialised forwards.
     (3, 5, True, torch.float32, False, "lane_pairs_rgb_staged"),  # two lanes a pixel, values staged a warp at a time
     (4, 5, True, torch.bfloat16, False, "lane_pairs_staged"),
@@ -247,7 +247,7 @@ def test_the_exact_rgb_forward_compiled_per_padding_mode(harness, mode, dilation
     non-finite offsets (NaN, +-inf) make NaN in every channel of their own pixels and nowhere else."""
     seed = 7000 + 10 * list(edsc_ext.ops.PADDING_MODES).index(mode) + int(channels_last)
     args, _, padding, _ = _case(3, 5, mode, channels_last, seed, dtype=dtype, dilation=dilation)
-    expected_plan = "pixels_rgb" if channels_last else "pixels_rgb_prefetch"
+    expected_plan = "pixels_rgb_prefetch" if not channels_last and dtype != torch.float32 else "pixels_rgb"
     _assert_forward_matches(harness, args, padding, mode, channels_last, dtype, True, expected_plan, dilation)
 
     x, v, h, off, m = (t.detach() for t in args)

@@ -269,7 +269,8 @@ def test_plans_of_mixed_precision_calls(gen):
     the frame's dtype; on the CPU the same plans as float32."""
     for per_pixel_dtype in HALF:
         for channels, layout, present, expected32, expected in (
-            (3, "contiguous", (True,) * 4, ("pixels_rgb_prefetch", "tiled_rgb_prefetch"),
+            # The exact-RGB forward prefetches 2-byte per-pixel values only.
+            (3, "contiguous", (True,) * 4, ("pixels_rgb", "tiled_rgb_prefetch"),
              ("pixels_rgb_prefetch", "tiled_rgb_prefetch")),
             (4, "contiguous", (True,) * 4, ("pixels_prefetch", "tiled_prefetch"),
              ("pixels_prefetch", "tiled_prefetch")),

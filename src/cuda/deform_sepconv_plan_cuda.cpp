@@ -142,9 +142,10 @@ CudaForwardPlan plan_cuda_forward(const CallFacts& c, const CudaDeviceFacts& dev
   plan.kernel = CudaForwardKernel::kPixels;
   const bool exact_rgb = specialized && c.channels == 3;
   // With more channel blocks the warps of different blocks would prefetch the same lines.
-  // The prefetch addresses dense planes.
-  const bool prefetch =
-      specialized && !c.channels_last && policy.prefetch && c.channels <= kPixelChannelBlock && c.dense_per_pixel;
+  // The prefetch addresses dense planes. The exact-RGB kernel prefetches 2-byte per-pixel values only:
+  // with 4-byte ones it was faster without (BENCHMARKS.md, "The forward with the padding mode compiled in").
+  const bool prefetch = specialized && !c.channels_last && policy.prefetch && c.channels <= kPixelChannelBlock &&
+                        c.dense_per_pixel && (!exact_rgb || c.param_element_size == 2);
   // In channels_last a pixel's channels are adjacent: whole blocks of them, aligned (every block
   // starts a multiple of kPixelChannelBlock elements into the frame), load as one vector of at most
   // 16 bytes; the many-channel forward was bound by the L1 load instructions (BENCHMARKS.md).
