@@ -1570,40 +1570,6 @@ def test_cuda_graph_and_half_paths_run_and_match_the_fp32_eager_network(gen, mul
             assert got.dtype == torch.float32 and rel_error(got, expected) < tol, (half, cuda_graph)
 
 
-@requires_cuda
-def test_the_first_graph_runs_unfused_while_the_fused_kernels_are_built(gen, monkeypatch):
-    """The first graph of a frame shape is captured without conv_relu while a background thread has
-    cuDNN build its fused convolution + ReLU kernels (run-time compiled, seconds); the first call after
-    that replays the fused graph instead. Both match the unfused eager network; a later engine on the
-    same shape finds the kernels built and captures the fused graph at once."""
-    monkeypatch.setattr(engine, "_FUSED_KERNELS_BUILT", set())
-    torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen)))
-    model = EDSC_s().cuda().eval()
-    reference = EDSC_s(conv_relu=False).cuda().eval()
-    reference.load_state_dict(model.state_dict())
-    assert model.conv_relu
-    h, w = 72, 100
-    frames = device_frames(gen, 3, h, w)
-    jobs = [(frames[0], frames[1], Fraction(1, 2)), (frames[1], frames[2], Fraction(1, 2))]
-    expected = torch.stack(engine.Interpolator(reference, cuda_graph=False).interpolate_bgr(jobs))
-    fast = engine.Interpolator(model, half="fp16")
-    fast.prepare(h, w)
-    ((key, warming),) = fast._warming.items()
-    unfused = fast._graphs[key]
-    assert not unfused.model.conv_relu and model.conv_relu  # a copy of the model without it
-    first = torch.stack(fast.interpolate_bgr(jobs))
-    assert warming.done.wait(timeout=300) and warming.error is None
-    second = torch.stack(fast.interpolate_bgr(jobs))
-    assert not fast._warming and fast._graphs[key] is not unfused and fast._graphs[key].model is model
-    assert (fast.device, key) in engine._FUSED_KERNELS_BUILT
-    assert fast.paths == {"graph fp16": 4}
-    for got in (first, second):
-        assert rel_error(got, expected) < 5e-3
-    again = engine.Interpolator(model, half="fp16")
-    again.prepare(h, w)
-    assert not again._warming and again._graphs[key].model is model
-
-
 def test_compiled_graphs_pad_a_partial_batch_and_copy_each_output(gen, monkeypatch):
     """The engine's logic around compiled CUDA graphs, on the CPU with a stand-in for the compiled
     function: every call gets the whole batch (a partial one padded with its last pair, so that one

@@ -30,9 +30,7 @@
 
 from __future__ import annotations
 
-import copy
 import re
-import threading
 import warnings
 from contextlib import nullcontext
 from fractions import Fraction
@@ -54,44 +52,6 @@ DEFAULT_OVERLAP = 32
 MAX_BISECTION_DEPTH = 8
 # --half's types.
 HALF_TYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-# (device, frame shape key) whose fused convolution + ReLU kernels cuDNN has built in this process.
-_FUSED_KERNELS_BUILT: set = set()
-
-
-class _FusedWarmUp:
-    """One eager pass of the network with cuDNN's fused convolution + bias + ReLU (``conv_relu``), in a
-    background thread, for frames of one shape. cuDNN builds those kernels at run time (NVRTC), seconds
-    per network on a first pass; meanwhile the engine replays a graph captured without them, and
-    captures the fused one once :attr:`done` (measured in BENCHMARKS.md, "The forward with the padding
-    mode compiled in"). Not a daemon: the interpreter waits for it at exit rather than tearing down
-    CUDA under it."""
-
-    def __init__(self, model: EDSC, device: torch.device, autocast_dtype: Optional[torch.dtype],
-                 first: Tensor, second: Tensor, times: Optional[Tensor]):
-        # Copies of the inputs, ready before the thread's stream reads them.
-        self.inputs = (first.clone(), second.clone(), None if times is None else times.clone())
-        torch.cuda.current_stream(device).synchronize()
-        self.error: Optional[BaseException] = None
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._run, args=(model, device, autocast_dtype),
-                                       name="edsc-fused-conv-warm-up")
-        self.thread.start()
-
-    def _run(self, model: EDSC, device: torch.device, autocast_dtype: Optional[torch.dtype]) -> None:
-        try:
-            with torch.cuda.device(device):
-                stream = torch.cuda.Stream(device)
-                with torch.cuda.stream(stream), torch.no_grad(), torch.autocast(
-                        "cuda", dtype=autocast_dtype or torch.float16, enabled=autocast_dtype is not None):
-                    model(*self.inputs)
-                stream.synchronize()
-        except BaseException as e:  # noqa: BLE001 (the engine keeps the unfused graph and says why)
-            self.error = e
-        finally:
-            self.inputs = None
-            self.done.set()
 
 
 def has_triton() -> bool:
@@ -255,8 +215,6 @@ class Interpolator:
             self._note("--cuda-graph takes whole frames, not --tile: running the tiles without graphs")
         self.use_graph = bool(cuda and not self.compiled and tile is None and self._graph_wanted)
         self._graphs: Dict[tuple, object] = {}
-        # Frame shapes whose graph was captured without conv_relu while its fused kernels are built.
-        self._warming: Dict[tuple, _FusedWarmUp] = {}
         self.paths: Dict[str, int] = {}  # what ran, and how often ("graph fp16", "eager fp32", ...)
 
     def _note(self, message: str) -> None:
@@ -284,36 +242,14 @@ class Interpolator:
         with self._autocast():
             return self.model(first, second, times)
 
-    def _builds_fused_kernels(self, key: tuple) -> bool:
-        """Whether a capture for frames of this shape would make cuDNN build its fused convolution +
-        ReLU kernels first (the model's conv_relu, not yet built for this shape on this device)."""
-        model = self.model
-        return bool(getattr(model, "conv_relu", False) and getattr(model, "fused", False)
-                    and (self.device, key) not in _FUSED_KERNELS_BUILT)
-
     def _graph_of(self, first: Tensor, second: Tensor, times: Optional[Tensor]):
         """The CUDA graph of the network on frames of this shape (captured on first use), or None
-        where capture failed (said once; the network then runs eagerly). Where cuDNN would first have
-        to build the fused convolution + ReLU kernels, the first graph is captured without them and a
-        background thread builds them (_FusedWarmUp); the first call after that captures the fused
-        graph in its place."""
+        where capture failed (said once; the network then runs eagerly)."""
         key = (tuple(first.shape), None if times is None else tuple(times.shape))
-        warming = self._warming.get(key)
-        if warming is not None and warming.done.is_set():
-            del self._warming[key]
-            self._capture_fused(key, warming, first, second, times)
         if key not in self._graphs:
             try:
                 with torch.cuda.device(self.device):  # the capture's synchronisation and caches: this GPU's
-                    if self._builds_fused_kernels(key):
-                        unfused = copy.copy(self.model)  # the same modules and parameters, conv_relu off
-                        unfused.conv_relu = False
-                        self._graphs[key] = unfused.capture(first, second, times, autocast_dtype=self.autocast_dtype)
-                        self._warming[key] = _FusedWarmUp(self.model, self.device, self.autocast_dtype, first,
-                                                          second, times)
-                    else:
-                        self._graphs[key] = self.model.capture(first, second, times,
-                                                               autocast_dtype=self.autocast_dtype)
+                    self._graphs[key] = self.model.capture(first, second, times, autocast_dtype=self.autocast_dtype)
             except torch.OutOfMemoryError:
                 raise
             except Exception as e:  # noqa: BLE001 (an op that cannot be captured: run eagerly, say so)
@@ -323,26 +259,6 @@ class Interpolator:
                 self._graphs.clear()
                 return None
         return self._graphs[key]
-
-    def _capture_fused(self, key: tuple, warming: _FusedWarmUp, first: Tensor, second: Tensor,
-                       times: Optional[Tensor]) -> None:
-        """Replaces the unfused graph of frames of this shape by the fused one, now that its kernels are
-        built; keeps the unfused graph (saying why, once) if the warm-up or the capture failed. The
-        decode and encode threads run meanwhile, so the capture checks this thread's calls only."""
-        warming.thread.join()
-        error = warming.error
-        if error is None:
-            try:
-                with torch.cuda.device(self.device):
-                    self._graphs[key] = self.model.capture(first, second, times, autocast_dtype=self.autocast_dtype,
-                                                           capture_error_mode="thread_local")
-                _FUSED_KERNELS_BUILT.add((self.device, key))
-                return
-            except Exception as e:  # noqa: BLE001 (out of memory included: the unfused graph still runs)
-                error = e
-        reason = str(error).strip().split("\n")[0][:160]
-        self._note(f"the fused convolution + ReLU graph could not be made ({type(error).__name__}: {reason}): "
-                   "running the unfused graph")
 
     def _forward(self, first: Tensor, second: Tensor, times: Optional[Tensor]) -> Tensor:
         """The network on padded frames (N, 3, H, W): replayed, compiled or eager."""

@@ -974,13 +974,12 @@ class EDSC(nn.Module):
 
     def capture(self, first: Tensor, second: Tensor, time: Union[float, Tensor, None] = None, *,
                 autocast_dtype: Optional[torch.dtype] = None, warmup: int = 3,
-                cudnn_benchmark: bool = DEFAULT_CUDNN_BENCHMARK,
-                capture_error_mode: str = "global") -> "CapturedEDSC":
+                cudnn_benchmark: bool = DEFAULT_CUDNN_BENCHMARK) -> "CapturedEDSC":
         """A CUDA graph of this network's inference on frames of the shape, dtype, device and memory
         format of ``first`` and ``second`` (EDSC_m: and of ``time``'s shape), for frame loops;
         see :class:`CapturedEDSC`."""
         return CapturedEDSC(self, first, second, time, autocast_dtype=autocast_dtype, warmup=warmup,
-                            cudnn_benchmark=cudnn_benchmark, capture_error_mode=capture_error_mode)
+                            cudnn_benchmark=cudnn_benchmark)
 
 
 class CapturedEDSC:
@@ -998,13 +997,11 @@ class CapturedEDSC:
     ``cudnn_benchmark`` lets cuDNN time its algorithms for each convolution during the warm-up (see
     :func:`cudnn_autotuning`); the graph keeps the ones it chose. With the model's ``cache_weights``, the
     graph reads the weights kept at capture, and keeps them: later parameter updates are not seen.
-    ``capture_error_mode`` is :func:`torch.cuda.graph`'s: "thread_local" where other threads keep
-    making CUDA calls during the capture (the video tool's decode and encode threads).
     """
 
     def __init__(self, model: EDSC, first: Tensor, second: Tensor, time: Union[float, Tensor, None] = None, *,
                  autocast_dtype: Optional[torch.dtype] = None, warmup: int = 3,
-                 cudnn_benchmark: bool = DEFAULT_CUDNN_BENCHMARK, capture_error_mode: str = "global"):
+                 cudnn_benchmark: bool = DEFAULT_CUDNN_BENCHMARK):
         if first.device.type != "cuda":
             raise ValueError(f"capture needs frames on a CUDA device, got first on {first.device}")
         if first.shape != second.shape or first.dtype != second.dtype or first.device != second.device:
@@ -1037,8 +1034,7 @@ class CapturedEDSC:
             self.graph = torch.cuda.CUDAGraph()
             # A capture stream on the frames' device: torch.cuda.graph's default one is made once, on the
             # device current at the first capture, and would leave a later capture on another GPU empty.
-            with torch.cuda.graph(self.graph, stream=torch.cuda.Stream(device=first.device),
-                                  capture_error_mode=capture_error_mode):
+            with torch.cuda.graph(self.graph, stream=torch.cuda.Stream(device=first.device)):
                 self.output = self._run()
         # The graph reads the kept weights by address: hold them for its life (cache_weights).
         self._weights = [cached for module in model.modules()
