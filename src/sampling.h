@@ -528,10 +528,9 @@ struct GlobalPixelValues {
 
 // out[n, c0 : c0 + kChannelBlock, y, x]. The sampling positions and weights of each tap are
 // computed once and reused for the block of channels. `values`: see GlobalPixelValues;
-// kBranchFree, kVectorLoads: see accumulate_tap.
+// kVectorLoads: see accumulate_tap. (Exactly RGB takes deform_sepconv_forward_pixel_static_padding.)
 template <int kChannelBlock, int kKernelH, int kKernelW, bool kChannelsLast, typename scalar_t, typename acc_t,
-          typename index_t, typename PixelValues, bool kBranchFree = false, bool kVectorLoads = false,
-          typename param_t = scalar_t>
+          typename index_t, typename PixelValues, bool kVectorLoads = false, typename param_t = scalar_t>
 EDSC_HOST_DEVICE void deform_sepconv_forward_pixel_with(const DeformSepconvParams<scalar_t, index_t, param_t>& p,
                                                         PixelValues& values, scalar_t* output, index_t n, index_t y,
                                                         index_t x, index_t c0) {
@@ -552,7 +551,6 @@ EDSC_HOST_DEVICE void deform_sepconv_forward_pixel_with(const DeformSepconvParam
 
   const int64_t y_base = static_cast<int64_t>(y) - p.pad_h;
   const int64_t x_base = static_cast<int64_t>(x) - p.pad_w;
-  bool finite = true;
   EDSC_UNROLL
   for (index_t i = 0; i < KH; ++i) {
     values.begin_row(i);
@@ -570,14 +568,13 @@ EDSC_HOST_DEVICE void deform_sepconv_forward_pixel_with(const DeformSepconvParam
           py += values.template offset_value<acc_t>(j, t, 0);
           px += values.template offset_value<acc_t>(j, t, 1);
         }
-        finite &= accumulate_tap<kChannelBlock, kChannelsLast, kBranchFree, kVectorLoads>(p, in, plane, block, w, py,
+        accumulate_tap<kChannelBlock, kChannelsLast, /*kBranchFree=*/false, kVectorLoads>(p, in, plane, block, w, py,
                                                                                           px, acc);
       }
     }
     values.end_row(i);
   }
   if (!values.active()) return;
-  if constexpr (kBranchFree) finish_taps(finite, acc);
   const PixelView<index_t> out_view = pixel_view<kChannelsLast>(n, pixel, p.channels, hw_out);
   scalar_t* out = output + out_view.base + c0 * out_view.stride;
   EDSC_UNROLL
@@ -589,14 +586,13 @@ EDSC_HOST_DEVICE void deform_sepconv_forward_pixel_with(const DeformSepconvParam
 // The same, reading the per-pixel tensors from global memory.
 // kStrided: the per-pixel tensors at their own strides (GlobalPixelValues).
 template <int kChannelBlock, int kKernelH, int kKernelW, bool kChannelsLast, typename scalar_t, typename acc_t,
-          typename index_t, bool kBranchFree = false, bool kVectorLoads = false, bool kStrided = false,
-          typename param_t = scalar_t>
+          typename index_t, bool kVectorLoads = false, bool kStrided = false, typename param_t = scalar_t>
 EDSC_HOST_DEVICE void deform_sepconv_forward_pixel(const DeformSepconvParams<scalar_t, index_t, param_t>& p,
                                                    scalar_t* output, index_t n, index_t y, index_t x, index_t c0) {
   using Values = GlobalPixelValues<kChannelsLast, scalar_t, index_t, param_t, kStrided>;
   Values values(p, n, y * p.width_out + x, kernel_extent<kKernelH>(p.kernel_h), kernel_extent<kKernelW>(p.kernel_w));
   deform_sepconv_forward_pixel_with<kChannelBlock, kKernelH, kKernelW, kChannelsLast, scalar_t, acc_t, index_t, Values,
-                                    kBranchFree, kVectorLoads>(p, values, output, n, y, x, c0);
+                                    kVectorLoads>(p, values, output, n, y, x, c0);
 }
 
 // ---- The forward with the padding mode a compile-time constant (the CUDA exact-RGB kernels)

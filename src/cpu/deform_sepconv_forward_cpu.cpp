@@ -128,8 +128,8 @@ Tensor run_forward(const DeformSepconvCall& call, const CpuForwardPlan& plan) {
                         // Strided for dense tensors too (their strides are the dense ones): one
                         // instantiation, a few index multiplies a pixel.
                         deform_sepconv_forward_pixel<kCpuChannelBlock, K::kKernelH, K::kKernelW, K::kChannelsLast,
-                                                     scalar_t, typename K::acc_t, index_t, /*kBranchFree=*/false,
-                                                     /*kVectorLoads=*/false, /*kStrided=*/true>(p, out, n, y, x, c0);
+                                                     scalar_t, typename K::acc_t, index_t, /*kVectorLoads=*/false,
+                                                     /*kStrided=*/true>(p, out, n, y, x, c0);
                       }
                     });
               });

@@ -39,7 +39,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock, (min_blocks_per_multiprocess
       !kPrefetch || (!kChannelsLast && kKernelH == kKernelW && kKernelH > 0 && std::is_same_v<index_t, int32_t>),
       "prefetch: NCHW, static square kernels, 32-bit indices");
   static_assert(!kVectorLoads || (kChannelsLast && !kExactBlock), "vector loads: channels_last, whole blocks");
-  static_assert(kPaddingMode == kRuntimePaddingMode || kExactBlock, "a compiled-in padding mode: exact blocks");
+  static_assert((kPaddingMode != kRuntimePaddingMode) == kExactBlock,
+                "exact blocks, and only they, compile the mode in");
   decltype(auto) p = with_exact_block<kExactBlock, kChannelBlock>(params);
   using acc_t = opmath_t<scalar_t>;
   const index_t hw = p.height_out * p.width_out;
@@ -75,10 +76,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock, (min_blocks_per_multiprocess
                                                                             pixel % p.width_out);
       continue;
     }
-    // Straight-line taps where the channel count is a constant (accumulate_tap says why).
     deform_sepconv_forward_pixel<kChannelBlock, kKernelH, kKernelW, kChannelsLast, scalar_t, acc_t, index_t,
-                                 /*kBranchFree=*/kExactBlock, kVectorLoads, /*kStrided=*/!kPrefetch>(
-        p, output, n, pixel / p.width_out, pixel % p.width_out, c0);
+                                 kVectorLoads, /*kStrided=*/!kPrefetch>(p, output, n, pixel / p.width_out,
+                                                                        pixel % p.width_out, c0);
   }
 }
 
