@@ -643,14 +643,68 @@ EDSC_HOST_DEVICE scalar_t load_read_only(const scalar_t* at) {
 #endif
 }
 
-// Adds the tap of weight w at (py, px) to the kChannels accumulators; planes[c] points at channel
-// c's first pixel (opaque_pointer), pixels pixel_stride elements apart.
-template <int64_t kPaddingMode, int kChannels, typename scalar_t, typename acc_t, typename index_t, typename param_t>
+// The frame of one image as the taps below read it. PlanarFrame: kChannels planes, planes[c] at
+// channel c's first pixel (opaque_pointer), pixels pixel_stride elements apart; a corner's channels
+// one load each.
+template <int kChannels, typename scalar_t, typename index_t>
+struct PlanarFrame {
+  static constexpr bool kPacked = false;
+  const scalar_t* planes[kChannels];
+  index_t pixel_stride;
+};
+
+template <int kChannels, bool kChannelsLast, typename scalar_t, typename index_t, typename param_t>
+EDSC_HOST_DEVICE PlanarFrame<kChannels, scalar_t, index_t> planar_frame(
+    const DeformSepconvParams<scalar_t, index_t, param_t>& p, index_t n) {
+  PlanarFrame<kChannels, scalar_t, index_t> frame;
+  const index_t plane = input_channel_stride<kChannelsLast>(p);
+  const scalar_t* in = p.input + n * index_t(kChannels) * p.height_in * p.width_in;
+  EDSC_UNROLL
+  for (int c = 0; c < kChannels; ++c) frame.planes[c] = opaque_pointer(in + c * plane);
+  frame.pixel_stride = input_pixel_stride<kChannelsLast>(p);
+  return frame;
+}
+
+// One pixel of a packed RGB frame: its three channels and an unused fourth (zero), so that a corner
+// of a 2-byte frame is one aligned 8-byte load instead of three 2-byte ones.
+template <typename scalar_t>
+struct alignas(4 * sizeof(scalar_t)) PackedRgbPixel {
+  scalar_t value[4];
+};
+
+// PackedRgbFrame: an image of (H, W) PackedRgbPixels (the launcher's copy of the NCHW frame),
+// `pixels` at its first (opaque_pointer).
+template <typename scalar_t, typename index_t>
+struct PackedRgbFrame {
+  static constexpr bool kPacked = true;
+  const PackedRgbPixel<scalar_t>* pixels;
+  static constexpr index_t pixel_stride = 1;
+};
+
+// *at through the read-only data path, one load on the GPU.
+template <typename scalar_t>
+EDSC_HOST_DEVICE PackedRgbPixel<scalar_t> load_packed_pixel(const PackedRgbPixel<scalar_t>* at) {
+#if defined(__CUDA_ARCH__)
+  static_assert(sizeof(PackedRgbPixel<scalar_t>) == 8, "a packed pixel of a 2-byte type");
+  const uint2 bits = __ldg(reinterpret_cast<const uint2*>(at));
+  PackedRgbPixel<scalar_t> pixel;
+  memcpy(&pixel, &bits, sizeof(pixel));
+  return pixel;
+#else
+  return *at;
+#endif
+}
+
+// Adds the tap of weight w at (py, px) to the kChannels accumulators, reading `frame` (PlanarFrame
+// or PackedRgbFrame).
+template <int64_t kPaddingMode, typename Frame, int kChannels, typename scalar_t, typename acc_t, typename index_t,
+          typename param_t>
 EDSC_HOST_DEVICE void accumulate_tap_static_padding(const DeformSepconvParams<scalar_t, index_t, param_t>& p,
-                                                    const scalar_t* const (&planes)[kChannels], index_t pixel_stride,
-                                                    acc_t w, acc_t py, acc_t px, acc_t& poison,
+                                                    const Frame& frame, acc_t w, acc_t py, acc_t px, acc_t& poison,
                                                     acc_t (&acc)[kChannels]) {
   constexpr PaddingTraits kPadding = static_padding_traits<kPaddingMode>();
+  static_assert(!Frame::kPacked || kChannels == 3, "a packed frame holds RGB");
+  const index_t pixel_stride = frame.pixel_stride;
   poison += py * acc_t(0);
   poison += px * acc_t(0);
   const acc_t y_last = static_cast<acc_t>(p.height_in - 1), x_last = static_cast<acc_t>(p.width_in - 1);
@@ -679,12 +733,26 @@ EDSC_HOST_DEVICE void accumulate_tap_static_padding(const DeformSepconvParams<sc
     const index_t i01 = i00 + (x0 < p.width_in - 1 ? pixel_stride : index_t(0));
     const index_t down = y0 < p.height_in - 1 ? row_stride : index_t(0);
     const index_t i10 = i00 + down, i11 = i01 + down;
-    EDSC_UNROLL
-    for (int c = 0; c < kChannels; ++c) {
-      acc[c] += w11 * static_cast<acc_t>(load_read_only(planes[c] + i11));
-      acc[c] += w10 * static_cast<acc_t>(load_read_only(planes[c] + i10));
-      acc[c] += w01 * static_cast<acc_t>(load_read_only(planes[c] + i01));
-      acc[c] += w00 * static_cast<acc_t>(load_read_only(planes[c] + i00));
+    if constexpr (Frame::kPacked) {
+      const PackedRgbPixel<scalar_t> v11 = load_packed_pixel(frame.pixels + i11);
+      const PackedRgbPixel<scalar_t> v10 = load_packed_pixel(frame.pixels + i10);
+      const PackedRgbPixel<scalar_t> v01 = load_packed_pixel(frame.pixels + i01);
+      const PackedRgbPixel<scalar_t> v00 = load_packed_pixel(frame.pixels + i00);
+      EDSC_UNROLL
+      for (int c = 0; c < kChannels; ++c) {
+        acc[c] += w11 * static_cast<acc_t>(v11.value[c]);
+        acc[c] += w10 * static_cast<acc_t>(v10.value[c]);
+        acc[c] += w01 * static_cast<acc_t>(v01.value[c]);
+        acc[c] += w00 * static_cast<acc_t>(v00.value[c]);
+      }
+    } else {
+      EDSC_UNROLL
+      for (int c = 0; c < kChannels; ++c) {
+        acc[c] += w11 * static_cast<acc_t>(load_read_only(frame.planes[c] + i11));
+        acc[c] += w10 * static_cast<acc_t>(load_read_only(frame.planes[c] + i10));
+        acc[c] += w01 * static_cast<acc_t>(load_read_only(frame.planes[c] + i01));
+        acc[c] += w00 * static_cast<acc_t>(load_read_only(frame.planes[c] + i00));
+      }
     }
   } else {
     using unsigned_t = std::make_unsigned_t<index_t>;
@@ -692,36 +760,47 @@ EDSC_HOST_DEVICE void accumulate_tap_static_padding(const DeformSepconvParams<sc
     const bool y_hi = static_cast<unsigned_t>(y0 + 1) < static_cast<unsigned_t>(p.height_in);
     const bool x_lo = static_cast<unsigned_t>(x0) < static_cast<unsigned_t>(p.width_in);
     const bool x_hi = static_cast<unsigned_t>(x0 + 1) < static_cast<unsigned_t>(p.width_in);
-    const auto corner = [&](bool inside, const scalar_t* at) {
-      return inside ? static_cast<acc_t>(load_read_only(at)) : acc_t(0);
-    };
-    EDSC_UNROLL
-    for (int c = 0; c < kChannels; ++c) {
-      acc[c] += w11 * corner(y_hi && x_hi, planes[c] + i00 + row_stride + pixel_stride);
-      acc[c] += w10 * corner(y_hi && x_lo, planes[c] + i00 + row_stride);
-      acc[c] += w01 * corner(y_lo && x_hi, planes[c] + i00 + pixel_stride);
-      acc[c] += w00 * corner(y_lo && x_lo, planes[c] + i00);
+    if constexpr (Frame::kPacked) {
+      const auto corner = [&](bool inside, index_t i) {
+        return inside ? load_packed_pixel(frame.pixels + i) : PackedRgbPixel<scalar_t>{};
+      };
+      const PackedRgbPixel<scalar_t> v11 = corner(y_hi && x_hi, i00 + row_stride + pixel_stride);
+      const PackedRgbPixel<scalar_t> v10 = corner(y_hi && x_lo, i00 + row_stride);
+      const PackedRgbPixel<scalar_t> v01 = corner(y_lo && x_hi, i00 + pixel_stride);
+      const PackedRgbPixel<scalar_t> v00 = corner(y_lo && x_lo, i00);
+      EDSC_UNROLL
+      for (int c = 0; c < kChannels; ++c) {
+        acc[c] += w11 * static_cast<acc_t>(v11.value[c]);
+        acc[c] += w10 * static_cast<acc_t>(v10.value[c]);
+        acc[c] += w01 * static_cast<acc_t>(v01.value[c]);
+        acc[c] += w00 * static_cast<acc_t>(v00.value[c]);
+      }
+    } else {
+      const auto corner = [&](bool inside, const scalar_t* at) {
+        return inside ? static_cast<acc_t>(load_read_only(at)) : acc_t(0);
+      };
+      EDSC_UNROLL
+      for (int c = 0; c < kChannels; ++c) {
+        acc[c] += w11 * corner(y_hi && x_hi, frame.planes[c] + i00 + row_stride + pixel_stride);
+        acc[c] += w10 * corner(y_hi && x_lo, frame.planes[c] + i00 + row_stride);
+        acc[c] += w01 * corner(y_lo && x_hi, frame.planes[c] + i00 + pixel_stride);
+        acc[c] += w00 * corner(y_lo && x_lo, frame.planes[c] + i00);
+      }
     }
   }
 }
 
 // The forward of every channel of one output pixel, the call having exactly kChannels channels,
-// with the padding mode kPaddingMode (the kernel's) and the per-pixel values read through `values`
-// (GlobalPixelValues).
+// with the padding mode kPaddingMode (the kernel's), the frame read through `frame` (PlanarFrame or
+// PackedRgbFrame, image n's) and the per-pixel values through `values` (GlobalPixelValues).
 template <int64_t kPaddingMode, int kChannels, int kKernelH, int kKernelW, bool kChannelsLast, typename scalar_t,
-          typename acc_t, typename index_t, typename PixelValues, typename param_t>
+          typename acc_t, typename index_t, typename PixelValues, typename Frame, typename param_t>
 EDSC_HOST_DEVICE void deform_sepconv_forward_pixel_static_padding(
-    const DeformSepconvParams<scalar_t, index_t, param_t>& p, PixelValues& values, scalar_t* output, index_t n,
-    index_t y, index_t x) {
+    const DeformSepconvParams<scalar_t, index_t, param_t>& p, PixelValues& values, const Frame& frame, scalar_t* output,
+    index_t n, index_t y, index_t x) {
   const index_t KH = kernel_extent<kKernelH>(p.kernel_h);
   const index_t KW = kernel_extent<kKernelW>(p.kernel_w);
   const index_t hw_out = p.height_out * p.width_out;
-  const index_t plane = input_channel_stride<kChannelsLast>(p);
-  const scalar_t* in = p.input + n * index_t(kChannels) * p.height_in * p.width_in;
-  const scalar_t* planes[kChannels];
-  EDSC_UNROLL
-  for (int c = 0; c < kChannels; ++c) planes[c] = opaque_pointer(in + c * plane);
-  const index_t pixel_stride = input_pixel_stride<kChannelsLast>(p);
 
   acc_t acc[kChannels];
   EDSC_UNROLL
@@ -745,7 +824,7 @@ EDSC_HOST_DEVICE void deform_sepconv_forward_pixel_static_padding(
         py += values.template offset_value<acc_t>(j, t, 0);
         px += values.template offset_value<acc_t>(j, t, 1);
       }
-      accumulate_tap_static_padding<kPaddingMode>(p, planes, pixel_stride, w, py, px, poison, acc);
+      accumulate_tap_static_padding<kPaddingMode>(p, frame, w, py, px, poison, acc);
     }
   }
   const PixelView<index_t> out_view = pixel_view<kChannelsLast>(n, y * p.width_out + x, p.channels, hw_out);

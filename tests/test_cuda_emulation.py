@@ -85,13 +85,15 @@ def _geometry(x, v, h, out_shape, padding, mode, channels_last, dilation=1):
                                  dilation, edsc_ext.ops.PADDING_MODES[mode], int(channels_last))
 
 
-def _emulated_forward(lib, x, v, h, off, m, out_shape, padding, mode, channels_last, plain=False, dilation=1):
+def _emulated_forward(lib, x, v, h, off, m, out_shape, padding, mode, channels_last, plain=False, dilation=1,
+                      packed_frame=True, prefetch=True):
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     inputs = [None if t is None else t.detach().contiguous(memory_format=fmt) for t in (x, v, h, off, m)]
     output = torch.empty(out_shape, dtype=x.dtype).contiguous(memory_format=fmt)
     plan, error = ctypes.create_string_buffer(256), ctypes.create_string_buffer(512)
     status = lib.edsc_emulated_forward(_geometry(x, v, h, out_shape, padding, mode, channels_last, dilation),
-                                       DTYPE_CODES[x.dtype], int(plain), *[_pointer(t) for t in inputs],
+                                       DTYPE_CODES[x.dtype], int(plain), int(packed_frame),
+                                       int(prefetch), *[_pointer(t) for t in inputs],
                                        _pointer(output), plan, 256, error, 512)
     assert status == 0, error.value.decode()
     return plan.value.decode(), output
@@ -222,7 +224,8 @@ def test_the_channel_lanes_in_half_precision(harness, dtype, lane_tile):
     (4, 3, True, torch.float32, True, "pixels_vectorized"),  # a corner's 4 channels in one load
     (16, 5, True, torch.float32, True, "pixels_vectorized8"),  # 8 channels a thread, two 16-byte loads a corner
     (16, 3, True, torch.bfloat16, True, "pixels_vectorized8"),  # 8 channels in one 16-byte load
-    (3, 5, False, torch.float16, True, "pixels_rgb_prefetch"),  # 2-byte per-pixel values: the L2 prefetch too
+    # 2-byte: the frame packed, and the L2 prefetch of the per-pixel values
+    (3, 5, False, torch.float16, True, "pixels_rgb_packed_prefetch"),
     # The defaults: the specialised forwards.
     (3, 5, True, torch.float32, False, "lane_pairs_rgb_staged"),  # two lanes a pixel, values staged a warp at a time
     (4, 5, True, torch.bfloat16, False, "lane_pairs_staged"),
@@ -247,7 +250,7 @@ def test_the_exact_rgb_forward_compiled_per_padding_mode(harness, mode, dilation
     non-finite offsets (NaN, +-inf) make NaN in every channel of their own pixels and nowhere else."""
     seed = 7000 + 10 * list(edsc_ext.ops.PADDING_MODES).index(mode) + int(channels_last)
     args, _, padding, _ = _case(3, 5, mode, channels_last, seed, dtype=dtype, dilation=dilation)
-    expected_plan = "pixels_rgb_prefetch" if not channels_last and dtype != torch.float32 else "pixels_rgb"
+    expected_plan = "pixels_rgb_packed_prefetch" if not channels_last and dtype != torch.float32 else "pixels_rgb"
     _assert_forward_matches(harness, args, padding, mode, channels_last, dtype, True, expected_plan, dilation)
 
     x, v, h, off, m = (t.detach() for t in args)
@@ -269,14 +272,33 @@ def test_the_exact_rgb_forward_compiled_per_padding_mode(harness, mode, dilation
     assert (output[finite].float() - expected[finite].float()).abs().max().item() <= TOLERANCES[dtype] * max(scale, 1.0)
 
 
-def _assert_forward_matches(harness, args, padding, mode, channels_last, dtype, plain, expected_plan, dilation=1):
+def _assert_forward_matches(harness, args, padding, mode, channels_last, dtype, plain, expected_plan, dilation=1,
+                            packed_frame=True, prefetch=True):
     with torch.no_grad():
         expected = edsc_ext.deform_sepconv(*args, padding=padding, dilation=dilation, padding_mode=mode)
     plan, output = _emulated_forward(harness, *args, expected.shape, padding, mode, channels_last, plain=plain,
-                                     dilation=dilation)
+                                     dilation=dilation, packed_frame=packed_frame, prefetch=prefetch)
     assert plan == expected_plan, plan
     scale = expected.abs().max().item()
     assert (output.float() - expected.float()).abs().max().item() <= TOLERANCES[dtype] * max(scale, 1.0)
+    return output
+
+
+@pytest.mark.parametrize("mode, dilation", [("zeros", 2), ("border", 1), ("edsc", 1)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("prefetch", [False, True], ids=["no_prefetch", "prefetch"])
+def test_the_packed_rgb_frame_gives_the_planes_values(harness, mode, dilation, dtype, prefetch):
+    """An NCHW RGB call in a half type reads a packed (N, H, W, 4) copy of its frame, one load a corner: against
+    the CPU op, and bit for bit what the kernel reading the three planes gives (the same sums in the same order),
+    on odd sizes whose taps leave the image on every side."""
+    seed = 7500 + 10 * list(edsc_ext.ops.PADDING_MODES).index(mode) + int(prefetch)
+    args, _, padding, _ = _case(3, 5, mode, False, seed, dtype=dtype, dilation=dilation, size=13)
+    outputs = {}
+    for packed in (True, False):
+        expected_plan = "pixels_rgb" + ("_packed" if packed else "") + ("_prefetch" if prefetch else "")
+        outputs[packed] = _assert_forward_matches(harness, args, padding, mode, False, dtype, True, expected_plan,
+                                                  dilation, packed_frame=packed, prefetch=prefetch)
+    assert torch.equal(outputs[True], outputs[False])
 
 
 @pytest.mark.parametrize("c, mask, channels_last, mode, expected_forward, expected_backward", [

@@ -181,13 +181,38 @@ def test_forward_paths(gen, policy, config, padding_mode, dtype, forward):
             if forward == "staged" and dtype != F32 and channels in (1, 2, 4):
                 assert plans_of(case, padding_mode).forward.startswith("staged_chunk")
             else:
-                # The exact-RGB kernel prefetches 2-byte per-pixel values only.
+                # The exact-RGB kernel prefetches 2-byte per-pixel values only, and packs a 2-byte frame.
                 prefetch = channels <= 4 and (channels != 3 or dtype != F32)
-                planned = "pixels" + ("_rgb" if channels == 3 else "") + ("_prefetch" if prefetch else "")
+                packed = channels == 3 and dtype != F32
+                planned = ("pixels" + ("_rgb" if channels == 3 else "") + ("_packed" if packed else "")
+                           + ("_prefetch" if prefetch else ""))
                 assert plans_of(case, padding_mode).forward == planned
         out, _ = forward_and_grads(OP, case, padding_mode)
         expected, _ = reference_and_grads(case, padding_mode)
         assert_close(out, expected, dtype)
+
+
+@pytest.mark.cuda
+@requires_cuda
+@pytest.mark.parametrize("dtype", [F16, BF16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("padding_mode", PADDING_MODES)
+@pytest.mark.parametrize("config", [STAGED_CONFIGS[0], STAGED_CONFIGS[2], (3, 3, 37, 70, 5, 5, (4, 2), (2, 1))],
+                         ids=["whole", "plane143", "dilated"])
+def test_the_packed_frame_changes_nothing(gen, policy, config, padding_mode, dtype):
+    """An NCHW RGB call in a half type reads a packed (N, H, W, 4) copy of its frame, one load a corner
+    (kernel_policy(packed_frame=False) reads the three planes): the same sums in the same order, so the
+    same output bit for bit, for every padding mode and with absent tensors; the reference agrees."""
+    for present in [(True, True, True, True), (True, False, True, False)]:
+        case = make_inputs(*config, present=present, dtype=dtype, device="cuda", generator=gen, offset_scale=3)
+        outputs = {}
+        for packed in (True, False):
+            with edsc_ext.kernel_policy(packed_frame=packed):
+                assert plans_of(case, padding_mode).forward == (
+                    "pixels_rgb" + ("_packed" if packed else "") + "_prefetch")
+                outputs[packed] = forward_and_grads(OP, case, padding_mode)[0]
+        assert torch.equal(outputs[True], outputs[False])
+        expected, _ = reference_and_grads(case, padding_mode)
+        assert_close(outputs[True], expected, dtype)
 
 
 @pytest.mark.cuda

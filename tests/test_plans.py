@@ -114,14 +114,14 @@ EXPECTED_PLANS = {
     'feat64 f32': ('pixels/avx2', 'pixels_fused/avx2', 'pixels', 'tiled_prefetch'),
     'sepconv f32': ('grid_taps_rows/avx2', 'grid_taps_rows/avx2', 'grid_taps_pass3', 'grid_taps_params+gather_input_grad'),
     'adacof f32': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb', 'tiled_rgb_prefetch'),
-    'train bf16': ('pixels/avx2+float32_frame', 'sample_rows/avx2+float32_frame', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
-    'infer bf16': ('pixels/avx2+float32_frame', 'sample_rows/avx2+float32_frame', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
-    'batch bf16': ('pixels/avx2+float32_frame', 'sample_rows/avx2+float32_frame', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
+    'train bf16': ('pixels/avx2+float32_frame', 'sample_rows/avx2+float32_frame', 'pixels_rgb_packed_prefetch', 'tiled_rgb_prefetch'),
+    'infer bf16': ('pixels/avx2+float32_frame', 'sample_rows/avx2+float32_frame', 'pixels_rgb_packed_prefetch', 'tiled_rgb_prefetch'),
+    'batch bf16': ('pixels/avx2+float32_frame', 'sample_rows/avx2+float32_frame', 'pixels_rgb_packed_prefetch', 'tiled_rgb_prefetch'),
     'feat bf16': ('pixels/avx2+float32_frame', 'pixels_fused/avx2+float32_frame', 'pixels', 'tiled_prefetch'),
     'feat64 bf16': ('pixels/avx2+float32_frame', 'pixels_fused/avx2+float32_frame', 'pixels', 'tiled_prefetch'),
     'sepconv bf16': ('grid_taps_rows/avx2+float32_frame', 'grid_taps_rows/avx2+float32_frame', 'grid_taps_pass3', 'grid_taps_params+gather_input_grad'),
-    'adacof bf16': ('pixels/avx2+float32_frame', 'sample_rows/avx2+float32_frame', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
-    'train f16': ('pixels/avx2+float32_frame', 'sample_rows/avx2+float32_frame', 'pixels_rgb_prefetch', 'tiled_rgb_prefetch'),
+    'adacof bf16': ('pixels/avx2+float32_frame', 'sample_rows/avx2+float32_frame', 'pixels_rgb_packed_prefetch', 'tiled_rgb_prefetch'),
+    'train f16': ('pixels/avx2+float32_frame', 'sample_rows/avx2+float32_frame', 'pixels_rgb_packed_prefetch', 'tiled_rgb_prefetch'),
     'train f64': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb', 'tiled_rgb_prefetch'),
     'train f32 channels_last': ('pixels/avx2', 'sample_rows/avx2', 'lane_pairs_rgb_staged', 'tiled_warp_staged_rgb'),
     'train bf16 channels_last': ('pixels/avx2+float32_frame', 'sample_rows/avx2+float32_frame', 'lane_pairs_rgb_staged', 'tiled_warp_staged_rgb'),
@@ -181,7 +181,9 @@ POLICY_CASES = [
      ("grid_taps_pass3", "grid_taps_params+gather_input_grad"), ("pixels", "grid_taps_params+gather_input_grad")),
     # The exact-RGB forward prefetches 2-byte per-pixel values only.
     ("prefetch", False, meta_call(TRAIN, F16), H200,
-     ("pixels_rgb_prefetch", "tiled_rgb_prefetch"), ("pixels_rgb", "tiled_rgb")),
+     ("pixels_rgb_packed_prefetch", "tiled_rgb_prefetch"), ("pixels_rgb_packed", "tiled_rgb")),
+    ("packed_frame", False, meta_call(TRAIN, BF16), H200,
+     ("pixels_rgb_packed_prefetch", "tiled_rgb_prefetch"), ("pixels_rgb_prefetch", "tiled_rgb_prefetch")),
     ("prefetch", False, meta_call(TRAIN), H200, ("pixels_rgb", "tiled_rgb_prefetch"), ("pixels_rgb", "tiled_rgb")),
     ("input_grad_tile", False, meta_call(TRAIN), H200,
      ("pixels_rgb", "tiled_rgb_prefetch"), ("pixels_rgb", "pixels_blocks3")),
@@ -290,7 +292,7 @@ def test_every_cuda_plan_names_a_variant_compiled_for_its_call():
     extremes and two devices, no plan may name a row its launcher lacks (the planner raises)."""
     dtypes = [(F64, None), (F32, None), (F16, None), (BF16, None), (F32, BF16), (F32, F16)]
     policies = [{}, {f.name: False for f in dataclasses.fields(edsc_ext.KernelPolicy) if f.type in ("bool", bool)},
-                {"lane_tile": False}]
+                {"lane_tile": False}, {"prefetch": False}]
     seen = set()
     for case in (TRAIN, SEPCONV):
         for k in (1, 3, 5):
@@ -312,7 +314,8 @@ def test_every_cuda_plan_names_a_variant_compiled_for_its_call():
     # need an alignment a meta tensor does not have (lane pairs unstaged, the staged forward's
     # 4-byte copies).
     parts = {part for plan in seen for part in plan.split("+")}
-    for name in ("pixels", "pixels_rgb", "pixels_rgb_prefetch", "pixels_prefetch", "pixels_vectorized",
+    for name in ("pixels", "pixels_rgb", "pixels_rgb_prefetch", "pixels_rgb_packed", "pixels_rgb_packed_prefetch",
+                 "pixels_prefetch", "pixels_vectorized",
                  "pixels_vectorized8", "grid_taps_pass4", "grid_taps_pass3", "grid_taps_pass2", "grid_taps_pass1",
                  "staged_chunk16", "lane_pairs_staged", "lane_pairs_rgb_staged"):
         assert name in seen, name
@@ -367,9 +370,9 @@ def test_policy_reaches_the_op():
     """The compiled op reads the policy the Python context set (one value for the process), and the
     block restores it, nested or left by an exception."""
     default = compiled_values()
-    assert default == {"grid_taps": 1, "plain_forward": 0, "prefetch": 1, "input_grad_tile": 1, "warp_staging": 1,
-                       "vector_loads": 1, "channel_lanes": 1, "lane_tile": 1, "cpu_scratch_mb": 256, "cpu_isa": 0,
-                       "cpu_float32_frame": 1, "cpu_sample_rows": 1}
+    assert default == {"grid_taps": 1, "plain_forward": 0, "prefetch": 1, "packed_frame": 1, "input_grad_tile": 1,
+                       "warp_staging": 1, "vector_loads": 1, "channel_lanes": 1, "lane_tile": 1, "cpu_scratch_mb": 256,
+                       "cpu_isa": 0, "cpu_float32_frame": 1, "cpu_sample_rows": 1}
     assert _policy.compiled_kernel_policy() == edsc_ext.KernelPolicy()
     with edsc_ext.kernel_policy(grid_taps=False, cpu_scratch_mb=7):
         assert compiled_values() == {**default, "grid_taps": 0, "cpu_scratch_mb": 7}

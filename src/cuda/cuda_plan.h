@@ -160,6 +160,13 @@ inline constexpr VariantScope kSpecialized5x5NchwScope{.kernel_5x5 = true,
                                                        .layout = VariantLayout::kNchw,
                                                        .max_element_size = 8,
                                                        .same_dtypes = false};
+// The exact-RGB forward on a packed copy of the frame: NCHW, 5x5, 32-bit indices, the frame and the
+// per-pixel tensors of one half type.
+inline constexpr VariantScope kSpecialized5x5NchwHalfScope{.kernel_5x5 = true,
+                                                           .index_32bit = true,
+                                                           .layout = VariantLayout::kNchw,
+                                                           .max_element_size = 2,
+                                                           .same_dtypes = true};
 // Vector loads of a pixel's channels, and the channel lanes: channels_last, 32-bit indices, float32
 // and the half types.
 inline constexpr VariantScope kChannelsLastVectorScope{.kernel_5x5 = false,
@@ -244,6 +251,9 @@ struct PixelsForwardVariant {
   // One kernel per padding mode, the mode's traits compiled in (exact blocks only:
   // deform_sepconv_forward_pixel_static_padding); else the traits read at run time.
   bool static_padding;
+  // Exact RGB in a half type: the launcher first packs the frame's three planes into one (N, H, W, 4)
+  // copy, and each bilinear corner reads its three channels with one 8-byte load (PackedRgbFrame).
+  bool packed_frame;
   VariantScope scope;
 };
 inline constexpr PixelsForwardVariant kPixelsForwardVariants[] = {
@@ -252,37 +262,57 @@ inline constexpr PixelsForwardVariant kPixelsForwardVariants[] = {
      .prefetch = false,
      .vector_loads = false,
      .static_padding = false,
+     .packed_frame = false,
      .scope = kAnyScope},
     {.name = "pixels_rgb",
      .channel_block = 3,
      .prefetch = false,
      .vector_loads = false,
      .static_padding = true,
+     .packed_frame = false,
      .scope = kSpecialized5x5Scope},
     {.name = "pixels_rgb_prefetch",
      .channel_block = 3,
      .prefetch = true,
      .vector_loads = false,
      .static_padding = true,
+     .packed_frame = false,
      .scope = kSpecialized5x5NchwScope},
     {.name = "pixels_prefetch",
      .channel_block = kPixelChannelBlock,
      .prefetch = true,
      .vector_loads = false,
      .static_padding = false,
+     .packed_frame = false,
      .scope = kSpecialized5x5NchwScope},
     {.name = "pixels_vectorized",
      .channel_block = kPixelChannelBlock,
      .prefetch = false,
      .vector_loads = true,
      .static_padding = false,
+     .packed_frame = false,
      .scope = kChannelsLastVectorScope},
     {.name = "pixels_vectorized8",
      .channel_block = kPixelVectorBlock,
      .prefetch = false,
      .vector_loads = true,
      .static_padding = false,
+     .packed_frame = false,
      .scope = kChannelsLastVectorScope},
+    {.name = "pixels_rgb_packed",
+     .channel_block = 3,
+     .prefetch = false,
+     .vector_loads = false,
+     .static_padding = true,
+     .packed_frame = true,
+     .scope = kSpecialized5x5NchwHalfScope},
+    {.name = "pixels_rgb_packed_prefetch",
+     .channel_block = 3,
+     .prefetch = true,
+     .vector_loads = false,
+     .static_padding = true,
+     .packed_frame = true,
+     .scope = kSpecialized5x5NchwHalfScope},
 };
 
 enum class CudaBackwardKernel {

@@ -156,8 +156,13 @@ CudaForwardPlan plan_cuda_forward(const CallFacts& c, const CudaDeviceFacts& dev
   const bool blocks_of_8 = vector_loads && c.channels % kPixelVectorBlock == 0 &&
                            c.input_alignment >= std::min<int64_t>(16, kPixelVectorBlock * c.element_size);
   const int channel_block = exact_rgb ? 3 : blocks_of_8 ? kPixelVectorBlock : kPixelChannelBlock;
+  // Exact RGB in NCHW, frame and per-pixel tensors of one half type: the frame packed first, a corner one
+  // 8-byte load (its three 2-byte loads bound the kernel: BENCHMARKS.md, "The packed RGB frame").
+  const bool packed_frame = exact_rgb && policy.packed_frame && !c.channels_last && c.element_size == 2 &&
+                            !c.mixed_precision() && c.use_32bit_indexing;
   plan.variant = find_variant(kPixelsForwardVariants, c, [&](const PixelsForwardVariant& v) {
-    return v.channel_block == channel_block && v.prefetch == prefetch && v.vector_loads == vector_loads;
+    return v.channel_block == channel_block && v.prefetch == prefetch && v.vector_loads == vector_loads &&
+           v.packed_frame == packed_frame;
   });
   return plan;
 }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <vector>
 
 #include "cuda/deform_sepconv_backward_bilinear_kernels.cuh"
 #include "cuda/deform_sepconv_backward_grid_taps_kernel.cuh"
@@ -222,14 +223,17 @@ int emulated_backward(const Geometry& g, const KernelPolicy& policy, const Tenso
   return 0;
 }
 
-// The forward as plan_cuda_forward plans it for an H200 (kernel_policy's defaults, or plain_forward):
+// The forward as plan_cuda_forward plans it for an H200 (kernel_policy's defaults, or plain_forward, or
+// packed_frame or prefetch off):
 // the grid-tap, staged, lane-pair or pixels kernel, instantiated through the launchers' dispatch.
 template <typename scalar_t>
-int emulated_forward(const Geometry& g, const Tensors<scalar_t>& t, bool plain, scalar_t* output, char* plan_out,
-                     int plan_out_len, char* error, int error_len) {
+int emulated_forward(const Geometry& g, const Tensors<scalar_t>& t, bool plain, bool packed_frame, bool prefetch,
+                     scalar_t* output, char* plan_out, int plan_out_len, char* error, int error_len) {
   const CallFacts f = facts_of(g, t);
   KernelPolicy policy;
   policy.plain_forward = plain;
+  policy.packed_frame = packed_frame;
+  policy.prefetch = prefetch;
   const CudaForwardPlan plan = plan_cuda_forward(f, kHopper, policy);
   std::snprintf(plan_out, static_cast<size_t>(plan_out_len), "%s", plan_name(plan).c_str());
   using Seed = KernelTypes<kernel_facts::Dtypes<scalar_t, scalar_t>>;
@@ -288,12 +292,23 @@ int emulated_forward(const Geometry& g, const Tensors<scalar_t>& t, bool plain, 
             using K = decltype(k);
             constexpr PixelsForwardVariant v = K::variant;
             const auto p = params_of<scalar_t, typename K::index_t>(f, t);
+            std::vector<PackedRgbPixel<scalar_t>> packed;
+            if constexpr (v.packed_frame) {
+              // As the launcher: the frame packed first.
+              const int64_t count = f.batch * f.height_in * f.width_in;
+              packed.resize(static_cast<size_t>(count));
+              edsc_emulation::launch(dim3(blocks_for(count)), dim3(kThreadsPerBlock), 0, [&] {
+                pack_rgb_frame_cuda_kernel<scalar_t>(t.input, packed.data(),
+                                                     static_cast<int32_t>(f.height_in * f.width_in),
+                                                     static_cast<int32_t>(count));
+              });
+            }
             const auto kernel =
                 deform_sepconv_forward_cuda_kernel<v.channel_block, K::kKernelH, K::kKernelW, K::kChannelsLast,
                                                    v.prefetch, v.channel_block == 3, v.vector_loads, scalar_t,
-                                                   typename K::index_t, scalar_t, K::kPaddingMode>;
+                                                   typename K::index_t, scalar_t, K::kPaddingMode, v.packed_frame>;
             edsc_emulation::launch(dim3(blocks_for(work_items)), dim3(kThreadsPerBlock), 0,
-                                   [&] { kernel(p, output, work_items); });
+                                   [&] { kernel(p, output, work_items, packed.data()); });
           });
       return 0;
     }
@@ -358,9 +373,9 @@ extern "C" __attribute__((visibility("default"))) int edsc_emulated_backward(
 }
 
 extern "C" __attribute__((visibility("default"))) int edsc_emulated_forward(
-    const int64_t* geometry_values, int dtype, int plain, const void* input, const void* vertical,
-    const void* horizontal, const void* offset, const void* mask, void* output, char* plan_out, int plan_out_len,
-    char* error, int error_len) {
+    const int64_t* geometry_values, int dtype, int plain, int packed_frame, int prefetch, const void* input,
+    const void* vertical, const void* horizontal, const void* offset, const void* mask, void* output, char* plan_out,
+    int plan_out_len, char* error, int error_len) {
   using namespace edsc_ext;
   const auto run = [&](auto type) {
     using T = decltype(type);
@@ -370,8 +385,8 @@ extern "C" __attribute__((visibility("default"))) int edsc_emulated_forward(
     t.horizontal = static_cast<const T*>(horizontal);
     t.offset = static_cast<const T*>(offset);
     t.mask = static_cast<const T*>(mask);
-    return emulated_forward<T>(geometry_of(geometry_values), t, plain != 0, static_cast<T*>(output), plan_out,
-                               plan_out_len, error, error_len);
+    return emulated_forward<T>(geometry_of(geometry_values), t, plain != 0, packed_frame != 0, prefetch != 0,
+                               static_cast<T*>(output), plan_out, plan_out_len, error, error_len);
   };
   return with_dtype(dtype, run, error, error_len);
 }
