@@ -695,6 +695,18 @@ EDSC_HOST_DEVICE PackedRgbPixel<scalar_t> load_packed_pixel(const PackedRgbPixel
 #endif
 }
 
+// acc[c] += each corner's channel c times the corner's weight, in the order given (the planes' order:
+// the planes' kernels add corners 11, 10, 01, 00, so the packed one gives the same sums bit for bit).
+template <typename scalar_t, typename acc_t, int kChannels>
+EDSC_HOST_DEVICE void add_packed_corners(const PackedRgbPixel<scalar_t> (&corners)[4], const acc_t (&weights)[4],
+                                         acc_t (&acc)[kChannels]) {
+  EDSC_UNROLL
+  for (int c = 0; c < kChannels; ++c) {
+    EDSC_UNROLL
+    for (int k = 0; k < 4; ++k) acc[c] += weights[k] * static_cast<acc_t>(corners[k].value[c]);
+  }
+}
+
 // Adds the tap of weight w at (py, px) to the kChannels accumulators, reading `frame` (PlanarFrame
 // or PackedRgbFrame).
 template <int64_t kPaddingMode, typename Frame, int kChannels, typename scalar_t, typename acc_t, typename index_t,
@@ -734,17 +746,9 @@ EDSC_HOST_DEVICE void accumulate_tap_static_padding(const DeformSepconvParams<sc
     const index_t down = y0 < p.height_in - 1 ? row_stride : index_t(0);
     const index_t i10 = i00 + down, i11 = i01 + down;
     if constexpr (Frame::kPacked) {
-      const PackedRgbPixel<scalar_t> v11 = load_packed_pixel(frame.pixels + i11);
-      const PackedRgbPixel<scalar_t> v10 = load_packed_pixel(frame.pixels + i10);
-      const PackedRgbPixel<scalar_t> v01 = load_packed_pixel(frame.pixels + i01);
-      const PackedRgbPixel<scalar_t> v00 = load_packed_pixel(frame.pixels + i00);
-      EDSC_UNROLL
-      for (int c = 0; c < kChannels; ++c) {
-        acc[c] += w11 * static_cast<acc_t>(v11.value[c]);
-        acc[c] += w10 * static_cast<acc_t>(v10.value[c]);
-        acc[c] += w01 * static_cast<acc_t>(v01.value[c]);
-        acc[c] += w00 * static_cast<acc_t>(v00.value[c]);
-      }
+      add_packed_corners({load_packed_pixel(frame.pixels + i11), load_packed_pixel(frame.pixels + i10),
+                          load_packed_pixel(frame.pixels + i01), load_packed_pixel(frame.pixels + i00)},
+                         {w11, w10, w01, w00}, acc);
     } else {
       EDSC_UNROLL
       for (int c = 0; c < kChannels; ++c) {
@@ -764,17 +768,9 @@ EDSC_HOST_DEVICE void accumulate_tap_static_padding(const DeformSepconvParams<sc
       const auto corner = [&](bool inside, index_t i) {
         return inside ? load_packed_pixel(frame.pixels + i) : PackedRgbPixel<scalar_t>{};
       };
-      const PackedRgbPixel<scalar_t> v11 = corner(y_hi && x_hi, i00 + row_stride + pixel_stride);
-      const PackedRgbPixel<scalar_t> v10 = corner(y_hi && x_lo, i00 + row_stride);
-      const PackedRgbPixel<scalar_t> v01 = corner(y_lo && x_hi, i00 + pixel_stride);
-      const PackedRgbPixel<scalar_t> v00 = corner(y_lo && x_lo, i00);
-      EDSC_UNROLL
-      for (int c = 0; c < kChannels; ++c) {
-        acc[c] += w11 * static_cast<acc_t>(v11.value[c]);
-        acc[c] += w10 * static_cast<acc_t>(v10.value[c]);
-        acc[c] += w01 * static_cast<acc_t>(v01.value[c]);
-        acc[c] += w00 * static_cast<acc_t>(v00.value[c]);
-      }
+      add_packed_corners({corner(y_hi && x_hi, i00 + row_stride + pixel_stride), corner(y_hi && x_lo, i00 + row_stride),
+                          corner(y_lo && x_hi, i00 + pixel_stride), corner(y_lo && x_lo, i00)},
+                         {w11, w10, w01, w00}, acc);
     } else {
       const auto corner = [&](bool inside, const scalar_t* at) {
         return inside ? static_cast<acc_t>(load_read_only(at)) : acc_t(0);
