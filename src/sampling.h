@@ -681,7 +681,8 @@ struct PackedRgbFrame {
   static constexpr index_t pixel_stride = 1;
 };
 
-// *at through the read-only data path, one load on the GPU.
+// *at through the read-only data path, one load on the GPU: as uint2, not load_read_only's 64-bit word, whose
+// unpacking nvcc compiles to 64-bit shifts (+100 instructions a kernel; BENCHMARKS.md, the packed RGB frame).
 template <typename scalar_t>
 EDSC_HOST_DEVICE PackedRgbPixel<scalar_t> load_packed_pixel(const PackedRgbPixel<scalar_t>* at) {
 #if defined(__CUDA_ARCH__)
