@@ -15,8 +15,8 @@ from typing import Dict, NamedTuple, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-__all__ = ["deform_sepconv", "normalize_args", "check_geometry", "split_offset", "DeformSepconvArgs", "SPEC",
-           "PADDING_MODES", "MAX_KERNEL_WIDTH", "MIXED_PRECISION"]
+__all__ = ["deform_sepconv", "upsample_bilinear2x", "normalize_args", "check_geometry", "split_offset",
+           "DeformSepconvArgs", "SPEC", "PADDING_MODES", "MAX_KERNEL_WIDTH", "MIXED_PRECISION"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -594,3 +594,80 @@ def _vector_add_backward(ctx, grad):
 
 
 torch.library.register_autograd("edsc_ext::vector_add", _vector_add_backward)
+
+
+# --------------------------------------------------------------------------------------------
+# upsample_bilinear2x: the EDSC networks' bilinear 2x upsampling (edsc_ext.models.upsample2x).
+
+_FLOAT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+
+
+def upsample_bilinear2x(input: Tensor) -> Tensor:
+    """``F.interpolate(input, scale_factor=2, mode="bilinear", align_corners=True)`` through the compiled
+    extension, on the tensor's own device: (N, C, H, W) to (N, C, 2H, 2W) in ``input``'s dtype (the half
+    types computed in float32 and rounded once, as ATen computes them, so the values equal
+    F.interpolate's up to the order of the float32 operations), channels_last where ``input`` is, as
+    F.interpolate's output. On CUDA each thread writes 16 bytes of the output, the traffic that bounds
+    it; ATen's channels_last kernel writes one value a thread (issue #43). Differentiable: its backward
+    is ATen's ``upsample_bilinear2d_backward``."""
+    if not isinstance(input, Tensor):
+        raise TypeError(f"input must be a Tensor, got {type(input).__name__}")
+    if input.dim() != 4:
+        raise ValueError(f"input must be 4-D (N, C, H, W), got shape {tuple(input.shape)}")
+    if input.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"input must be float64, float32, float16 or bfloat16, got {input.dtype}")
+    if input.shape[2] < 1 or input.shape[3] < 1:
+        raise ValueError(f"input's height and width must be at least 1, got shape {tuple(input.shape)}")
+    return torch.ops.edsc_ext.upsample_bilinear2x(input)
+
+
+def _upsample2x_memory_format(input: Tensor) -> torch.memory_format:
+    """The output's memory format (src/upsample2x_call.cpp): channels_last where ``input``'s strides run in
+    that order (ATen's is_channels_last_strides_2d: dense, or a view such as a channel slice), as
+    F.interpolate's output."""
+    sizes, strides = input.shape, input.stride()
+    if strides[1] == 0:
+        return torch.contiguous_format
+    least = 0
+    for d in (1, 3, 2, 0):
+        if sizes[d] == 0 or strides[d] < least or (d == 0 and least == strides[1]):
+            return torch.contiguous_format
+        least = strides[d] * (sizes[d] if sizes[d] > 1 else 1)
+    return torch.channels_last
+
+
+@torch.library.register_fake("edsc_ext::upsample_bilinear2x")
+def _upsample_bilinear2x_fake(input):
+    n, c, h, w = input.shape
+    return torch.empty((n, c, 2 * h, 2 * w), dtype=input.dtype, device=input.device,
+                       memory_format=_upsample2x_memory_format(input))
+
+
+def _upsample_bilinear2x_setup_context(ctx, inputs, output):
+    ctx.input_size = list(inputs[0].shape)
+
+
+def _interpolation_matrix(n, like: Tensor) -> Tensor:
+    """The (2n, n) matrix of bilinear 2x upsampling with the corners aligned along one axis, in ``like``'s dtype."""
+    dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
+    position = torch.arange(2 * n, device=like.device, dtype=dtype) * ((n - 1) / (2 * n - 1))
+    lo = position.floor().long()
+    frac = position - lo
+    matrix = torch.zeros(2 * n, n, device=like.device, dtype=dtype)
+    matrix.scatter_add_(1, lo.unsqueeze(1), (1 - frac).unsqueeze(1))
+    matrix.scatter_add_(1, (lo + 1).clamp(max=n - 1).unsqueeze(1), frac.unsqueeze(1))
+    return matrix
+
+
+def _upsample_bilinear2x_backward(ctx, grad):
+    n, c, h, w = ctx.input_size
+    if not any(isinstance(size, torch.SymInt) for size in ctx.input_size):
+        return torch.ops.aten.upsample_bilinear2d_backward(grad, [2 * h, 2 * w], ctx.input_size, True, None, None)
+    # Traced with symbolic sizes (torch.compile(dynamic=True)), where ATen's backward has no symbolic meta kernel:
+    # the same adjoint as two small matrix products, the transposed interpolation along each axis.
+    rows, cols = _interpolation_matrix(h, grad), _interpolation_matrix(w, grad)
+    return torch.einsum("yh,ncyx,xw->nchw", rows, grad.to(rows.dtype), cols).to(grad.dtype)
+
+
+torch.library.register_autograd("edsc_ext::upsample_bilinear2x", _upsample_bilinear2x_backward,
+                                setup_context=_upsample_bilinear2x_setup_context)

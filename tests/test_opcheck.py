@@ -1,5 +1,5 @@
 """torch.library.opcheck of every custom op the extension registers (deform_sepconv's forward and
-backward, vector_add), the one place where opcheck runs: the schema, the autograd registration,
+backward, vector_add, upsample_bilinear2x), the one place where opcheck runs: the schema, the autograd registration,
 the fake (meta) kernels and AOT dispatch with dynamic shapes, on every device, in both memory
 layouts, with absent tensors, each padding mode, split offsets and mixed dtypes."""
 
@@ -141,3 +141,19 @@ def test_opcheck_vector_add(gen, device):
     b = torch.randn((4, 5), generator=gen).to(device)
     torch.library.opcheck(torch.ops.edsc_ext.vector_add.default, (a, b))
     assert edsc_ext.vector_add(a, b).device.type == device
+
+
+# ---------------------------------------------------------------------------------------------
+# upsample_bilinear2x
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", [F64, F32, BF16], ids=["f64", "f32", "bf16"])
+def test_opcheck_upsample_bilinear2x(gen, device, layout, dtype):
+    x = torch.randn((2, 8, 3, 5), generator=gen).to(device, dtype).contiguous(memory_format=memory_format(layout))
+    result = torch.library.opcheck(torch.ops.edsc_ext.upsample_bilinear2x.default, (x.requires_grad_(),))
+    assert result == ALL_SUCCEEDED, result
+    # A channel slice of a channels_last tensor (no dense layout): the output is channels_last, as the fake says.
+    sliced = x.detach()[:, 1:6].requires_grad_()
+    assert torch.library.opcheck(torch.ops.edsc_ext.upsample_bilinear2x.default, (sliced,)) == ALL_SUCCEEDED

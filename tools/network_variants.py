@@ -13,7 +13,8 @@ network replayed as a CUDA graph, no compiler: a cheap screen of what changes th
 - ``wide`` / ``widegrp`` / ``grouped`` / ``perhead`` / ``padded``: ``EDSC(head_layout=...)``: "wide", "wide_grouped",
   "grouped", "per_head", "padded";
 - ``halfup``: ``EDSC(half_upsampling=True)``; ``convrelu``: ``EDSC(conv_relu=True)`` (inference);
-  ``cache``: ``EDSC(cache_weights=True)`` (eager inference, graph replays);
+  ``cache``: ``EDSC(cache_weights=True)`` (eager inference, graph replays); ``extup`` / ``atenup``:
+  ``EDSC(upsampling_kernel="edsc_ext")`` / ``"aten"`` (``default+atenup``: the defaults with ATen's upsampling);
 - ``bench``: cuDNN autotuning (``cudnn_benchmark=True`` of compile_edsc / EDSC.capture, the training step's
   backward included); ``freeze``: ``compile_edsc(freezing=True)`` (inference); ``autotune``:
   ``compile_edsc(max_autotune=True)`` (minutes of compile: not in the default plan);
@@ -66,7 +67,8 @@ PATHS = ("compiled", "graph", "eager")
 MODEL_OPTIONS = {"wide": {"head_layout": "wide"}, "widegrp": {"head_layout": "wide_grouped"},
                  "grouped": {"head_layout": "grouped"}, "perhead": {"head_layout": "per_head"},
                  "padded": {"head_layout": "padded"}, "halfup": {"half_upsampling": True},
-                 "convrelu": {"conv_relu": True}, "cache": {"cache_weights": True}}
+                 "convrelu": {"conv_relu": True}, "cache": {"cache_weights": True},
+                 "extup": {"upsampling_kernel": "edsc_ext"}, "atenup": {"upsampling_kernel": "aten"}}
 RECIPE_OPTIONS = {"bench": "cudnn_benchmark", "freeze": "freezing", "autotune": "max_autotune"}
 # "core": the options that change no kernel's numerics class and run on every path and case; "all": core and
 # the inference-only ones (cuDNN's fused convolution + ReLU, freezing or kept weights).
@@ -128,7 +130,7 @@ def parse_variant(text: str) -> Variant:
         if option == "base":
             continue
         if option == "default":
-            options.append(option)
+            options.insert(0, option)
             continue
         if option == "all":
             options += ALL[path]
@@ -218,10 +220,12 @@ def _apply(model, options: Sequence[str]) -> None:
     "default" the model's defaults (the DEFAULT_* constants of edsc_ext.models.networks)."""
     if "default" in options:
         defaults = EDSC()
-        model.head_layout, model.half_upsampling, model.conv_relu, model.cache_weights = (
-            defaults.head_layout, defaults.half_upsampling, defaults.conv_relu, defaults.cache_weights)
-        return
-    model.head_layout, model.half_upsampling, model.conv_relu, model.cache_weights = "padded", False, False, False
+        model.head_layout, model.half_upsampling, model.conv_relu, model.cache_weights, model.upsampling_kernel = (
+            defaults.head_layout, defaults.half_upsampling, defaults.conv_relu, defaults.cache_weights,
+            defaults.upsampling_kernel)
+    else:
+        model.head_layout, model.half_upsampling, model.conv_relu, model.cache_weights = "padded", False, False, False
+        model.upsampling_kernel = "aten"
     for option in options:
         for key, value in MODEL_OPTIONS.get(option, {}).items():
             setattr(model, key, value)

@@ -2,7 +2,7 @@
 
 Offsets reach far outside the image, some are NaN or 1e30, and every dtype and padding mode runs, with
 one offset tensor and with split offsets, and float32 frames with half-type per-pixel tensors, so an
-out-of-bounds read or write anywhere in the kernels shows up.
+out-of-bounds read or write anywhere in the kernels shows up; then upsample_bilinear2x's kernels.
 
     python3 tools/sanitizer_case.py [--dtypes float32 bfloat16 ...]
 
@@ -29,7 +29,23 @@ def main() -> None:
     device = torch.device("cuda", torch.cuda.device_count() - 1)
     a = torch.randn(1000, device=device)
     assert torch.equal(edsc_ext.vector_add(a, a), a + a)
+    run_upsampling(dtypes, device)
     print("sanitizer case done")
+
+
+def run_upsampling(dtypes, device) -> None:
+    """upsample_bilinear2x's four kernels: 16-byte and one-value threads, channels_last and NCHW, sizes of one
+    row or column, a view one element into its storage (not 16-byte aligned), and the backward."""
+    gen = torch.Generator().manual_seed(1)
+    for dtype in dtypes:
+        for n, c, h, w in ((2, 16, 5, 8), (1, 3, 1, 7), (1, 8, 9, 1)):
+            x = torch.randn(n, c, h, w, generator=gen).to(device, dtype)
+            for fmt in (torch.contiguous_format, torch.channels_last):
+                edsc_ext.upsample_bilinear2x(x.contiguous(memory_format=fmt))
+            flat = torch.randn(x.numel() + 1, generator=gen).to(device, dtype)
+            edsc_ext.upsample_bilinear2x(flat[1:].view(n, h, w, c).permute(0, 3, 1, 2))
+        x = torch.randn(2, 8, 4, 6, generator=gen).to(device, dtype).requires_grad_()
+        edsc_ext.upsample_bilinear2x(x).sum().backward()
 
 
 def run_every_path(dtypes) -> None:

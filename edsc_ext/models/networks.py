@@ -47,13 +47,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..ops import deform_sepconv, natively_supported
+from ..ops import deform_sepconv, natively_supported, upsample_bilinear2x
 from .compat import compat_deform_sepconv
 
 __all__ = ["HetConv2d", "EDSC", "EDSC_s", "EDSC_m", "CapturedEDSC", "CompiledEDSC", "compile_edsc",
            "cudnn_autotuning", "load_checkpoint", "save_checkpoint", "read_checkpoint", "CheckpointError",
            "state_dict_of", "pad_to_multiple", "auto_head_layout", "upsample2x", "SAMPLINGS", "MODEL_NAMES",
-           "HEAD_LAYOUTS", "SIZE_MULTIPLE"]
+           "HEAD_LAYOUTS", "SIZE_MULTIPLE", "UPSAMPLING_KERNELS"]
 
 SAMPLINGS = ("compat", "clean")
 # How the fused heads run: "grouped" (the first layers as one convolution, the others grouped),
@@ -83,6 +83,10 @@ PADDED_LAYOUTS = ("padded", "wide", "wide_grouped")
 DEFAULT_CUDA_INFERENCE_HEAD_LAYOUT = "padded"
 DEFAULT_CUDA_COMPILED_TRAINING_HEAD_LAYOUT = "padded"
 DEFAULT_HALF_UPSAMPLING = True
+# What runs the bilinear upsamplings on CUDA (upsample2x): "edsc_ext" (edsc_ext.upsample_bilinear2x) or
+# "aten" (F.interpolate).
+UPSAMPLING_KERNELS = ("edsc_ext", "aten")
+DEFAULT_UPSAMPLING_KERNEL = "edsc_ext"
 DEFAULT_CONV_RELU = True
 DEFAULT_CACHE_WEIGHTS = False
 DEFAULT_CUDNN_BENCHMARK = False
@@ -378,21 +382,33 @@ def _upsample_axis_by_slices(x: Tensor, dim: int) -> Tensor:
     return torch.stack([even, odd], dim + 1).flatten(dim, dim + 1)
 
 
-def upsample2x(x: Tensor, half: bool = False) -> Tensor:
+def upsample2x(x: Tensor, half: bool = False, kernel: str = DEFAULT_UPSAMPLING_KERNEL) -> Tensor:
     """EDSC's upsampling: bilinear, 2x, corners aligned (``F.interpolate``'s values).
 
     Compiled with gradients, it is written as shifted slices and weighted sums
     (:func:`_upsample_axis_by_slices`): inductor fuses those forward and backward into pointwise
     kernels, where its own backward of ``upsample_bilinear2d`` scatters with atomic adds and took a
-    quarter of a compiled training step on CUDA (BENCHMARKS.md, issue #20). Everywhere else the
-    native kernel runs, torch.export included: a program for inference, whose dynamic sizes the slices'
-    views of n - 1 samples would specialise where n - 1 can be 1 (issue #36). Under CUDA autocast, as the
-    native operator, it computes and returns float32; with ``half``, a float16 or bfloat16 ``x`` gives its
-    own dtype back (computed in float32 all the same, rounded once): the convolution after it would cast
-    the float32 result to that type anyway, so the values it reads are the same, without the float32
-    tensor of twice the bytes and its cast (issue #43)."""
+    quarter of a compiled training step on CUDA (BENCHMARKS.md, issue #20). Elsewhere on CUDA, with
+    ``kernel="edsc_ext"`` (the default), :func:`edsc_ext.upsample_bilinear2x` runs it (16-byte stores;
+    ATen's channels_last kernel writes one value a thread, and channels_last tensors of fewer than 16
+    channels, the heads' kernels, take its NCHW kernel through strides: issue #43); with "aten", on
+    the CPU and under torch.export (a program for inference, whose dynamic sizes the slices' views of
+    n - 1 samples would specialise where n - 1 can be 1, issue #36, and which other runtimes read)
+    the native operator. Under CUDA autocast, as the native operator, it computes and returns
+    float32; with ``half``, a float16 or bfloat16 ``x`` gives its own dtype back (computed in float32
+    all the same, rounded once): the convolution after it would cast the float32 result to that type
+    anyway, so the values it reads are the same, without the float32 tensor of twice the bytes and its
+    cast (issue #43)."""
+    if kernel not in UPSAMPLING_KERNELS:
+        raise ValueError(f"kernel must be one of {UPSAMPLING_KERNELS}, got {kernel!r}")
     keep = half and x.dtype in (torch.float16, torch.bfloat16)
-    if not (x.device.type == "cuda" and _is_compiling() and not _is_exporting() and torch.is_grad_enabled()):
+    cuda = x.device.type == "cuda"
+    if not (cuda and _is_compiling() and not _is_exporting() and torch.is_grad_enabled()):
+        # Autocast's state is asked of CUDA and of half types only: a meta tensor's device has none.
+        if cuda and kernel == "edsc_ext" and not _is_exporting() and (
+                keep or x.dtype in (torch.float32, torch.float64) or not torch.is_autocast_enabled("cuda")):
+            with torch.autocast("cuda", enabled=False):
+                return upsample_bilinear2x(x)
         if keep and torch.is_autocast_enabled(x.device.type):
             with torch.autocast(x.device.type, enabled=False):
                 return F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=True)
@@ -408,17 +424,19 @@ def upsample2x(x: Tensor, half: bool = False) -> Tensor:
 
 class Upsample2x(nn.Module):
     """:func:`upsample2x` as a module (no state: the checkpoints' keys are unchanged); ``keep_half`` (set
-    by :class:`EDSC`'s ``half_upsampling``) keeps half-precision inputs in their dtype under autocast."""
+    by :class:`EDSC`'s ``half_upsampling``) keeps half-precision inputs in their dtype under autocast,
+    ``kernel`` (set by its ``upsampling_kernel``) is :func:`upsample2x`'s."""
 
     def __init__(self):
         super().__init__()
         self.keep_half = False
+        self.kernel = DEFAULT_UPSAMPLING_KERNEL
 
     def extra_repr(self) -> str:
-        return f"keep_half={self.keep_half}"
+        return f"keep_half={self.keep_half}, kernel={self.kernel!r}"
 
     def forward(self, x: Tensor) -> Tensor:
-        return upsample2x(x, self.keep_half)
+        return upsample2x(x, self.keep_half, self.kernel)
 
 
 def _upsample() -> nn.Module:
@@ -545,6 +563,9 @@ class EDSC(nn.Module):
         half_upsampling: under autocast, the bilinear upsamplings return the activations' half type
             (computed in float32 and rounded once: the values the next convolution reads are the same)
             instead of float32; see :func:`upsample2x`.
+        upsampling_kernel: on CUDA, "edsc_ext" (:func:`edsc_ext.upsample_bilinear2x`, the default) or
+            "aten" (``F.interpolate``) runs the upsamplings, outside compiled training; see
+            :func:`upsample2x`.
         conv_relu: in inference (no gradients; not under torch.export), each convolution followed by a
             ReLU runs as one call, on CUDA cuDNN's fused convolution, bias and ReLU
             (``torch.cudnn_convolution_relu``), so no separate pass reads and writes its output again;
@@ -562,7 +583,7 @@ class EDSC(nn.Module):
     def __init__(self, kernel_size: int = 5, multiple: bool = False, sampling: str = "compat", het_p: int = 4,
                  use_bias: bool = True, fused: bool = True, head_layout: str = "auto",
                  half_upsampling: bool = DEFAULT_HALF_UPSAMPLING, conv_relu: bool = DEFAULT_CONV_RELU,
-                 cache_weights: bool = DEFAULT_CACHE_WEIGHTS):
+                 cache_weights: bool = DEFAULT_CACHE_WEIGHTS, upsampling_kernel: str = DEFAULT_UPSAMPLING_KERNEL):
         super().__init__()
         if sampling not in SAMPLINGS:
             raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
@@ -606,6 +627,7 @@ class EDSC(nn.Module):
         self.moduleBias = _head(64, 3)
         self.fused = fused
         self.half_upsampling = half_upsampling
+        self.upsampling_kernel = upsampling_kernel
         self.conv_relu = conv_relu
         self.cache_weights = cache_weights
 
@@ -648,6 +670,20 @@ class EDSC(nn.Module):
                 module.keep_half = self._half_upsampling
 
     @property
+    def upsampling_kernel(self) -> str:
+        """What runs the upsamplings on CUDA (see :func:`upsample2x`); setting it switches every one."""
+        return self._upsampling_kernel
+
+    @upsampling_kernel.setter
+    def upsampling_kernel(self, value: str) -> None:
+        if value not in UPSAMPLING_KERNELS:
+            raise ValueError(f"upsampling_kernel must be one of {UPSAMPLING_KERNELS}, got {value!r}")
+        self._upsampling_kernel = value
+        for module in self.modules():
+            if isinstance(module, Upsample2x):
+                module.kernel = value
+
+    @property
     def cache_weights(self) -> bool:
         """Whether eager inference keeps the fused weights (see :func:`_cached`); setting it switches every
         HetConv2d too, and switching it off drops what was kept."""
@@ -671,7 +707,8 @@ class EDSC(nn.Module):
     def extra_repr(self) -> str:
         return (f"kernel_size={self.kernel_size}, multiple={self.multiple}, sampling={self.sampling!r}, "
                 f"fused={self.fused}, head_layout={self.head_layout!r}, half_upsampling={self.half_upsampling}, "
-                f"conv_relu={self.conv_relu}, cache_weights={self.cache_weights}")
+                f"upsampling_kernel={self.upsampling_kernel!r}, conv_relu={self.conv_relu}, "
+                f"cache_weights={self.cache_weights}")
 
     def _conv_relu_now(self) -> bool:
         """Whether ``conv_relu`` applies to this call: fused, no gradients, not exported."""
@@ -793,7 +830,7 @@ class EDSC(nn.Module):
         for group, part in zip(widths, parts):
             modules = [getattr(self, name) for name, _ in group]
             z = F.relu(self._heads_conv(part, [head[4] for head in modules], layout), inplace=True)
-            z = upsample2x(z)
+            z = upsample2x(z, kernel=self.upsampling_kernel)
             outputs.append(self._heads_conv(z, [head[7] for head in modules], layout))
         k = self.kernel_size
         vertical1, horizontal1, vertical2, horizontal2 = outputs[0].split(k, 1)

@@ -16,6 +16,7 @@
 #include "cuda/deform_sepconv_forward_pixels_kernel.cuh"
 #include "cuda/deform_sepconv_forward_staged_kernel.cuh"
 #include "cuda/deform_sepconv_grid_taps_input_grad_kernel.cuh"
+#include "cuda/upsample2x_kernel.cuh"
 
 namespace edsc_ext {
 namespace {
@@ -387,6 +388,57 @@ extern "C" __attribute__((visibility("default"))) int edsc_emulated_forward(
     t.mask = static_cast<const T*>(mask);
     return emulated_forward<T>(geometry_of(geometry_values), t, plain != 0, packed_frame != 0, prefetch != 0,
                                static_cast<T*>(output), plan_out, plan_out_len, error, error_len);
+  };
+  return with_dtype(dtype, run, error, error_len);
+}
+
+// upsample_bilinear2x's kernels (src/cuda/upsample2x_kernel.cuh) on a dense (N, C, H, W) input in NCHW or
+// channels_last (sizes: N, C, H, W), into its dense (N, C, 2H, 2W) output, with the launcher's grid: `vector`
+// takes the 16-byte kernel (channels_last: C a multiple of its values; NCHW: 2W a multiple), else one value a
+// thread.
+extern "C" __attribute__((visibility("default"))) int edsc_emulated_upsample2x(const int64_t* sizes, int channels_last,
+                                                                               int vector, int dtype, const void* input,
+                                                                               void* output, char* error,
+                                                                               int error_len) {
+  using namespace edsc_ext;
+  const auto run = [&](auto type) {
+    using T = decltype(type);
+    using acc_t = opmath_t<T>;
+    constexpr int kVec = 16 / sizeof(T);
+    const auto n = static_cast<int32_t>(sizes[0]), c = static_cast<int32_t>(sizes[1]);
+    const auto h = static_cast<int32_t>(sizes[2]), w = static_cast<int32_t>(sizes[3]);
+    const T* in = static_cast<const T*>(input);
+    T* out = static_cast<T*>(output);
+    const acc_t scale_h = upsample2x_scale<acc_t>(h), scale_w = upsample2x_scale<acc_t>(w);
+    const auto grid = [](int64_t rows, int64_t row_items) {
+      return dim3(static_cast<unsigned int>((row_items + kThreadsPerBlock - 1) / kThreadsPerBlock),
+                  static_cast<unsigned int>(rows));
+    };
+    if (channels_last) {
+      const int32_t rows = n * 2 * h;
+      if (vector) {
+        if (c % kVec != 0) return fail("vector: C must be a multiple of 16 bytes' values", error, error_len);
+        const int32_t blocks = c / kVec;
+        edsc_emulation::launch(grid(rows, 2 * w * blocks), dim3(kThreadsPerBlock), 0, [&] {
+          upsample2x_channels_last_cuda_kernel<T, kVec>(in, out, rows, h, w, blocks, scale_h, scale_w);
+        });
+      } else {
+        edsc_emulation::launch(grid(rows, 2 * w * c), dim3(kThreadsPerBlock), 0, [&] {
+          upsample2x_channels_last_cuda_kernel<T, 1>(in, out, rows, h, w, c, scale_h, scale_w);
+        });
+      }
+    } else {
+      const int32_t rows = n * c * 2 * h;
+      if (vector) {
+        if ((2 * w) % kVec != 0) return fail("vector: 2W must be a multiple of 16 bytes' values", error, error_len);
+        edsc_emulation::launch(grid(rows, 2 * w / kVec), dim3(kThreadsPerBlock), 0,
+                               [&] { upsample2x_nchw_cuda_kernel<T, kVec>(in, out, rows, h, w, scale_h, scale_w); });
+      } else {
+        edsc_emulation::launch(grid(rows, 2 * w), dim3(kThreadsPerBlock), 0,
+                               [&] { upsample2x_nchw_cuda_kernel<T, 1>(in, out, rows, h, w, scale_h, scale_w); });
+      }
+    }
+    return 0;
   };
   return with_dtype(dtype, run, error, error_len);
 }
