@@ -25,8 +25,9 @@ replayed as CUDA graphs).
 
 The speed options of issue #43 are explicit arguments (``tools/network_variants.py`` times them all in
 one run): ``half_upsampling`` (bilinear upsampling in the activations' half type under autocast, not
-float32) and ``conv_relu`` (inference: cuDNN's fused convolution, bias and ReLU), on by default since
-each measured faster on its own; ``head_layout="wide"`` (the eleven heads' first convolutions as one),
+float32), ``conv_relu`` (inference: cuDNN's fused convolution, bias and ReLU) and ``upsampling_kernel``
+(on CUDA :func:`edsc_ext.upsample_bilinear2x` rather than ATen's kernel), on by default since each
+measured faster on its own; ``head_layout="wide"`` (the eleven heads' first convolutions as one),
 ``cache_weights`` (inference: the fused weights kept while the parameters are unchanged; on in the
 tools) and :func:`compile_edsc`'s ``cudnn_benchmark``, ``freezing`` and ``max_autotune``, off. The
 ``DEFAULT_*`` constants below are the defaults: switching one is its line.
