@@ -11,7 +11,7 @@
 # benchmark runs with the same arguments, e.g. "--deterministic --channels-last"), AB_ARGS (a kernel A/B,
 # tools/policy_ab.py's arguments, e.g. "--cases feat feat64 --channels-last --a channel_lanes=true"), SKIP_BUILD=1
 # (a warm machine that already has this checkout installed), WHEEL=path (install that wheel, built elsewhere,
-# instead of building). Each step prints its wall time.
+# instead of building; refused, exit 2, where it was built from other sources than the checkout's). Each step prints its wall time.
 # PYTEST_MARKS replaces the marker expression of the parallel run ("not multi_gpu"), e.g.
 # PYTEST_MARKS="cuda and not multi_gpu" for the tests that need a GPU (CI runs the rest): on the
 # H200 machine those (334 on 2026-11-30) take about 30 s with -n 12, and the whole suite about 72 s,
@@ -54,6 +54,24 @@ if [ -n "${WHEEL:-}" ]; then
   rm -rf build edsc_ext/_C*.so
   python3 -m pip install --no-deps --no-index --force-reinstall "$WHEEL" > "$OUT/build.log" 2>&1 \
     || { tail -30 "$OUT/build.log"; exit 1; }
+  # The tests that start Python in the checkout load the installed build only where it was built from the
+  # checkout's sources (edsc_ext/_loader.py): a wheel built before an edit under src/ fails every one of them
+  # (19 in one run), so refuse it here, in one line.
+  (cd /tmp && python3 - "$REPO" "$WHEEL" <<'PY'
+import importlib.util
+import sys
+
+import edsc_ext
+
+spec = importlib.util.spec_from_file_location("edsc_build_support", sys.argv[1] + "/edsc_ext/_build_support.py")
+support = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(support)
+built, checkout = edsc_ext._BUILD_META.get("sources_digest"), support.sources_digest(sys.argv[1])
+if built != checkout:
+    sys.exit(f"gpu_check.sh: {sys.argv[2]} was built from sources {built}, this checkout's are {checkout}: "
+             "build the wheel again from this checkout")
+PY
+  ) || exit 2
 elif [ -z "${SKIP_BUILD:-}" ]; then
   step "build: pip install --no-build-isolation ."
   rm -rf build edsc_ext/_C*.so
