@@ -599,9 +599,6 @@ torch.library.register_autograd("edsc_ext::vector_add", _vector_add_backward)
 # --------------------------------------------------------------------------------------------
 # upsample_bilinear2x: the EDSC networks' bilinear 2x upsampling (edsc_ext.models.upsample2x).
 
-_FLOAT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
-
-
 def upsample_bilinear2x(input: Tensor) -> Tensor:
     """``F.interpolate(input, scale_factor=2, mode="bilinear", align_corners=True)`` through the compiled
     extension, on the tensor's own device: (N, C, H, W) to (N, C, 2H, 2W) in ``input``'s dtype (the half
@@ -614,8 +611,8 @@ def upsample_bilinear2x(input: Tensor) -> Tensor:
         raise TypeError(f"input must be a Tensor, got {type(input).__name__}")
     if input.dim() != 4:
         raise ValueError(f"input must be 4-D (N, C, H, W), got shape {tuple(input.shape)}")
-    if input.dtype not in _FLOAT_DTYPES:
-        raise TypeError(f"input must be float64, float32, float16 or bfloat16, got {input.dtype}")
+    if input.dtype not in _FRAME_DTYPES:  # the dtypes the kernels compute in, as deform_sepconv's frame
+        raise TypeError(f"input must be {SPEC.frame_dtypes_text}, got {input.dtype}")
     if input.shape[2] < 1 or input.shape[3] < 1:
         raise ValueError(f"input's height and width must be at least 1, got shape {tuple(input.shape)}")
     return torch.ops.edsc_ext.upsample_bilinear2x(input)

@@ -24,9 +24,9 @@ bool channels_last_order(const Tensor& t) {
 Upsample2xCall prepare_upsample2x(const Tensor& input) {
   EDSC_CHECK(input.dim() == 4, "upsample_bilinear2x: input must be 4-D (N, C, H, W), got shape ", ShapeOf{input});
   const ScalarType dtype = input.scalar_type();
-  EDSC_CHECK(dtype == ScalarType::Double || dtype == ScalarType::Float || dtype == ScalarType::Half ||
-                 dtype == ScalarType::BFloat16,
-             "upsample_bilinear2x: input must be float64, float32, float16 or bfloat16, got ", dtype_name(dtype));
+  // The spec's frame dtypes, each of which has its same-dtype pair, which the kernels' dispatch takes.
+  EDSC_CHECK(accepts_frame_dtype(dtype),
+             "upsample_bilinear2x: input must be float64, float32, float16 or bfloat16, got ", dtype);
   Upsample2xCall call;
   call.batch = input.size(0);
   call.channels = input.size(1);
