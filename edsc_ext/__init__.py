@@ -25,12 +25,12 @@ from . import (  # noqa: E402,F401
     reference,
 )
 from ._policy import KernelPolicy, current_kernel_policy, kernel_policy  # noqa: E402,F401
-from .ops import _plan, deform_sepconv, upsample_bilinear2x, vector_add  # noqa: E402,F401
+from .ops import _plan, avg_pool2x, deform_sepconv, upsample_bilinear2x, vector_add  # noqa: E402,F401
 
 _policy._install_initial()  # the EDSC_EXT_* environment switches, read once
 
 __version__ = _BUILD_META.get("version") or _base_version
-__all__ = ["deform_sepconv", "upsample_bilinear2x", "vector_add", "kernel_policy", "KernelPolicy",
+__all__ = ["deform_sepconv", "upsample_bilinear2x", "avg_pool2x", "vector_add", "kernel_policy", "KernelPolicy",
            "current_kernel_policy", "build_info", "nn", "reference", "__version__"]
 
 

@@ -15,7 +15,7 @@ from typing import Dict, NamedTuple, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-__all__ = ["deform_sepconv", "upsample_bilinear2x", "normalize_args", "check_geometry", "split_offset",
+__all__ = ["deform_sepconv", "upsample_bilinear2x", "avg_pool2x", "normalize_args", "check_geometry", "split_offset",
            "DeformSepconvArgs", "SPEC", "PADDING_MODES", "MAX_KERNEL_WIDTH", "MIXED_PRECISION"]
 
 
@@ -607,21 +607,26 @@ def upsample_bilinear2x(input: Tensor) -> Tensor:
     F.interpolate's output. On CUDA each thread writes 16 bytes of the output, the traffic that bounds
     it; ATen's channels_last kernel writes one value a thread (issue #43). Differentiable: its backward
     is ATen's ``upsample_bilinear2d_backward``."""
+    _check_resample2x_input(input, least=1)
+    return torch.ops.edsc_ext.upsample_bilinear2x(input)
+
+
+def _check_resample2x_input(input, least: int) -> None:
+    """The 2x resampling ops' checks (src/resample2x_call.cpp makes them too), with Python's exception types."""
     if not isinstance(input, Tensor):
         raise TypeError(f"input must be a Tensor, got {type(input).__name__}")
     if input.dim() != 4:
         raise ValueError(f"input must be 4-D (N, C, H, W), got shape {tuple(input.shape)}")
     if input.dtype not in _FRAME_DTYPES:  # the dtypes the kernels compute in, as deform_sepconv's frame
         raise TypeError(f"input must be {SPEC.frame_dtypes_text}, got {input.dtype}")
-    if input.shape[2] < 1 or input.shape[3] < 1:
-        raise ValueError(f"input's height and width must be at least 1, got shape {tuple(input.shape)}")
-    return torch.ops.edsc_ext.upsample_bilinear2x(input)
+    if input.shape[2] < least or input.shape[3] < least:
+        raise ValueError(f"input's height and width must be at least {least}, got shape {tuple(input.shape)}")
 
 
-def _upsample2x_memory_format(input: Tensor) -> torch.memory_format:
-    """The output's memory format (src/upsample2x_call.cpp): channels_last where ``input``'s strides run in
-    that order (ATen's is_channels_last_strides_2d: dense, or a view such as a channel slice), as
-    F.interpolate's output."""
+def _resample2x_memory_format(input: Tensor) -> torch.memory_format:
+    """The output's memory format (src/resample2x_call.cpp): channels_last where ``input``'s strides run in
+    that order (ATen's is_channels_last_strides_2d: dense, or a view such as a channel slice), as the
+    outputs of F.interpolate and F.avg_pool2d."""
     sizes, strides = input.shape, input.stride()
     if strides[1] == 0:
         return torch.contiguous_format
@@ -637,7 +642,7 @@ def _upsample2x_memory_format(input: Tensor) -> torch.memory_format:
 def _upsample_bilinear2x_fake(input):
     n, c, h, w = input.shape
     return torch.empty((n, c, 2 * h, 2 * w), dtype=input.dtype, device=input.device,
-                       memory_format=_upsample2x_memory_format(input))
+                       memory_format=_resample2x_memory_format(input))
 
 
 def _upsample_bilinear2x_setup_context(ctx, inputs, output):
@@ -668,3 +673,46 @@ def _upsample_bilinear2x_backward(ctx, grad):
 
 torch.library.register_autograd("edsc_ext::upsample_bilinear2x", _upsample_bilinear2x_backward,
                                 setup_context=_upsample_bilinear2x_setup_context)
+
+
+# --------------------------------------------------------------------------------------------
+# avg_pool2x: the EDSC networks' 2x2 average pooling (the U-Net's encoder).
+
+def avg_pool2x(input: Tensor) -> Tensor:
+    """``F.avg_pool2d(input, 2)`` through the compiled extension, on the tensor's own device: (N, C, H, W)
+    to (N, C, H // 2, W // 2) in ``input``'s dtype, each value the mean of a 2x2 block summed as ATen sums
+    it (in float32 for the half types, rounded once: F.avg_pool2d's values bit for bit), channels_last
+    where ``input`` is, as F.avg_pool2d's output. On CUDA each thread reads its four input pixels'
+    channels and writes the output with 16-byte accesses, the traffic that bounds it; ATen's
+    channels_last kernel reads and writes one value a thread (issue #43). Differentiable: each input
+    value's gradient is a quarter of its block's (zero for a last odd row or column)."""
+    _check_resample2x_input(input, least=2)
+    return torch.ops.edsc_ext.avg_pool2x(input)
+
+
+@torch.library.register_fake("edsc_ext::avg_pool2x")
+def _avg_pool2x_fake(input):
+    n, c, h, w = input.shape
+    return torch.empty((n, c, h // 2, w // 2), dtype=input.dtype, device=input.device,
+                       memory_format=_resample2x_memory_format(input))
+
+
+def _avg_pool2x_setup_context(ctx, inputs, output):
+    ctx.input_size = list(inputs[0].shape)
+    ctx.memory_format = _resample2x_memory_format(inputs[0])
+
+
+def _avg_pool2x_backward(ctx, grad):
+    """Each output's gradient spread over its 2x2 block, divided by 4 (ATen's avg_pool2d_backward, without
+    the input tensor it would keep alive), in the input's memory format."""
+    n, c, h, w = ctx.input_size
+    oh, ow = grad.shape[2], grad.shape[3]
+    quarter = (grad / 4).permute(0, 2, 3, 1)  # (N, OH, OW, C): channels_last's order, where grad is
+    blocks = quarter[:, :, None, :, None, :].expand(n, oh, 2, ow, 2, c).reshape(n, 2 * oh, 2 * ow, c)
+    out = blocks.permute(0, 3, 1, 2)
+    if 2 * oh != h or 2 * ow != w:
+        out = torch.nn.functional.pad(out, (0, w - 2 * ow, 0, h - 2 * oh))
+    return out.contiguous(memory_format=ctx.memory_format)
+
+
+torch.library.register_autograd("edsc_ext::avg_pool2x", _avg_pool2x_backward, setup_context=_avg_pool2x_setup_context)

@@ -2,7 +2,7 @@
 // CompositeExplicitAutograd), through the LibTorch stable ABI. Beside the schemas, their one C++
 // spelling: the unboxing of each op's arguments into DeformSepconvArgs, by name (forward_args).
 #include "backends.h"
-#include "upsample2x_call.h"
+#include "resample2x_call.h"
 
 namespace edsc_ext {
 namespace {
@@ -84,6 +84,7 @@ STABLE_TORCH_LIBRARY(edsc_ext, m) {
       "Tensor grad_offset_dx)");
   m.def("vector_add(Tensor a, Tensor b) -> Tensor");
   m.def("upsample_bilinear2x(Tensor input) -> Tensor");
+  m.def("avg_pool2x(Tensor input) -> Tensor");
   // edsc_ext.ops.SPEC, edsc_ext._plan and edsc_ext.kernel_policy (edsc_ext/ops.py, edsc_ext/_policy.py).
   m.def("deform_sepconv_spec() -> str");
   m.def(
@@ -110,6 +111,7 @@ STABLE_TORCH_LIBRARY_IMPL(edsc_ext, CPU, m) {
   m.impl("deform_sepconv_backward", TORCH_BOX(&edsc_ext::backward<&edsc_ext::deform_sepconv_backward_cpu>));
   m.impl("vector_add", TORCH_BOX(&edsc_ext::vector_add_cpu));
   m.impl("upsample_bilinear2x", TORCH_BOX(&edsc_ext::upsample_bilinear2x_cpu));
+  m.impl("avg_pool2x", TORCH_BOX(&edsc_ext::avg_pool2x_cpu));
 }
 
 #ifdef EDSC_EXT_WITH_CUDA
@@ -118,5 +120,6 @@ STABLE_TORCH_LIBRARY_IMPL(edsc_ext, CUDA, m) {
   m.impl("deform_sepconv_backward", TORCH_BOX(&edsc_ext::backward<&edsc_ext::deform_sepconv_backward_cuda>));
   m.impl("vector_add", TORCH_BOX(&edsc_ext::vector_add_cuda));
   m.impl("upsample_bilinear2x", TORCH_BOX(&edsc_ext::upsample_bilinear2x_cuda));
+  m.impl("avg_pool2x", TORCH_BOX(&edsc_ext::avg_pool2x_cuda));
 }
 #endif

@@ -9,7 +9,7 @@ runs the kernel the planner picks for an H200, and its results are compared with
 float64 reference tests check. Emulated: every forward kernel (grid taps, staged, lane pairs, pixels) and
 every backward kernel (the grid-tap ones, the gather where it needs no fold; tiled, warp-staged or not; one
 thread a pixel; the channel lanes; the lane tile), in float32 and, where the planner gives them, the half types;
-and the kernels of upsample_bilinear2x.
+and the kernels of upsample_bilinear2x and avg_pool2x.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def harness(tmp_path_factory):
     lib.edsc_emulated_backward.restype = ctypes.c_int
     lib.edsc_emulated_forward.restype = ctypes.c_int
     lib.edsc_emulation_check.restype = ctypes.c_int
-    lib.edsc_emulated_upsample2x.restype = ctypes.c_int
+    lib.edsc_emulated_resample2x.restype = ctypes.c_int
     return lib
 
 
@@ -337,11 +337,37 @@ def test_the_upsampling_kernels_compute_what_the_cpu_op_does(harness, dtype, cha
         x = torch.randn(n, c, h, w, generator=gen).to(dtype).contiguous(memory_format=fmt)
         out = torch.full((n, c, 2 * h, 2 * w), float("nan"), dtype=dtype).contiguous(memory_format=fmt)
         error = ctypes.create_string_buffer(512)
-        status = harness.edsc_emulated_upsample2x((ctypes.c_int64 * 4)(n, c, h, w), int(channels_last), int(vector),
-                                                  DTYPE_CODES[dtype], _pointer(x), _pointer(out), error, 512)
+        status = harness.edsc_emulated_resample2x(0, (ctypes.c_int64 * 4)(n, c, h, w), int(channels_last),
+                                                  int(vector), DTYPE_CODES[dtype], _pointer(x), _pointer(out), error,
+                                                  512)
         assert status == 0, error.value.decode()
         cpu = edsc_ext.upsample_bilinear2x(x)
         assert torch.equal(out, cpu), (n, c, h, w)
         reference = torch.nn.functional.interpolate(x.double(), scale_factor=2, mode="bilinear", align_corners=True)
+        torch.testing.assert_close(out.double(), reference, rtol=TOLERANCES[dtype], atol=TOLERANCES[dtype],
+                                   msg=lambda m, size=(n, c, h, w): f"{size}: {m}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("vector", [False, True], ids=["one_value", "16_bytes"])
+def test_the_pooling_kernels_compute_what_the_cpu_op_does(harness, dtype, channels_last, vector):
+    """avg_pool2x's CUDA kernels, each thread 16 bytes of the output or one value: bit for bit the CPU op's values
+    (the same header's math), which are F.avg_pool2d's (float64) within the dtype's rounding; odd sizes, whose last
+    row and column no block reads, and the smallest input."""
+    gen = torch.Generator().manual_seed(8200 + 4 * list(DTYPE_CODES).index(dtype) + 2 * channels_last + vector)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    for n, c, h, w in ((2, 16, 6, 32), (1, 8, 3, 33), (1, 24, 2, 2), (2, 3, 5, 17)):
+        if vector and (c if channels_last else w // 2) % (16 // dtype.itemsize):
+            continue
+        x = torch.randn(n, c, h, w, generator=gen).to(dtype).contiguous(memory_format=fmt)
+        out = torch.full((n, c, h // 2, w // 2), float("nan"), dtype=dtype).contiguous(memory_format=fmt)
+        error = ctypes.create_string_buffer(512)
+        status = harness.edsc_emulated_resample2x(1, (ctypes.c_int64 * 4)(n, c, h, w), int(channels_last),
+                                                  int(vector), DTYPE_CODES[dtype], _pointer(x), _pointer(out), error,
+                                                  512)
+        assert status == 0, error.value.decode()
+        assert torch.equal(out, edsc_ext.avg_pool2x(x)), (n, c, h, w)
+        reference = torch.nn.functional.avg_pool2d(x.double(), 2)
         torch.testing.assert_close(out.double(), reference, rtol=TOLERANCES[dtype], atol=TOLERANCES[dtype],
                                    msg=lambda m, size=(n, c, h, w): f"{size}: {m}")

@@ -1,7 +1,7 @@
 """torch.library.opcheck of every custom op the extension registers (deform_sepconv's forward and
-backward, vector_add, upsample_bilinear2x), the one place where opcheck runs: the schema, the autograd registration,
-the fake (meta) kernels and AOT dispatch with dynamic shapes, on every device, in both memory
-layouts, with absent tensors, each padding mode, split offsets and mixed dtypes."""
+backward, vector_add, upsample_bilinear2x, avg_pool2x), the one place where opcheck runs: the schema, the
+autograd registration, the fake (meta) kernels and AOT dispatch with dynamic shapes, on every device, in both
+memory layouts, with absent tensors, each padding mode, split offsets and mixed dtypes."""
 
 from __future__ import annotations
 
@@ -157,3 +157,19 @@ def test_opcheck_upsample_bilinear2x(gen, device, layout, dtype):
     # A channel slice of a channels_last tensor (no dense layout): the output is channels_last, as the fake says.
     sliced = x.detach()[:, 1:6].requires_grad_()
     assert torch.library.opcheck(torch.ops.edsc_ext.upsample_bilinear2x.default, (sliced,)) == ALL_SUCCEEDED
+
+
+# ---------------------------------------------------------------------------------------------
+# avg_pool2x
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", [F64, F32, BF16], ids=["f64", "f32", "bf16"])
+def test_opcheck_avg_pool2x(gen, device, layout, dtype):
+    x = torch.randn((2, 8, 6, 7), generator=gen).to(device, dtype).contiguous(memory_format=memory_format(layout))
+    result = torch.library.opcheck(torch.ops.edsc_ext.avg_pool2x.default, (x.requires_grad_(),))
+    assert result == ALL_SUCCEEDED, result
+    # A channel slice of a channels_last tensor (no dense layout): the output is channels_last, as the fake says.
+    sliced = x.detach()[:, 1:6].requires_grad_()
+    assert torch.library.opcheck(torch.ops.edsc_ext.avg_pool2x.default, (sliced,)) == ALL_SUCCEEDED

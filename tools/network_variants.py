@@ -15,6 +15,7 @@ network replayed as a CUDA graph, no compiler: a cheap screen of what changes th
 - ``halfup``: ``EDSC(half_upsampling=True)``; ``convrelu``: ``EDSC(conv_relu=True)`` (inference);
   ``cache``: ``EDSC(cache_weights=True)`` (eager inference, graph replays); ``extup`` / ``atenup``:
   ``EDSC(upsampling_kernel="edsc_ext")`` / ``"aten"`` (``default+atenup``: the defaults with ATen's upsampling);
+  ``extpool`` / ``atenpool``: ``EDSC(pooling_kernel="edsc_ext")`` / ``"aten"``;
 - ``bench``: cuDNN autotuning (``cudnn_benchmark=True`` of compile_edsc / EDSC.capture, the training step's
   backward included); ``freeze``: ``compile_edsc(freezing=True)`` (inference); ``autotune``:
   ``compile_edsc(max_autotune=True)`` (minutes of compile: not in the default plan);
@@ -68,7 +69,8 @@ MODEL_OPTIONS = {"wide": {"head_layout": "wide"}, "widegrp": {"head_layout": "wi
                  "grouped": {"head_layout": "grouped"}, "perhead": {"head_layout": "per_head"},
                  "padded": {"head_layout": "padded"}, "halfup": {"half_upsampling": True},
                  "convrelu": {"conv_relu": True}, "cache": {"cache_weights": True},
-                 "extup": {"upsampling_kernel": "edsc_ext"}, "atenup": {"upsampling_kernel": "aten"}}
+                 "extup": {"upsampling_kernel": "edsc_ext"}, "atenup": {"upsampling_kernel": "aten"},
+                 "extpool": {"pooling_kernel": "edsc_ext"}, "atenpool": {"pooling_kernel": "aten"}}
 RECIPE_OPTIONS = {"bench": "cudnn_benchmark", "freeze": "freezing", "autotune": "max_autotune"}
 # "core": the options that change no kernel's numerics class and run on every path and case; "all": core and
 # the inference-only ones (cuDNN's fused convolution + ReLU, freezing or kept weights).
@@ -220,12 +222,12 @@ def _apply(model, options: Sequence[str]) -> None:
     "default" the model's defaults (the DEFAULT_* constants of edsc_ext.models.networks)."""
     if "default" in options:
         defaults = EDSC()
-        model.head_layout, model.half_upsampling, model.conv_relu, model.cache_weights, model.upsampling_kernel = (
-            defaults.head_layout, defaults.half_upsampling, defaults.conv_relu, defaults.cache_weights,
-            defaults.upsampling_kernel)
+        model.head_layout, model.half_upsampling, model.conv_relu, model.cache_weights = (
+            defaults.head_layout, defaults.half_upsampling, defaults.conv_relu, defaults.cache_weights)
+        model.upsampling_kernel, model.pooling_kernel = defaults.upsampling_kernel, defaults.pooling_kernel
     else:
         model.head_layout, model.half_upsampling, model.conv_relu, model.cache_weights = "padded", False, False, False
-        model.upsampling_kernel = "aten"
+        model.upsampling_kernel = model.pooling_kernel = "aten"
     for option in options:
         for key, value in MODEL_OPTIONS.get(option, {}).items():
             setattr(model, key, value)

@@ -30,6 +30,7 @@ def main() -> None:
     a = torch.randn(1000, device=device)
     assert torch.equal(edsc_ext.vector_add(a, a), a + a)
     run_upsampling(dtypes, device)
+    run_pooling(dtypes, device)
     print("sanitizer case done")
 
 
@@ -46,6 +47,22 @@ def run_upsampling(dtypes, device) -> None:
             edsc_ext.upsample_bilinear2x(flat[1:].view(n, h, w, c).permute(0, 3, 1, 2))
         x = torch.randn(2, 8, 4, 6, generator=gen).to(device, dtype).requires_grad_()
         edsc_ext.upsample_bilinear2x(x).sum().backward()
+
+
+def run_pooling(dtypes, device) -> None:
+    """avg_pool2x's four kernels: 16-byte and one-value threads, channels_last and NCHW, odd sizes (the last row
+    and column dropped), the smallest input, a view one element into its storage (not 16-byte aligned), and the
+    backward."""
+    gen = torch.Generator().manual_seed(2)
+    for dtype in dtypes:
+        for n, c, h, w in ((2, 16, 6, 32), (1, 3, 2, 2), (1, 8, 9, 17)):
+            x = torch.randn(n, c, h, w, generator=gen).to(device, dtype)
+            for fmt in (torch.contiguous_format, torch.channels_last):
+                edsc_ext.avg_pool2x(x.contiguous(memory_format=fmt))
+            flat = torch.randn(x.numel() + 1, generator=gen).to(device, dtype)
+            edsc_ext.avg_pool2x(flat[1:].view(n, h, w, c).permute(0, 3, 1, 2))
+        x = torch.randn(2, 8, 5, 6, generator=gen).to(device, dtype).requires_grad_()
+        edsc_ext.avg_pool2x(x).sum().backward()
 
 
 def run_every_path(dtypes) -> None:

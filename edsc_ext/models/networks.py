@@ -26,7 +26,8 @@ replayed as CUDA graphs).
 The speed options of issue #43 are explicit arguments (``tools/network_variants.py`` times them all in
 one run): ``half_upsampling`` (bilinear upsampling in the activations' half type under autocast, not
 float32), ``conv_relu`` (inference: cuDNN's fused convolution, bias and ReLU) and ``upsampling_kernel``
-(on CUDA :func:`edsc_ext.upsample_bilinear2x` rather than ATen's kernel), on by default since each
+(on CUDA :func:`edsc_ext.upsample_bilinear2x` rather than ATen's kernel) with ``pooling_kernel`` (the same for
+the average poolings, :func:`edsc_ext.avg_pool2x`), on by default since each
 measured faster on its own; ``head_layout="wide"`` (the eleven heads' first convolutions as one),
 ``cache_weights`` (inference: the fused weights kept while the parameters are unchanged; on in the
 tools) and :func:`compile_edsc`'s ``cudnn_benchmark``, ``freezing`` and ``max_autotune``, off. The
@@ -48,13 +49,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..ops import deform_sepconv, natively_supported, upsample_bilinear2x
+from ..ops import avg_pool2x, deform_sepconv, natively_supported, upsample_bilinear2x
 from .compat import compat_deform_sepconv
 
 __all__ = ["HetConv2d", "EDSC", "EDSC_s", "EDSC_m", "CapturedEDSC", "CompiledEDSC", "compile_edsc",
            "cudnn_autotuning", "load_checkpoint", "save_checkpoint", "read_checkpoint", "CheckpointError",
-           "state_dict_of", "pad_to_multiple", "auto_head_layout", "upsample2x", "SAMPLINGS", "MODEL_NAMES",
-           "HEAD_LAYOUTS", "SIZE_MULTIPLE", "UPSAMPLING_KERNELS"]
+           "state_dict_of", "pad_to_multiple", "auto_head_layout", "upsample2x", "downsample2x", "SAMPLINGS",
+           "MODEL_NAMES", "HEAD_LAYOUTS", "SIZE_MULTIPLE", "UPSAMPLING_KERNELS", "POOLING_KERNELS"]
 
 SAMPLINGS = ("compat", "clean")
 # How the fused heads run: "grouped" (the first layers as one convolution, the others grouped),
@@ -88,6 +89,10 @@ DEFAULT_HALF_UPSAMPLING = True
 # "aten" (F.interpolate).
 UPSAMPLING_KERNELS = ("edsc_ext", "aten")
 DEFAULT_UPSAMPLING_KERNEL = "edsc_ext"
+# What runs the U-Net's 2x2 average poolings on CUDA (downsample2x): "edsc_ext" (edsc_ext.avg_pool2x) or "aten"
+# (F.avg_pool2d).
+POOLING_KERNELS = ("edsc_ext", "aten")
+DEFAULT_POOLING_KERNEL = "edsc_ext"
 DEFAULT_CONV_RELU = True
 DEFAULT_CACHE_WEIGHTS = False
 DEFAULT_CUDNN_BENCHMARK = False
@@ -444,6 +449,19 @@ def _upsample() -> nn.Module:
     return Upsample2x()
 
 
+def downsample2x(x: Tensor, kernel: str = DEFAULT_POOLING_KERNEL) -> Tensor:
+    """EDSC's downsampling: 2x2 average pooling with stride 2 (``F.avg_pool2d(x, 2)``'s values, bit for bit).
+    On CUDA, with ``kernel="edsc_ext"`` (the default), outside torch.compile and torch.export,
+    :func:`edsc_ext.avg_pool2x` runs it (16-byte loads and stores, where ATen's channels_last kernel reads and
+    writes one value a thread: 7x its memory floor in the 1080p network, issue #43); compiled, inductor
+    generates its own kernel; elsewhere, and with "aten", F.avg_pool2d."""
+    if kernel not in POOLING_KERNELS:
+        raise ValueError(f"kernel must be one of {POOLING_KERNELS}, got {kernel!r}")
+    if x.device.type == "cuda" and kernel == "edsc_ext" and not _is_compiling() and not _is_exporting():
+        return avg_pool2x(x)
+    return F.avg_pool2d(x, 2)
+
+
 def _stage(in_channels: int, out_channels: int, p: int) -> nn.Sequential:
     return nn.Sequential(HetConv2d(in_channels, out_channels, p), nn.ReLU(),
                          HetConv2d(out_channels, out_channels, p), nn.ReLU(),
@@ -564,6 +582,9 @@ class EDSC(nn.Module):
         half_upsampling: under autocast, the bilinear upsamplings return the activations' half type
             (computed in float32 and rounded once: the values the next convolution reads are the same)
             instead of float32; see :func:`upsample2x`.
+        pooling_kernel: on CUDA, "edsc_ext" (:func:`edsc_ext.avg_pool2x`, the default) or "aten"
+            (``F.avg_pool2d``) runs the U-Net's average poolings, outside torch.compile and torch.export;
+            see :func:`downsample2x`.
         upsampling_kernel: on CUDA, "edsc_ext" (:func:`edsc_ext.upsample_bilinear2x`, the default) or
             "aten" (``F.interpolate``) runs the upsamplings, outside compiled training; see
             :func:`upsample2x`.
@@ -584,7 +605,8 @@ class EDSC(nn.Module):
     def __init__(self, kernel_size: int = 5, multiple: bool = False, sampling: str = "compat", het_p: int = 4,
                  use_bias: bool = True, fused: bool = True, head_layout: str = "auto",
                  half_upsampling: bool = DEFAULT_HALF_UPSAMPLING, conv_relu: bool = DEFAULT_CONV_RELU,
-                 cache_weights: bool = DEFAULT_CACHE_WEIGHTS, upsampling_kernel: str = DEFAULT_UPSAMPLING_KERNEL):
+                 cache_weights: bool = DEFAULT_CACHE_WEIGHTS, upsampling_kernel: str = DEFAULT_UPSAMPLING_KERNEL,
+                 pooling_kernel: str = DEFAULT_POOLING_KERNEL):
         super().__init__()
         if sampling not in SAMPLINGS:
             raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
@@ -629,6 +651,7 @@ class EDSC(nn.Module):
         self.fused = fused
         self.half_upsampling = half_upsampling
         self.upsampling_kernel = upsampling_kernel
+        self.pooling_kernel = pooling_kernel
         self.conv_relu = conv_relu
         self.cache_weights = cache_weights
 
@@ -685,6 +708,17 @@ class EDSC(nn.Module):
                 module.kernel = value
 
     @property
+    def pooling_kernel(self) -> str:
+        """What runs the U-Net's average poolings on CUDA (see :func:`downsample2x`)."""
+        return self._pooling_kernel
+
+    @pooling_kernel.setter
+    def pooling_kernel(self, value: str) -> None:
+        if value not in POOLING_KERNELS:
+            raise ValueError(f"pooling_kernel must be one of {POOLING_KERNELS}, got {value!r}")
+        self._pooling_kernel = value
+
+    @property
     def cache_weights(self) -> bool:
         """Whether eager inference keeps the fused weights (see :func:`_cached`); setting it switches every
         HetConv2d too, and switching it off drops what was kept."""
@@ -708,8 +742,12 @@ class EDSC(nn.Module):
     def extra_repr(self) -> str:
         return (f"kernel_size={self.kernel_size}, multiple={self.multiple}, sampling={self.sampling!r}, "
                 f"fused={self.fused}, head_layout={self.head_layout!r}, half_upsampling={self.half_upsampling}, "
-                f"upsampling_kernel={self.upsampling_kernel!r}, conv_relu={self.conv_relu}, "
+                f"upsampling_kernel={self.upsampling_kernel!r}, pooling_kernel={self.pooling_kernel!r}, "
+                f"conv_relu={self.conv_relu}, "
                 f"cache_weights={self.cache_weights}")
+
+    def _pool(self, x: Tensor) -> Tensor:
+        return downsample2x(x, self.pooling_kernel)
 
     def _conv_relu_now(self) -> bool:
         """Whether ``conv_relu`` applies to this call: fused, no gradients, not exported."""
@@ -758,11 +796,11 @@ class EDSC(nn.Module):
             conv1 = self._run(self.moduleConv1[2:], conv1)
         else:
             conv1 = self._run(self.moduleConv1, torch.cat([first, second], 1))
-        conv2 = self._run(self.moduleConv2, F.avg_pool2d(conv1, 2))
-        conv3 = self._run(self.moduleConv3, F.avg_pool2d(conv2, 2))
-        conv4 = self._run(self.moduleConv4, F.avg_pool2d(conv3, 2))
-        conv5 = self._run(self.moduleConv5, F.avg_pool2d(conv4, 2))
-        deconv5 = self._run(self.moduleUpsample5, self._run(self.moduleDeconv5, F.avg_pool2d(conv5, 2)))
+        conv2 = self._run(self.moduleConv2, self._pool(conv1))
+        conv3 = self._run(self.moduleConv3, self._pool(conv2))
+        conv4 = self._run(self.moduleConv4, self._pool(conv3))
+        conv5 = self._run(self.moduleConv5, self._pool(conv4))
+        deconv5 = self._run(self.moduleUpsample5, self._run(self.moduleDeconv5, self._pool(conv5)))
         deconv4 = self._run(self.moduleUpsample4, self._run(self.moduleDeconv4, deconv5 + conv5))
         deconv3 = self._run(self.moduleUpsample3, self._run(self.moduleDeconv3, deconv4 + conv4))
         deconv2 = self._run(self.moduleUpsample2, self._run(self.moduleDeconv2, deconv3 + conv3))

@@ -2,12 +2,12 @@
 // math the CUDA kernels use (src/upsample2x.h). It is the op's CPU implementation (opcheck, the CPU
 // tests); the networks on the CPU keep F.interpolate, whose kernel is vectorised.
 #include "upsample2x.h"
-#include "upsample2x_call.h"
+#include "resample2x_call.h"
 
 namespace edsc_ext {
 
 Tensor upsample_bilinear2x_cpu(const Tensor& input) {
-  Upsample2xCall call = prepare_upsample2x(input);
+  Resample2xCall call = prepare_resample2x(input, Resample2x::kUpsampleBilinear);
   if (call.output.numel() == 0) return call.output;
   const int64_t n_size = call.batch, c_size = call.channels, in_h = call.height, in_w = call.width;
   const int64_t out_h = 2 * in_h, out_w = 2 * in_w;

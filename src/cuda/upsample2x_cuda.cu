@@ -1,31 +1,15 @@
 // CUDA launcher of upsample_bilinear2x (the kernels: upsample2x_kernel.cuh): the tensors' device, its
 // current stream; 16-byte stores where the channels (channels_last) or the output rows (NCHW) and the
 // pointers allow them, one value a thread otherwise.
-#include <algorithm>
-
-#include "upsample2x_call.h"
+#include "resample2x_call.h"
+#include "resample2x_launch.cuh"
 #include "upsample2x_kernel.cuh"
 
 namespace edsc_ext {
-namespace {
-
-bool aligned_16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
-
-// One launch of `kernel` over `rows` output rows of `row_items` items each.
-template <typename Kernel, typename... Args>
-void launch_rows(Kernel kernel, int64_t rows, int64_t row_items, cudaStream_t stream, Args... args) {
-  const dim3 grid(
-      static_cast<unsigned int>(std::max<int64_t>(1, (row_items + kThreadsPerBlock - 1) / kThreadsPerBlock)),
-      static_cast<unsigned int>(std::min<int64_t>(rows, 65535)));
-  kernel<<<grid, kThreadsPerBlock, 0, stream>>>(args...);
-  EDSC_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
-}  // namespace
 
 Tensor upsample_bilinear2x_cuda(const Tensor& input) {
   const CudaDeviceGuard device_guard(input.get_device_index());
-  Upsample2xCall call = prepare_upsample2x(input);
+  Resample2xCall call = prepare_resample2x(input, Resample2x::kUpsampleBilinear);
   if (call.output.numel() == 0) return call.output;
   const auto stream = current_cuda_stream(input.get_device_index());
   const auto h = static_cast<int32_t>(call.height), w = static_cast<int32_t>(call.width);

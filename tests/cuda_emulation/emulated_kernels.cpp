@@ -16,6 +16,7 @@
 #include "cuda/deform_sepconv_forward_pixels_kernel.cuh"
 #include "cuda/deform_sepconv_forward_staged_kernel.cuh"
 #include "cuda/deform_sepconv_grid_taps_input_grad_kernel.cuh"
+#include "cuda/pool2x_kernel.cuh"
 #include "cuda/upsample2x_kernel.cuh"
 
 namespace edsc_ext {
@@ -392,21 +393,24 @@ extern "C" __attribute__((visibility("default"))) int edsc_emulated_forward(
   return with_dtype(dtype, run, error, error_len);
 }
 
-// upsample_bilinear2x's kernels (src/cuda/upsample2x_kernel.cuh) on a dense (N, C, H, W) input in NCHW or
-// channels_last (sizes: N, C, H, W), into its dense (N, C, 2H, 2W) output, with the launcher's grid: `vector`
-// takes the 16-byte kernel (channels_last: C a multiple of its values; NCHW: 2W a multiple), else one value a
+// The 2x resampling ops' kernels on a dense (N, C, H, W) input in NCHW or channels_last (sizes: N, C, H, W), into
+// its dense output, with the launcher's grid: `op` 0 is upsample_bilinear2x's (src/cuda/upsample2x_kernel.cuh, the
+// output (N, C, 2H, 2W)), 1 avg_pool2x's (src/cuda/pool2x_kernel.cuh, (N, C, H / 2, W / 2)); `vector` takes the
+// 16-byte kernel (channels_last: C a multiple of its values; NCHW: the output's W a multiple), else one value a
 // thread.
-extern "C" __attribute__((visibility("default"))) int edsc_emulated_upsample2x(const int64_t* sizes, int channels_last,
-                                                                               int vector, int dtype, const void* input,
-                                                                               void* output, char* error,
-                                                                               int error_len) {
+extern "C" __attribute__((visibility("default"))) int edsc_emulated_resample2x(int op, const int64_t* sizes,
+                                                                               int channels_last, int vector, int dtype,
+                                                                               const void* input, void* output,
+                                                                               char* error, int error_len) {
   using namespace edsc_ext;
   const auto run = [&](auto type) {
     using T = decltype(type);
     using acc_t = opmath_t<T>;
     constexpr int kVec = 16 / sizeof(T);
+    const bool pool = op == 1;
     const auto n = static_cast<int32_t>(sizes[0]), c = static_cast<int32_t>(sizes[1]);
     const auto h = static_cast<int32_t>(sizes[2]), w = static_cast<int32_t>(sizes[3]);
+    const int32_t out_h = pool ? h / 2 : 2 * h, out_w = pool ? w / 2 : 2 * w;
     const T* in = static_cast<const T*>(input);
     T* out = static_cast<T*>(output);
     const acc_t scale_h = upsample2x_scale<acc_t>(h), scale_w = upsample2x_scale<acc_t>(w);
@@ -415,28 +419,27 @@ extern "C" __attribute__((visibility("default"))) int edsc_emulated_upsample2x(c
                   static_cast<unsigned int>(rows));
     };
     if (channels_last) {
-      const int32_t rows = n * 2 * h;
-      if (vector) {
-        if (c % kVec != 0) return fail("vector: C must be a multiple of 16 bytes' values", error, error_len);
-        const int32_t blocks = c / kVec;
-        edsc_emulation::launch(grid(rows, 2 * w * blocks), dim3(kThreadsPerBlock), 0, [&] {
+      const int32_t rows = n * out_h;
+      if (vector && c % kVec != 0) return fail("vector: C must be a multiple of 16 bytes' values", error, error_len);
+      const int32_t blocks = vector ? c / kVec : c;
+      edsc_emulation::launch(grid(rows, out_w * blocks), dim3(kThreadsPerBlock), 0, [&] {
+        if (pool && vector) avg_pool2x_channels_last_cuda_kernel<T, kVec>(in, out, rows, h, w, blocks);
+        if (pool && !vector) avg_pool2x_channels_last_cuda_kernel<T, 1>(in, out, rows, h, w, blocks);
+        if (!pool && vector)
           upsample2x_channels_last_cuda_kernel<T, kVec>(in, out, rows, h, w, blocks, scale_h, scale_w);
-        });
-      } else {
-        edsc_emulation::launch(grid(rows, 2 * w * c), dim3(kThreadsPerBlock), 0, [&] {
-          upsample2x_channels_last_cuda_kernel<T, 1>(in, out, rows, h, w, c, scale_h, scale_w);
-        });
-      }
+        if (!pool && !vector) upsample2x_channels_last_cuda_kernel<T, 1>(in, out, rows, h, w, blocks, scale_h, scale_w);
+      });
     } else {
-      const int32_t rows = n * c * 2 * h;
-      if (vector) {
-        if ((2 * w) % kVec != 0) return fail("vector: 2W must be a multiple of 16 bytes' values", error, error_len);
-        edsc_emulation::launch(grid(rows, 2 * w / kVec), dim3(kThreadsPerBlock), 0,
-                               [&] { upsample2x_nchw_cuda_kernel<T, kVec>(in, out, rows, h, w, scale_h, scale_w); });
-      } else {
-        edsc_emulation::launch(grid(rows, 2 * w), dim3(kThreadsPerBlock), 0,
-                               [&] { upsample2x_nchw_cuda_kernel<T, 1>(in, out, rows, h, w, scale_h, scale_w); });
+      const int32_t rows = n * c * out_h;
+      if (vector && out_w % kVec != 0) {
+        return fail("vector: the output's W must be a multiple of 16 bytes' values", error, error_len);
       }
+      edsc_emulation::launch(grid(rows, vector ? out_w / kVec : out_w), dim3(kThreadsPerBlock), 0, [&] {
+        if (pool && vector) avg_pool2x_nchw_cuda_kernel<T, kVec>(in, out, rows, h, w);
+        if (pool && !vector) avg_pool2x_nchw_cuda_kernel<T, 1>(in, out, rows, h, w);
+        if (!pool && vector) upsample2x_nchw_cuda_kernel<T, kVec>(in, out, rows, h, w, scale_h, scale_w);
+        if (!pool && !vector) upsample2x_nchw_cuda_kernel<T, 1>(in, out, rows, h, w, scale_h, scale_w);
+      });
     }
     return 0;
   };
