@@ -541,8 +541,10 @@ def _padded_head(model: "EDSC", head: nn.Sequential, x: Tensor, start: int = 0) 
     k = head[4].out_channels
     y = _padded_conv(model, y, head[4], _round_up(k), relu=True)
     y = head[6](y)
-    y = _padded_conv(model, y, head[7], _round_up(k), relu=False)[:, :k]
-    return torch.sigmoid(y) if len(head) > 8 else y
+    y = _padded_conv(model, y, head[7], _round_up(k), relu=False)
+    # The mask's sigmoid over the dense padded output, then the slice: a strided slice takes ATen's
+    # non-vectorised elementwise kernel (issue #43), and the op reads channel slices in place.
+    return (torch.sigmoid(y) if len(head) > 8 else y)[:, :k]
 
 
 # Each frame's heads in the order the synthesis takes them: vertical, horizontal, offset x, offset y, mask.
