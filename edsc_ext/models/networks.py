@@ -144,13 +144,14 @@ def _cached(owner: nn.Module, slot, params: Sequence[Tensor], make: Callable[[],
     hit = cache.get(slot)
     if hit is not None and hit[0] == key:
         return hit[1]
-    value = tuple(v.detach() for v in make())
+    value = tuple(v if v is None else v.detach() for v in make())
     if dtype is not None:
-        value = tuple(v.to(dtype) if v.is_floating_point() else v for v in value)
+        value = tuple(v.to(dtype) if v is not None and v.is_floating_point() else v for v in value)
     # Kept in the parameters' memory format (a channels_last model's convolutions would copy others each call).
     formats = {_memory_format(p) for p in params if p.dim() == 4 and p.shape[2] * p.shape[3] > 1}
     if formats == {torch.channels_last}:
-        value = tuple(v.contiguous(memory_format=torch.channels_last) if v.dim() == 4 else v for v in value)
+        value = tuple(v.contiguous(memory_format=torch.channels_last) if v is not None and v.dim() == 4 else v
+                      for v in value)
     cache[slot] = (key, value)
     return value
 
@@ -508,22 +509,40 @@ def _zero_channels(x: Tensor, count: int) -> Tensor:
     return torch.empty((n, count, h, w), dtype=x.dtype, device=x.device, memory_format=_memory_format(x)).zero_()
 
 
-def _padded_weight(model: "EDSC", conv: nn.Conv2d, in_channels: int, out_channels: int) -> Tuple[Tensor, Tensor]:
+def _padded_weight(model: "EDSC", conv: nn.Conv2d, in_channels: int, out_channels: int, ones_out: Optional[int] = None,
+                   bias_in: Optional[int] = None) -> Tuple[Tensor, Optional[Tensor]]:
     """``conv``'s weight and bias zero-padded to ``in_channels`` inputs and ``out_channels`` outputs
-    (cached with ``model.cache_weights``)."""
+    (cached with ``model.cache_weights``). ``ones_out``: that padding output gets the bias 1 (its weights
+    stay 0), so that it is exactly 1 after a ReLU and a bilinear upsampling (a weighted mean of ones);
+    ``bias_in``: that padding input is such a channel of ones, and the bias is its weight at the centre tap
+    (always inside the frame) instead of an argument, returned as None."""
     def make():
         extra_in, extra_out = in_channels - conv.in_channels, out_channels - conv.out_channels
-        if not (extra_in or extra_out):
-            return conv.weight, conv.bias
-        return (F.pad(conv.weight, (0, 0, 0, 0, 0, extra_in, 0, extra_out)), F.pad(conv.bias, (0, extra_out)))
+        weight, bias = conv.weight, conv.bias
+        if extra_in or extra_out:
+            weight = F.pad(weight, (0, 0, 0, 0, 0, extra_in, 0, extra_out))
+            bias = F.pad(bias, (0, extra_out))
+        if ones_out is not None:
+            one = torch.zeros(out_channels, dtype=bias.dtype, device=bias.device)
+            one[ones_out] = 1
+            bias = bias + one
+        if bias_in is not None:
+            kh, kw = weight.shape[2:]
+            centre = torch.zeros((1, in_channels, kh, kw), dtype=weight.dtype, device=weight.device)
+            centre[0, bias_in, kh // 2, kw // 2] = 1
+            weight, bias = weight + bias.view(-1, 1, 1, 1) * centre, None
+        return weight, bias
 
-    return _cached(model, ("padded", id(conv), in_channels, out_channels), [conv.weight, conv.bias], make)
+    slot = ("padded", id(conv), in_channels, out_channels, ones_out, bias_in)
+    return _cached(model, slot, [conv.weight, conv.bias], make)
 
 
-def _padded_conv(model: "EDSC", x: Tensor, conv: nn.Conv2d, out_channels: int, relu: bool) -> Tensor:
+def _padded_conv(model: "EDSC", x: Tensor, conv: nn.Conv2d, out_channels: int, relu: bool,
+                 ones_out: Optional[int] = None, bias_in: Optional[int] = None) -> Tensor:
     """``conv`` on ``x`` (which may carry zero channels past the conv's inputs), its weight zero-padded
-    to ``x``'s channels and ``out_channels`` outputs; then the ReLU if ``relu``."""
-    weight, bias = _padded_weight(model, conv, x.shape[1], out_channels)
+    to ``x``'s channels and ``out_channels`` outputs (``ones_out``, ``bias_in``: see :func:`_padded_weight`);
+    then the ReLU if ``relu``."""
+    weight, bias = _padded_weight(model, conv, x.shape[1], out_channels, ones_out, bias_in)
     return model._conv(x, weight, bias, conv.padding[0], relu=relu)
 
 
@@ -538,10 +557,14 @@ def _padded_head(model: "EDSC", head: nn.Sequential, x: Tensor, start: int = 0) 
         y = _padded_conv(model, y, head[0], head[0].out_channels, relu=True)
     if start <= 2:
         y = _padded_conv(model, y, head[2], head[2].out_channels, relu=True)
+    # The last convolution's bias rides in its GEMM as the weight of a channel of ones that the third one makes in
+    # its first padding channel (there is one: K and K * K are odd): a convolution with a bias runs
+    # cuDNN's kernel and then ATen's broadcast addition, a non-vectorised pass over the full-resolution output.
     k = head[4].out_channels
-    y = _padded_conv(model, y, head[4], _round_up(k), relu=True)
+    spare = k if _round_up(k) > k else None
+    y = _padded_conv(model, y, head[4], _round_up(k), relu=True, ones_out=spare)
     y = head[6](y)
-    y = _padded_conv(model, y, head[7], _round_up(k), relu=False)
+    y = _padded_conv(model, y, head[7], _round_up(k), relu=False, bias_in=spare)
     # The mask's sigmoid over the dense padded output, then the slice: a strided slice takes ATen's
     # non-vectorised elementwise kernel (issue #43), and the op reads channel slices in place.
     return (torch.sigmoid(y) if len(head) > 8 else y)[:, :k]
