@@ -564,10 +564,10 @@ def _padded_head(model: "EDSC", head: nn.Sequential, x: Tensor, start: int = 0) 
     spare = k if _round_up(k) > k else None
     y = _padded_conv(model, y, head[4], _round_up(k), relu=True, ones_out=spare)
     y = head[6](y)
-    y = _padded_conv(model, y, head[7], _round_up(k), relu=False, bias_in=spare)
-    # The mask's sigmoid over the dense padded output, then the slice: a strided slice takes ATen's
-    # non-vectorised elementwise kernel (issue #43), and the op reads channel slices in place.
-    return (torch.sigmoid(y) if len(head) > 8 else y)[:, :k]
+    y = _padded_conv(model, y, head[7], _round_up(k), relu=False, bias_in=spare)[:, :k]
+    # The mask's sigmoid reads the slice (ATen's strided kernel) and writes it dense, which the op reads faster: over
+    # the dense padded output the sigmoid took 0.13 ms less and the op 0.13 ms more (BENCHMARKS.md, issue #43).
+    return torch.sigmoid(y) if len(head) > 8 else y
 
 
 # Each frame's heads in the order the synthesis takes them: vertical, horizontal, offset x, offset y, mask.
