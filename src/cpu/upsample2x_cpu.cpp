@@ -1,8 +1,8 @@
 // CPU kernel of upsample_bilinear2x: a loop over the output's rows in either memory format, with the
 // math the CUDA kernels use (src/upsample2x.h). It is the op's CPU implementation (opcheck, the CPU
 // tests); the networks on the CPU keep F.interpolate, whose kernel is vectorised.
-#include "upsample2x.h"
 #include "resample2x_call.h"
+#include "upsample2x.h"
 
 namespace edsc_ext {
 
