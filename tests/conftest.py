@@ -311,6 +311,16 @@ def default_grad_output(shape) -> torch.Tensor:
     return (((torch.arange(n) % 7) - 3) / 4).to(torch.float64).view(shape)
 
 
+def cuda_kernel_names(fn, part: str) -> list:
+    """The names of the CUDA kernels that ``fn()`` launched and whose name contains ``part``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if part in e.name]
+
+
 def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     """||actual - expected|| / ||expected|| in float64 (the absolute error when expected is 0)."""
     a = actual.detach().to("cpu", torch.float64)

@@ -144,32 +144,19 @@ def test_opcheck_vector_add(gen, device):
 
 
 # ---------------------------------------------------------------------------------------------
-# upsample_bilinear2x
+# The 2x resampling ops: upsample_bilinear2x and avg_pool2x
 
 
+@pytest.mark.parametrize("name, size", [("upsample_bilinear2x", (2, 8, 3, 5)), ("avg_pool2x", (2, 8, 6, 7))],
+                         ids=["upsample_bilinear2x", "avg_pool2x"])
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", [F64, F32, BF16], ids=["f64", "f32", "bf16"])
-def test_opcheck_upsample_bilinear2x(gen, device, layout, dtype):
-    x = torch.randn((2, 8, 3, 5), generator=gen).to(device, dtype).contiguous(memory_format=memory_format(layout))
-    result = torch.library.opcheck(torch.ops.edsc_ext.upsample_bilinear2x.default, (x.requires_grad_(),))
+def test_opcheck_resample2x(gen, name, size, device, layout, dtype):
+    op = getattr(torch.ops.edsc_ext, name).default
+    x = torch.randn(size, generator=gen).to(device, dtype).contiguous(memory_format=memory_format(layout))
+    result = torch.library.opcheck(op, (x.requires_grad_(),))
     assert result == ALL_SUCCEEDED, result
     # A channel slice of a channels_last tensor (no dense layout): the output is channels_last, as the fake says.
     sliced = x.detach()[:, 1:6].requires_grad_()
-    assert torch.library.opcheck(torch.ops.edsc_ext.upsample_bilinear2x.default, (sliced,)) == ALL_SUCCEEDED
-
-
-# ---------------------------------------------------------------------------------------------
-# avg_pool2x
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("dtype", [F64, F32, BF16], ids=["f64", "f32", "bf16"])
-def test_opcheck_avg_pool2x(gen, device, layout, dtype):
-    x = torch.randn((2, 8, 6, 7), generator=gen).to(device, dtype).contiguous(memory_format=memory_format(layout))
-    result = torch.library.opcheck(torch.ops.edsc_ext.avg_pool2x.default, (x.requires_grad_(),))
-    assert result == ALL_SUCCEEDED, result
-    # A channel slice of a channels_last tensor (no dense layout): the output is channels_last, as the fake says.
-    sliced = x.detach()[:, 1:6].requires_grad_()
-    assert torch.library.opcheck(torch.ops.edsc_ext.avg_pool2x.default, (sliced,)) == ALL_SUCCEEDED
+    assert torch.library.opcheck(op, (sliced,)) == ALL_SUCCEEDED

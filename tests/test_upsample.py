@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import edsc_ext
 from edsc_ext.models import networks as models_module
 
-from conftest import DEVICES, LAYOUTS, memory_format, rel_error, requires_cuda
+from conftest import DEVICES, LAYOUTS, cuda_kernel_names, memory_format, rel_error, requires_cuda
 
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
 DTYPE_IDS = ["f64", "f32", "f16", "bf16"]
@@ -102,13 +102,7 @@ def test_the_compiled_op_checks_too():
 
 
 def _cuda_kernels(fn) -> list:
-    """The CUDA kernels that ``fn()`` launched, by name."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events() if "upsample" in e.name]
+    return cuda_kernel_names(fn, "upsample")
 
 
 @requires_cuda

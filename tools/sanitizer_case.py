@@ -34,35 +34,31 @@ def main() -> None:
     print("sanitizer case done")
 
 
-def run_upsampling(dtypes, device) -> None:
-    """upsample_bilinear2x's four kernels: 16-byte and one-value threads, channels_last and NCHW, sizes of one
-    row or column, a view one element into its storage (not 16-byte aligned), and the backward."""
-    gen = torch.Generator().manual_seed(1)
+def run_resampling(op, sizes, grad_size, seed, dtypes, device) -> None:
+    """One 2x resampling op's four kernels: 16-byte and one-value threads, channels_last and NCHW, each of
+    ``sizes``, a view one element into its storage (not 16-byte aligned), and the backward on ``grad_size``."""
+    gen = torch.Generator().manual_seed(seed)
     for dtype in dtypes:
-        for n, c, h, w in ((2, 16, 5, 8), (1, 3, 1, 7), (1, 8, 9, 1)):
+        for n, c, h, w in sizes:
             x = torch.randn(n, c, h, w, generator=gen).to(device, dtype)
             for fmt in (torch.contiguous_format, torch.channels_last):
-                edsc_ext.upsample_bilinear2x(x.contiguous(memory_format=fmt))
+                op(x.contiguous(memory_format=fmt))
             flat = torch.randn(x.numel() + 1, generator=gen).to(device, dtype)
-            edsc_ext.upsample_bilinear2x(flat[1:].view(n, h, w, c).permute(0, 3, 1, 2))
-        x = torch.randn(2, 8, 4, 6, generator=gen).to(device, dtype).requires_grad_()
-        edsc_ext.upsample_bilinear2x(x).sum().backward()
+            op(flat[1:].view(n, h, w, c).permute(0, 3, 1, 2))
+        x = torch.randn(grad_size, generator=gen).to(device, dtype).requires_grad_()
+        op(x).sum().backward()
+
+
+def run_upsampling(dtypes, device) -> None:
+    """upsample_bilinear2x's kernels, sizes of one row or column among them."""
+    run_resampling(edsc_ext.upsample_bilinear2x, ((2, 16, 5, 8), (1, 3, 1, 7), (1, 8, 9, 1)), (2, 8, 4, 6), 1,
+                   dtypes, device)
 
 
 def run_pooling(dtypes, device) -> None:
-    """avg_pool2x's four kernels: 16-byte and one-value threads, channels_last and NCHW, odd sizes (the last row
-    and column dropped), the smallest input, a view one element into its storage (not 16-byte aligned), and the
-    backward."""
-    gen = torch.Generator().manual_seed(2)
-    for dtype in dtypes:
-        for n, c, h, w in ((2, 16, 6, 32), (1, 3, 2, 2), (1, 8, 9, 17)):
-            x = torch.randn(n, c, h, w, generator=gen).to(device, dtype)
-            for fmt in (torch.contiguous_format, torch.channels_last):
-                edsc_ext.avg_pool2x(x.contiguous(memory_format=fmt))
-            flat = torch.randn(x.numel() + 1, generator=gen).to(device, dtype)
-            edsc_ext.avg_pool2x(flat[1:].view(n, h, w, c).permute(0, 3, 1, 2))
-        x = torch.randn(2, 8, 5, 6, generator=gen).to(device, dtype).requires_grad_()
-        edsc_ext.avg_pool2x(x).sum().backward()
+    """avg_pool2x's kernels: odd sizes (the last row and column dropped) and the smallest input among them."""
+    run_resampling(edsc_ext.avg_pool2x, ((2, 16, 6, 32), (1, 3, 2, 2), (1, 8, 9, 17)), (2, 8, 5, 6), 2, dtypes,
+                   device)
 
 
 def run_every_path(dtypes) -> None:
