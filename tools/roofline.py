@@ -76,12 +76,15 @@ def child(case_name: str, dtype_name: str, layout: str) -> None:
         out = edsc_ext.deform_sepconv(*leaves, **case.kwargs())
         return torch.autograd.grad(out, present, grad_out)
 
-    step()
-    torch.cuda.synchronize()
-    torch.cuda.nvtx.range_push("roofline")
-    step()
-    torch.cuda.synchronize()
-    torch.cuda.nvtx.range_pop()
+    # NVTX push/pop ranges belong to a thread, and autograd runs a CUDA backward on its device thread:
+    # without this, ncu saw the forward's kernels only.
+    with torch.autograd.set_multithreading_enabled(False):
+        step()
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_push("roofline")
+        step()
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_pop()
     plans = edsc_ext._plan(*leaves, **case.kwargs())
     print(json.dumps({"plans": list(plans)}), flush=True)
 
