@@ -410,6 +410,42 @@ def test_padded_layout_runs_channel_counts_in_multiples_of_8(gen, multiple, layo
         assert_close(a, b, torch.float32)
 
 
+class _HostOperands(TorchDispatchMode):
+    """Records every operation whose tensors are on both the host and a CUDA device."""
+
+    def __init__(self):
+        super().__init__()
+        self.found = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+        devices = {a.device.type for a in leaves if isinstance(a, torch.Tensor)}
+        if {"cpu", "cuda"} <= devices:
+            self.found.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.filterwarnings("ignore:CUDA is not available")
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("layout", ["auto", "padded", "wide", "wide_grouped"])
+@pytest.mark.parametrize("multiple", [False, True], ids=["EDSC_s", "EDSC_m"])
+def test_cuda_inference_moves_nothing_from_the_host(multiple, layout, autocast):
+    """What EDSC.capture records (CUDA inference, weights made on every call without cache_weights) has no
+    operation with a host tensor beside device ones: a CUDA-graph capture refuses the host-to-device copy it
+    makes (an item assignment of a number did, and the tool fell back to eager). Fake CUDA tensors: no GPU needed."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(), torch.device("cuda"):
+        model = EDSC(multiple=multiple, head_layout=layout).eval()
+        first, second = (torch.rand(1, 3, 64, 64).contiguous(memory_format=torch.channels_last) for _ in range(2))
+        time = torch.full((1,), 0.3) if multiple else None
+        recorder = _HostOperands()
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16, enabled=autocast), recorder:
+            out = model(first, second, time)
+    assert out.shape == (1, 3, 64, 64) and out.device.type == "cuda"
+    assert recorder.found == []
+
+
 @pytest.mark.parametrize("layout", ["grouped", "padded", "wide", "wide_grouped"])
 @pytest.mark.parametrize("multiple", [False, True], ids=["EDSC_s", "EDSC_m"])
 def test_fused_gradients_of_every_parameter_equal_the_unfused(gen, multiple, layout):

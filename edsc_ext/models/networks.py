@@ -522,14 +522,16 @@ def _padded_weight(model: "EDSC", conv: nn.Conv2d, in_channels: int, out_channel
         if extra_in or extra_out:
             weight = F.pad(weight, (0, 0, 0, 0, 0, extra_in, 0, extra_out))
             bias = F.pad(bias, (0, extra_out))
+        # The one-hot tensors by comparisons on the device: an item assignment copies its number from the host,
+        # which a CUDA-graph capture refuses (without cache_weights this runs inside the graph).
         if ones_out is not None:
-            one = torch.zeros(out_channels, dtype=bias.dtype, device=bias.device)
-            one[ones_out] = 1
-            bias = bias + one
+            bias = bias + (torch.arange(out_channels, device=bias.device) == ones_out).to(bias.dtype)
         if bias_in is not None:
             kh, kw = weight.shape[2:]
-            centre = torch.zeros((1, in_channels, kh, kw), dtype=weight.dtype, device=weight.device)
-            centre[0, bias_in, kh // 2, kw // 2] = 1
+            channel = torch.arange(in_channels, device=weight.device).view(-1, 1, 1) == bias_in
+            row = torch.arange(kh, device=weight.device).view(1, -1, 1) == kh // 2
+            column = torch.arange(kw, device=weight.device).view(1, 1, -1) == kw // 2
+            centre = (channel & row & column).to(weight.dtype).unsqueeze(0)
             weight, bias = weight + bias.view(-1, 1, 1, 1) * centre, None
         return weight, bias
 
