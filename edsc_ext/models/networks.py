@@ -522,17 +522,14 @@ def _padded_weight(model: "EDSC", conv: nn.Conv2d, in_channels: int, out_channel
         if extra_in or extra_out:
             weight = F.pad(weight, (0, 0, 0, 0, 0, extra_in, 0, extra_out))
             bias = F.pad(bias, (0, extra_out))
-        # The one-hot tensors by comparisons on the device: an item assignment copies its number from the host,
-        # which a CUDA-graph capture refuses (without cache_weights this runs inside the graph).
+        # Placed by zero padding, not item assignment: assigning a number copies it from the host, which a
+        # CUDA-graph capture refuses (without cache_weights this runs inside the graph).
         if ones_out is not None:
-            bias = bias + (torch.arange(out_channels, device=bias.device) == ones_out).to(bias.dtype)
+            bias = bias + F.pad(bias.new_ones(1), (ones_out, out_channels - 1 - ones_out))
         if bias_in is not None:
             kh, kw = weight.shape[2:]
-            channel = torch.arange(in_channels, device=weight.device).view(-1, 1, 1) == bias_in
-            row = torch.arange(kh, device=weight.device).view(1, -1, 1) == kh // 2
-            column = torch.arange(kw, device=weight.device).view(1, 1, -1) == kw // 2
-            centre = (channel & row & column).to(weight.dtype).unsqueeze(0)
-            weight, bias = weight + bias.view(-1, 1, 1, 1) * centre, None
+            centre = (kw // 2, kw - 1 - kw // 2, kh // 2, kh - 1 - kh // 2, bias_in, in_channels - 1 - bias_in)
+            weight, bias = weight + F.pad(bias.view(-1, 1, 1, 1), centre), None
         return weight, bias
 
     slot = ("padded", id(conv), in_channels, out_channels, ones_out, bias_in)
