@@ -309,8 +309,8 @@ def test_export_edsc_cuda_configuration_without_gpu(name, monkeypatch):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     padded_heads = []
-    real_padded_head = networks._padded_head
-    monkeypatch.setattr(networks, "_padded_head", lambda *a: padded_heads.append(1) or real_padded_head(*a))
+    real_body = networks._padded_head_body
+    monkeypatch.setattr(networks, "_padded_head_body", lambda *a, **k: padded_heads.append(1) or real_body(*a, **k))
     multiple = name == "EDSC_m"
 
     def frames(n, h, w):

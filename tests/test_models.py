@@ -30,6 +30,7 @@ from edsc_ext.models.networks import (
     EDSC,
     FRAME_HEADS,
     HEAD_LAYOUTS,
+    HEAD_TAILS,
     EDSC_m,
     EDSC_s,
     HetConv2d,
@@ -410,6 +411,74 @@ def test_padded_layout_runs_channel_counts_in_multiples_of_8(gen, multiple, layo
         assert_close(a, b, torch.float32)
 
 
+def _recorded_convs(model, *args, grad: bool = False):
+    """(weight shape, groups) of every convolution the model's forward runs, and its output."""
+    convs = []
+
+    class Recorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten.convolution.default:
+                convs.append((tuple(args[1].shape), args[8]))
+            return func(*args, **(kwargs or {}))
+
+    with torch.set_grad_enabled(grad), Recorder():
+        out = model(*args)
+    return convs, out
+
+
+@pytest.mark.parametrize("tails", ["merged_narrow", "merged"])
+@pytest.mark.parametrize("layout", ["padded", "wide_grouped"])
+@pytest.mark.parametrize("multiple", [False, True], ids=["EDSC_s", "EDSC_m"])
+def test_merged_head_tails_are_one_convolution_a_width_with_the_per_head_values(gen, multiple, layout, tails):
+    """head_tails: the narrow heads' (four kernel heads and the bias head, 8 padded channels) last convolutions
+    run as one dense block-diagonal convolution, with "merged" the six 32-channel heads' as one grouped one; no
+    per-head tail of a merged width runs; the heads' outputs and the network's are the per-head ones (float64),
+    and so are the gradients of every parameter and frame."""
+    model = random_edsc(gen, multiple, head_layout=layout, conv_relu=False)
+    first, second = frames(gen, 2, 32, 64)
+    time = torch.tensor([0.3, 0.7], dtype=torch.float64) if multiple else None
+    per_head_convs, expected = _recorded_convs(model, first, second, time)
+    model.head_tails = tails
+    convs, out = _recorded_convs(model, first, second, time)
+    assert rel_error(out, expected) < 1e-12
+    assert ((40, 40, 3, 3), 1) in convs and ((8, 8, 3, 3), 1) not in convs, convs
+    assert (((6 * 32, 32, 3, 3), 6) in convs) == (tails == "merged"), convs
+    # The wide heads' third layers (32 -> 25 padded to 32) stay; their last layers go with "merged".
+    assert convs.count(((32, 32, 3, 3), 1)) == per_head_convs.count(((32, 32, 3, 3), 1)) - 6 * (tails == "merged")
+    # Every other convolution is the per-head layout's: 5 narrow tails become 1, with "merged" 6 wide ones too.
+    assert len(convs) == len(per_head_convs) - 4 - 5 * (tails == "merged")
+    with torch.no_grad():
+        combine = model.features(first, second)
+        merged, unfused = model.fused_heads(combine, time), model.unfused_heads(combine, time)
+    for a, b in zip([*merged[0], *merged[1], merged[2]], [*unfused[0], *unfused[1], unfused[2]]):
+        assert a.shape == b.shape and rel_error(a, b) < 1e-12
+
+    def grads():
+        inputs = [first.clone().requires_grad_(), second.clone().requires_grad_()]
+        loss = F.l1_loss(model(*inputs, time), torch.zeros_like(first))
+        return torch.autograd.grad(loss, [*inputs, *model.parameters()])
+
+    actual = grads()
+    model.head_tails = "per_head"
+    for name, a, b in zip(["first", "second", *(n for n, _ in model.named_parameters())], actual, grads()):
+        assert rel_error(a, b) < 1e-11, name
+
+
+def test_head_tails_is_validated_and_changes_no_state():
+    model = EDSC_s()
+    assert model.head_tails == models_module.DEFAULT_HEAD_TAILS and set(HEAD_TAILS) == {
+        "per_head", "merged_narrow", "merged"}
+    keys = list(model.state_dict())
+    model.head_tails = "merged"
+    assert list(model.state_dict()) == keys and "head_tails='merged'" in repr(model)
+    with pytest.raises(ValueError, match=r"head_tails must be one of \('per_head', 'merged_narrow', 'merged'\), "
+                                         r"got 'all'"):
+        EDSC(head_tails="all")
+    with pytest.raises(ValueError, match="head_tails must be one of"):
+        model.head_tails = "merged_wide"
+    assert model.head_tails == "merged"
+
+
 class _HostOperands(TorchDispatchMode):
     """Records every operation whose tensors are on both the host and a CUDA device."""
 
@@ -427,16 +496,18 @@ class _HostOperands(TorchDispatchMode):
 
 @pytest.mark.filterwarnings("ignore:CUDA is not available")
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "fp16"])
-@pytest.mark.parametrize("layout", ["auto", "padded", "wide", "wide_grouped"])
+@pytest.mark.parametrize("layout, tails", [("auto", "per_head"), ("padded", "per_head"), ("wide", "per_head"),
+                                           ("wide_grouped", "per_head"), ("padded", "merged_narrow"),
+                                           ("padded", "merged")])
 @pytest.mark.parametrize("multiple", [False, True], ids=["EDSC_s", "EDSC_m"])
-def test_cuda_inference_moves_nothing_from_the_host(multiple, layout, autocast):
+def test_cuda_inference_moves_nothing_from_the_host(multiple, layout, tails, autocast):
     """What EDSC.capture records (CUDA inference, weights made on every call without cache_weights) has no
     operation with a host tensor beside device ones: a CUDA-graph capture refuses the host-to-device copy it
     makes (an item assignment of a number did, and the tool fell back to eager). Fake CUDA tensors: no GPU needed."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode(), torch.device("cuda"):
-        model = EDSC(multiple=multiple, head_layout=layout).eval()
+        model = EDSC(multiple=multiple, head_layout=layout, head_tails=tails).eval()
         first, second = (torch.rand(1, 3, 64, 64).contiguous(memory_format=torch.channels_last) for _ in range(2))
         time = torch.full((1,), 0.3) if multiple else None
         recorder = _HostOperands()
@@ -1092,15 +1163,19 @@ def test_cuda_speed_options_keep_the_precisions_error(gen, strict_float32, multi
         with cuda_autocast(autocast_dtype):
             unfused_error = rel_error(run(model, False, *args), expected)
             errors = {}
-            for layout in ("padded", "wide", "wide_grouped"):
-                model.fused, model.head_layout = True, layout
+            for layout, tails in (("padded", "per_head"), ("wide", "per_head"), ("wide_grouped", "per_head"),
+                                  ("padded", "merged_narrow"), ("padded", "merged")):
+                model.fused, model.head_layout, model.head_tails = True, layout, tails
                 model.conv_relu = model.half_upsampling = model.cache_weights = True
-                errors[layout] = rel_error(model(*args), expected)
-                errors[layout + " again"] = rel_error(model(*args), expected)  # the kept weights
-        model.head_layout = "padded"  # on CUDA the 30 heterogeneous convolutions fuse their ReLU too
+                errors[f"{layout} {tails}"] = rel_error(model(*args), expected)
+                errors[f"{layout} {tails} again"] = rel_error(model(*args), expected)  # the kept weights
+        # On CUDA the 30 heterogeneous convolutions fuse their ReLU too.
+        model.head_layout, model.head_tails = "padded", "per_head"
+        assert _fused_op_calls(model, *args)[0] == 64
+        model.head_tails = "merged"  # the tails have no ReLU: the same fused calls
         assert _fused_op_calls(model, *args)[0] == 64
     captured = model.capture(*args, autocast_dtype=autocast_dtype, cudnn_benchmark=True)
-    errors["captured"] = rel_error(captured(*args), expected)
+    errors["captured merged"] = rel_error(captured(*args), expected)
     bound = 2 * unfused_error + 1e-5 if autocast_dtype is not None else 1e-5
     assert max(errors.values()) <= bound, (unfused_error, errors)
     # The upsampling keeps the half type, with the values of float32 rounded once.

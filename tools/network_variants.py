@@ -15,7 +15,8 @@ network replayed as a CUDA graph, no compiler: a cheap screen of what changes th
 - ``halfup``: ``EDSC(half_upsampling=True)``; ``convrelu``: ``EDSC(conv_relu=True)`` (inference);
   ``cache``: ``EDSC(cache_weights=True)`` (eager inference, graph replays); ``extup`` / ``atenup``:
   ``EDSC(upsampling_kernel="edsc_ext")`` / ``"aten"`` (``default+atenup``: the defaults with ATen's upsampling);
-  ``extpool`` / ``atenpool``: ``EDSC(pooling_kernel="edsc_ext")`` / ``"aten"``;
+  ``extpool`` / ``atenpool``: ``EDSC(pooling_kernel="edsc_ext")`` / ``"aten"``; ``pertails`` / ``narrowtails`` /
+  ``mergedtails``: ``EDSC(head_tails="per_head")`` / ``"merged_narrow"`` / ``"merged"``;
 - ``bench``: cuDNN autotuning (``cudnn_benchmark=True`` of compile_edsc / EDSC.capture, the training step's
   backward included); ``freeze``: ``compile_edsc(freezing=True)`` (inference); ``autotune``:
   ``compile_edsc(max_autotune=True)`` (minutes of compile: not in the default plan);
@@ -70,7 +71,9 @@ MODEL_OPTIONS = {"wide": {"head_layout": "wide"}, "widegrp": {"head_layout": "wi
                  "padded": {"head_layout": "padded"}, "halfup": {"half_upsampling": True},
                  "convrelu": {"conv_relu": True}, "cache": {"cache_weights": True},
                  "extup": {"upsampling_kernel": "edsc_ext"}, "atenup": {"upsampling_kernel": "aten"},
-                 "extpool": {"pooling_kernel": "edsc_ext"}, "atenpool": {"pooling_kernel": "aten"}}
+                 "extpool": {"pooling_kernel": "edsc_ext"}, "atenpool": {"pooling_kernel": "aten"},
+                 "pertails": {"head_tails": "per_head"}, "narrowtails": {"head_tails": "merged_narrow"},
+                 "mergedtails": {"head_tails": "merged"}}
 RECIPE_OPTIONS = {"bench": "cudnn_benchmark", "freeze": "freezing", "autotune": "max_autotune"}
 # "core": the options that change no kernel's numerics class and run on every path and case; "all": core and
 # the inference-only ones (cuDNN's fused convolution + ReLU, freezing or kept weights).
@@ -225,9 +228,11 @@ def _apply(model, options: Sequence[str]) -> None:
         model.head_layout, model.half_upsampling, model.conv_relu, model.cache_weights = (
             defaults.head_layout, defaults.half_upsampling, defaults.conv_relu, defaults.cache_weights)
         model.upsampling_kernel, model.pooling_kernel = defaults.upsampling_kernel, defaults.pooling_kernel
+        model.head_tails = defaults.head_tails
     else:
         model.head_layout, model.half_upsampling, model.conv_relu, model.cache_weights = "padded", False, False, False
         model.upsampling_kernel = model.pooling_kernel = "aten"
+        model.head_tails = "per_head"
     for option in options:
         for key, value in MODEL_OPTIONS.get(option, {}).items():
             setattr(model, key, value)

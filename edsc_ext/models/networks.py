@@ -29,6 +29,7 @@ float32), ``conv_relu`` (inference: cuDNN's fused convolution, bias and ReLU) an
 (on CUDA :func:`edsc_ext.upsample_bilinear2x` rather than ATen's kernel) with ``pooling_kernel`` (the same for
 the average poolings, :func:`edsc_ext.avg_pool2x`), on by default since each
 measured faster on its own; ``head_layout="wide"`` (the eleven heads' first convolutions as one),
+``head_tails`` (the heads' upsamplings and last convolutions merged across heads),
 ``cache_weights`` (inference: the fused weights kept while the parameters are unchanged; on in the
 tools) and :func:`compile_edsc`'s ``cudnn_benchmark``, ``freezing`` and ``max_autotune``, off. The
 ``DEFAULT_*`` constants below are the defaults: switching one is its line.
@@ -55,7 +56,7 @@ from .compat import compat_deform_sepconv
 __all__ = ["HetConv2d", "EDSC", "EDSC_s", "EDSC_m", "CapturedEDSC", "CompiledEDSC", "compile_edsc",
            "cudnn_autotuning", "load_checkpoint", "save_checkpoint", "read_checkpoint", "CheckpointError",
            "state_dict_of", "pad_to_multiple", "auto_head_layout", "upsample2x", "downsample2x", "SAMPLINGS",
-           "MODEL_NAMES", "HEAD_LAYOUTS", "SIZE_MULTIPLE", "UPSAMPLING_KERNELS", "POOLING_KERNELS"]
+           "MODEL_NAMES", "HEAD_LAYOUTS", "HEAD_TAILS", "SIZE_MULTIPLE", "UPSAMPLING_KERNELS", "POOLING_KERNELS"]
 
 SAMPLINGS = ("compat", "clean")
 # How the fused heads run: "grouped" (the first layers as one convolution, the others grouped),
@@ -94,6 +95,13 @@ DEFAULT_UPSAMPLING_KERNEL = "edsc_ext"
 POOLING_KERNELS = ("edsc_ext", "aten")
 DEFAULT_POOLING_KERNEL = "edsc_ext"
 DEFAULT_CONV_RELU = True
+# How the padded layouts run the heads' tails (the bilinear upsampling and the last convolution, at full
+# resolution): "per_head" (each head its own upsampling and convolution), "merged_narrow" (the heads of
+# CHANNEL_MULTIPLE padded channels, the four kernel heads and the bias head, as one upsampling and one dense
+# block-diagonal convolution: cuDNN runs an 8-channel convolution at 6x its roofline, issue #43) or "merged"
+# (the wider heads, offsets and masks, too, as one upsampling and one grouped convolution).
+HEAD_TAILS = ("per_head", "merged_narrow", "merged")
+DEFAULT_HEAD_TAILS = "per_head"
 DEFAULT_CACHE_WEIGHTS = False
 DEFAULT_CUDNN_BENCHMARK = False
 DEFAULT_FREEZING = False
@@ -545,10 +553,18 @@ def _padded_conv(model: "EDSC", x: Tensor, conv: nn.Conv2d, out_channels: int, r
     return model._conv(x, weight, bias, conv.padding[0], relu=relu)
 
 
-def _padded_head(model: "EDSC", head: nn.Sequential, x: Tensor, start: int = 0) -> Tensor:
-    """``head(x)`` (a :func:`_head`) with its odd channel counts rounded up (see EDSC.padded_heads);
-    from its layer ``start`` on: 0, 2 (``x`` is the first layer's output after its ReLU) or 4 (the
-    second's)."""
+def _spare_channel(channels: int) -> Optional[int]:
+    """The first padding channel of ``channels`` rounded up (None where none is added)."""
+    return channels if _round_up(channels) > channels else None
+
+
+def _padded_head_body(model: "EDSC", head: nn.Sequential, x: Tensor, start: int = 0) -> Tensor:
+    """``head``'s (a :func:`_head`'s) first three layers on ``x`` with its odd channel counts rounded up (see
+    EDSC.padded_heads), from its layer ``start`` on: 0, 2 (``x`` is the first layer's output after its ReLU)
+    or 4 (the second's). The third layer's output after its ReLU, at half resolution, with a channel of ones
+    in its first padding channel: the last convolution's bias rides in its GEMM as that channel's weight (a
+    convolution with a bias runs cuDNN's kernel and then ATen's broadcast addition, a non-vectorised pass
+    over the full-resolution output); there is one, since K and K * K are odd."""
     if start not in (0, 2, 4):
         raise ValueError(f"start must be 0, 2 or 4, got {start}")
     y = x
@@ -556,17 +572,71 @@ def _padded_head(model: "EDSC", head: nn.Sequential, x: Tensor, start: int = 0) 
         y = _padded_conv(model, y, head[0], head[0].out_channels, relu=True)
     if start <= 2:
         y = _padded_conv(model, y, head[2], head[2].out_channels, relu=True)
-    # The last convolution's bias rides in its GEMM as the weight of a channel of ones that the third one makes in
-    # its first padding channel (there is one: K and K * K are odd): a convolution with a bias runs
-    # cuDNN's kernel and then ATen's broadcast addition, a non-vectorised pass over the full-resolution output.
     k = head[4].out_channels
-    spare = k if _round_up(k) > k else None
-    y = _padded_conv(model, y, head[4], _round_up(k), relu=True, ones_out=spare)
-    y = head[6](y)
-    y = _padded_conv(model, y, head[7], _round_up(k), relu=False, bias_in=spare)[:, :k]
-    # The mask's sigmoid reads the slice (ATen's strided kernel) and writes it dense, which the op reads faster: over
-    # the dense padded output the sigmoid took 0.13 ms less and the op 0.13 ms more (BENCHMARKS.md, issue #43).
+    return _padded_conv(model, y, head[4], _round_up(k), relu=True, ones_out=_spare_channel(k))
+
+
+def _head_output(head: nn.Sequential, y: Tensor) -> Tensor:
+    """A head's output from its last convolution's padded output ``y``: the channel slice, and the mask heads'
+    sigmoid. That sigmoid reads the slice (ATen's strided kernel) and writes it dense, which the op reads
+    faster: over the dense padded output the sigmoid took 0.13 ms less and the op 0.13 ms more (BENCHMARKS.md,
+    issue #43)."""
+    y = y[:, :head[7].out_channels]
     return torch.sigmoid(y) if len(head) > 8 else y
+
+
+def _padded_head_tail(model: "EDSC", head: nn.Sequential, y: Tensor) -> Tensor:
+    """``head``'s upsampling and last convolution on its body's output ``y`` (:func:`_padded_head_body`)."""
+    k = head[7].out_channels
+    y = _padded_conv(model, head[6](y), head[7], _round_up(k), relu=False, bias_in=_spare_channel(k))
+    return _head_output(head, y)
+
+
+def _merged_tail_weight(model: "EDSC", heads: Sequence[nn.Sequential], width: int, dense: bool
+                        ) -> Tuple[Tensor, Optional[Tensor], int]:
+    """The last convolutions of ``heads`` (each padded to ``width`` channels, its bias in the weight of its
+    channel of ones) as one: a grouped weight, one group a head, or with ``dense`` the dense block-diagonal
+    one; with the bias (zeros for the heads whose bias is in the weight) or None, and the groups."""
+    convs = [head[7] for head in heads]
+
+    def make():
+        parts = [_padded_weight(model, conv, width, width, bias_in=_spare_channel(conv.out_channels))
+                 for conv in convs]
+        weight = torch.cat([w for w, _ in parts])
+        bias = None
+        if any(b is not None for _, b in parts):
+            bias = torch.cat([b if b is not None else w.new_zeros(width) for w, b in parts])
+        return (block_diagonal(weight, len(convs)) if dense else weight), bias
+
+    slot = ("merged_tail", tuple(id(conv) for conv in convs), width, dense)
+    weight, bias = _cached(model, slot, [p for conv in convs for p in (conv.weight, conv.bias)], make)
+    return weight, bias, 1 if dense else len(convs)
+
+
+def _padded_tails(model: "EDSC", heads: Sequence[nn.Sequential], bodies: Sequence[Tensor]) -> list:
+    """The outputs of ``heads`` from their bodies' outputs (:func:`_padded_head_body`): each head's tail on its
+    own, or, as ``model.head_tails`` says, the heads of one padded width merged: their bodies concatenated,
+    one upsampling, one convolution (dense block-diagonal for the narrow heads, grouped for the others), the
+    outputs channel slices of it."""
+    outputs: list = [None] * len(heads)
+    merged: Dict[int, list] = {}
+    for i, y in enumerate(bodies):
+        width = y.shape[1]
+        if model.head_tails == "merged" or (model.head_tails == "merged_narrow" and width <= CHANNEL_MULTIPLE):
+            merged.setdefault(width, []).append(i)
+        else:
+            outputs[i] = _padded_head_tail(model, heads[i], y)
+    for width, members in merged.items():
+        if len(members) == 1:
+            outputs[members[0]] = _padded_head_tail(model, heads[members[0]], bodies[members[0]])
+            continue
+        group = [heads[i] for i in members]
+        x = group[0][6](torch.cat([bodies[i] for i in members], 1))
+        weight, bias, groups = _merged_tail_weight(model, group, width, dense=width <= CHANNEL_MULTIPLE)
+        z = model._conv(x, weight, bias, group[0][7].padding[0], relu=False, groups=groups)
+        for j, (i, head) in enumerate(zip(members, group)):
+            outputs[i] = _head_output(head, z[:, j * width:(j + 1) * width])
+    return outputs
 
 
 # Each frame's heads in the order the synthesis takes them: vertical, horizontal, offset x, offset y, mask.
@@ -617,6 +687,10 @@ class EDSC(nn.Module):
             (``torch.cudnn_convolution_relu``), so no separate pass reads and writes its output again;
             the heterogeneous convolutions run folded then (on the CPU they keep their two convolutions,
             cheaper there, and the ReLU after them its pass).
+        head_tails: how the padded layouts run the heads' upsamplings and last convolutions: "per_head",
+            "merged_narrow" (the four kernel heads and the bias head as one upsampling and one block-diagonal
+            convolution) or "merged" (the offset and mask heads too, as one grouped convolution); see
+            ``HEAD_TAILS``. The same values either way.
         cache_weights: in eager inference (no gradients, not traced), keep the fused weights (folded,
             padded, concatenated, cast to autocast's dtype) while the parameters keep their storage and
             version; see :meth:`clear_weight_cache`. A graph captured with it reads the weights as
@@ -630,7 +704,7 @@ class EDSC(nn.Module):
                  use_bias: bool = True, fused: bool = True, head_layout: str = "auto",
                  half_upsampling: bool = DEFAULT_HALF_UPSAMPLING, conv_relu: bool = DEFAULT_CONV_RELU,
                  cache_weights: bool = DEFAULT_CACHE_WEIGHTS, upsampling_kernel: str = DEFAULT_UPSAMPLING_KERNEL,
-                 pooling_kernel: str = DEFAULT_POOLING_KERNEL):
+                 pooling_kernel: str = DEFAULT_POOLING_KERNEL, head_tails: str = DEFAULT_HEAD_TAILS):
         super().__init__()
         if sampling not in SAMPLINGS:
             raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
@@ -678,6 +752,7 @@ class EDSC(nn.Module):
         self.pooling_kernel = pooling_kernel
         self.conv_relu = conv_relu
         self.cache_weights = cache_weights
+        self.head_tails = head_tails
 
     @property
     def name(self) -> str:
@@ -743,6 +818,17 @@ class EDSC(nn.Module):
         self._pooling_kernel = value
 
     @property
+    def head_tails(self) -> str:
+        """How the padded layouts run the heads' upsamplings and last convolutions (``HEAD_TAILS``)."""
+        return self._head_tails
+
+    @head_tails.setter
+    def head_tails(self, value: str) -> None:
+        if value not in HEAD_TAILS:
+            raise ValueError(f"head_tails must be one of {HEAD_TAILS}, got {value!r}")
+        self._head_tails = value
+
+    @property
     def cache_weights(self) -> bool:
         """Whether eager inference keeps the fused weights (see :func:`_cached`); setting it switches every
         HetConv2d too, and switching it off drops what was kept."""
@@ -767,8 +853,7 @@ class EDSC(nn.Module):
         return (f"kernel_size={self.kernel_size}, multiple={self.multiple}, sampling={self.sampling!r}, "
                 f"fused={self.fused}, head_layout={self.head_layout!r}, half_upsampling={self.half_upsampling}, "
                 f"upsampling_kernel={self.upsampling_kernel!r}, pooling_kernel={self.pooling_kernel!r}, "
-                f"conv_relu={self.conv_relu}, "
-                f"cache_weights={self.cache_weights}")
+                f"conv_relu={self.conv_relu}, head_tails={self.head_tails!r}, cache_weights={self.cache_weights}")
 
     def _pool(self, x: Tensor) -> Tensor:
         return downsample2x(x, self.pooling_kernel)
@@ -916,9 +1001,12 @@ class EDSC(nn.Module):
             in1, in2 = torch.cat([combine, t, zeros], 1), torch.cat([combine, 1 - t, zeros], 1)
         else:
             in1 = in2 = combine
-        frame1 = tuple(_padded_head(self, getattr(self, name), in1) for name in FRAME_HEADS[0])
-        frame2 = tuple(_padded_head(self, getattr(self, name), in2) for name in FRAME_HEADS[1])
-        return frame1, frame2, _padded_head(self, self.moduleBias, combine) if self.use_bias else None
+        names = FRAME_HEADS[0] + FRAME_HEADS[1] + (("moduleBias",) if self.use_bias else ())
+        heads = [getattr(self, name) for name in names]
+        inputs = [in1] * len(FRAME_HEADS[0]) + [in2] * len(FRAME_HEADS[1]) + [combine] * self.use_bias
+        outputs = _padded_tails(self, heads, [_padded_head_body(self, head, x) for head, x in zip(heads, inputs)])
+        n = len(FRAME_HEADS[0])
+        return tuple(outputs[:n]), tuple(outputs[n:2 * n]), outputs[2 * n] if self.use_bias else None
 
     def wide_heads(self, combine: Tensor, time: Union[float, Tensor, None] = None
                    ) -> Tuple[HeadOutputs, HeadOutputs, Optional[Tensor]]:
@@ -965,7 +1053,8 @@ class EDSC(nn.Module):
             start = 4
         widths = [head[start].in_channels for head in heads]
         parts = [F.relu(part) for part in y.split(widths, 1)]  # dense per head: the next convolution's input
-        outputs = [_padded_head(self, head, part, start=start) for head, part in zip(heads, parts)]
+        outputs = _padded_tails(self, heads, [_padded_head_body(self, head, part, start=start)
+                                              for head, part in zip(heads, parts)])
         n = len(FRAME_HEADS[0])
         return tuple(outputs[:n]), tuple(outputs[n:2 * n]), outputs[2 * n] if self.use_bias else None
 
