@@ -585,11 +585,12 @@ def _head_output(head: nn.Sequential, y: Tensor) -> Tensor:
     return torch.sigmoid(y) if len(head) > 8 else y
 
 
-def _padded_head_tail(model: "EDSC", head: nn.Sequential, y: Tensor) -> Tensor:
-    """``head``'s upsampling and last convolution on its body's output ``y`` (:func:`_padded_head_body`)."""
+def _padded_last_conv(model: "EDSC", head: nn.Sequential, upsampled: Tensor) -> Tensor:
+    """``head``'s last convolution, padded, on its upsampled body output (:func:`_padded_head_body`, then
+    ``head[6]``); :func:`_head_output` makes the head's output of it. The caller takes the three steps one by one,
+    rebinding one name, so that each step's input is freed once it is read."""
     k = head[7].out_channels
-    y = _padded_conv(model, head[6](y), head[7], _round_up(k), relu=False, bias_in=_spare_channel(k))
-    return _head_output(head, y)
+    return _padded_conv(model, upsampled, head[7], _round_up(k), relu=False, bias_in=_spare_channel(k))
 
 
 def _merged_tail_weight(model: "EDSC", heads: Sequence[nn.Sequential], width: int, dense: bool
@@ -613,28 +614,36 @@ def _merged_tail_weight(model: "EDSC", heads: Sequence[nn.Sequential], width: in
     return weight, bias, 1 if dense else len(convs)
 
 
-def _padded_tails(model: "EDSC", heads: Sequence[nn.Sequential], bodies: Sequence[Tensor]) -> list:
-    """The outputs of ``heads`` from their bodies' outputs (:func:`_padded_head_body`): each head's tail on its
-    own, or, as ``model.head_tails`` says, the heads of one padded width merged: their bodies concatenated,
-    one upsampling, one convolution (dense block-diagonal for the narrow heads, grouped for the others), the
-    outputs channel slices of it."""
+def _padded_heads_outputs(model: "EDSC", heads: Sequence[nn.Sequential], inputs: Sequence[Tensor], start: int = 0
+                          ) -> list:
+    """The outputs of the padded ``heads`` on their ``inputs`` (from layer ``start``, see :func:`_padded_head_body`).
+    Each head runs whole before the next, each tensor freed once read (every body kept until the tails ran
+    raised the 1080p peak by 200 MiB), or, as ``model.head_tails`` says, the heads of one padded width are
+    merged: their bodies concatenated, one upsampling, one convolution (dense block-diagonal for the narrow
+    heads, grouped for the others), the outputs channel slices of it."""
+    widths = [_round_up(head[4].out_channels) for head in heads]
+    merges = {width for width in widths if widths.count(width) > 1 and (
+        model.head_tails == "merged" or (model.head_tails == "merged_narrow" and width <= CHANNEL_MULTIPLE))}
     outputs: list = [None] * len(heads)
     merged: Dict[int, list] = {}
-    for i, y in enumerate(bodies):
-        width = y.shape[1]
-        if model.head_tails == "merged" or (model.head_tails == "merged_narrow" and width <= CHANNEL_MULTIPLE):
-            merged.setdefault(width, []).append(i)
-        else:
-            outputs[i] = _padded_head_tail(model, heads[i], y)
-    for width, members in merged.items():
-        if len(members) == 1:
-            outputs[members[0]] = _padded_head_tail(model, heads[members[0]], bodies[members[0]])
+    for i, (head, x, width) in enumerate(zip(heads, inputs, widths)):
+        y = _padded_head_body(model, head, x, start)
+        if width in merges:
+            merged.setdefault(width, []).append((i, y))
             continue
-        group = [heads[i] for i in members]
-        x = group[0][6](torch.cat([bodies[i] for i in members], 1))
+        y = head[6](y)
+        y = _padded_last_conv(model, head, y)
+        outputs[i] = _head_output(head, y)
+        del y  # the masks' unsliced output: not alive while the next head runs
+    for width, members in merged.items():
+        indices = [i for i, _ in members]
+        group = [heads[i] for i in indices]
+        x = torch.cat([y for _, y in members], 1)
+        members.clear()  # the bodies, once concatenated
+        x = group[0][6](x)
         weight, bias, groups = _merged_tail_weight(model, group, width, dense=width <= CHANNEL_MULTIPLE)
         z = model._conv(x, weight, bias, group[0][7].padding[0], relu=False, groups=groups)
-        for j, (i, head) in enumerate(zip(members, group)):
+        for j, (i, head) in enumerate(zip(indices, group)):
             outputs[i] = _head_output(head, z[:, j * width:(j + 1) * width])
     return outputs
 
@@ -1004,7 +1013,7 @@ class EDSC(nn.Module):
         names = FRAME_HEADS[0] + FRAME_HEADS[1] + (("moduleBias",) if self.use_bias else ())
         heads = [getattr(self, name) for name in names]
         inputs = [in1] * len(FRAME_HEADS[0]) + [in2] * len(FRAME_HEADS[1]) + [combine] * self.use_bias
-        outputs = _padded_tails(self, heads, [_padded_head_body(self, head, x) for head, x in zip(heads, inputs)])
+        outputs = _padded_heads_outputs(self, heads, inputs)
         n = len(FRAME_HEADS[0])
         return tuple(outputs[:n]), tuple(outputs[n:2 * n]), outputs[2 * n] if self.use_bias else None
 
@@ -1053,8 +1062,7 @@ class EDSC(nn.Module):
             start = 4
         widths = [head[start].in_channels for head in heads]
         parts = [F.relu(part) for part in y.split(widths, 1)]  # dense per head: the next convolution's input
-        outputs = _padded_tails(self, heads, [_padded_head_body(self, head, part, start=start)
-                                              for head, part in zip(heads, parts)])
+        outputs = _padded_heads_outputs(self, heads, parts, start=start)
         n = len(FRAME_HEADS[0])
         return tuple(outputs[:n]), tuple(outputs[n:2 * n]), outputs[2 * n] if self.use_bias else None
 
