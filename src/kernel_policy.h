@@ -24,6 +24,7 @@ struct KernelPolicy {
   bool vector_loads = true;
   bool channel_lanes = true;
   bool lane_tile = true;
+  bool lean_rgb_backward = true;
   int64_t cpu_scratch_mb = 256;
   bool cpu_baseline = false;  // the switch cpu_isa: "baseline" (true) or "auto"
   bool cpu_float32_frame = true;
@@ -91,6 +92,12 @@ inline constexpr PolicySwitch kPolicySwitches[] = {
                     "gradient: the lanes add it into a fixed-point tile in shared memory, flushed to global memory "
                     "once per tile, instead of a global atomic per tap, corner and channel (deterministic calls "
                     "too)"},
+    {.name = "lean_rgb_backward",
+     .flag = &KernelPolicy::lean_rgb_backward,
+     .description = "CUDA, NCHW 5x5 backward of exactly 3 channels through the shared-memory tile (float32 and the "
+                    "half types): a kernel per padding mode, the channels' corner values summed against the output "
+                    "gradient before the parameter gradients, each tap's tile elements and fixed-point weights found "
+                    "once for its three channels; False runs the generic tiled kernel"},
     {.name = "cpu_scratch_mb",
      .count = &KernelPolicy::cpu_scratch_mb,
      .max_count = (int64_t(1) << 31) - 1,

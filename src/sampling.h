@@ -708,6 +708,64 @@ EDSC_HOST_DEVICE void add_packed_corners(const PackedRgbPixel<scalar_t> (&corner
   }
 }
 
+// A tap's bilinear sample with padding mode kPaddingMode compiled in, for the exact-RGB forward
+// (accumulate_tap_static_padding) and backward (the CUDA tile's deform_sepconv_backward_rgb_pixel): as
+// sample_axis, but a NaN position goes to the lower bound, so every index stays in its range (the
+// caller poisons its sums instead), and a clamping mode's corners past the last row or column are the
+// last one's (their weight is 0 there), so its loads need no predicate.
+template <typename acc_t, typename index_t>
+struct StaticPaddingSample {
+  acc_t ly, lx;              // the weights of row y0 + 1 and column x0 + 1
+  acc_t factor;              // the doubled border's factor of the tap's weight: 1, 2 or 4
+  acc_t dcoord_y, dcoord_x;  // d(coordinate)/d(offset): 0 where a clamping mode clamped (the border included)
+  index_t y0, x0;            // the upper left corner
+  index_t i00;               // its index in a plane: y0 * row_stride + x0 * pixel_stride
+  index_t right, down;       // from a corner to the one right of / below it (clamping: 0 past the last)
+};
+
+// The sample at (py, px); `w`, the tap's weight, is multiplied by its factor.
+template <int64_t kPaddingMode, typename scalar_t, typename acc_t, typename index_t, typename param_t>
+EDSC_HOST_DEVICE StaticPaddingSample<acc_t, index_t> static_padding_sample(
+    const DeformSepconvParams<scalar_t, index_t, param_t>& p, index_t pixel_stride, acc_t py, acc_t px, acc_t& w) {
+  constexpr PaddingTraits kPadding = static_padding_traits<kPaddingMode>();
+  StaticPaddingSample<acc_t, index_t> s;
+  const acc_t y_last = static_cast<acc_t>(p.height_in - 1), x_last = static_cast<acc_t>(p.width_in - 1);
+  s.factor = acc_t(1);
+  if constexpr (kPadding.doubles_border) {
+    // As sample_axis: outside [-frame_pad, size - 1 + frame_pad) the border pixel counts twice.
+    const acc_t pad_y = static_cast<acc_t>(p.frame_pad_h), pad_x = static_cast<acc_t>(p.frame_pad_w);
+    const bool doubled_y = py < -pad_y || py >= y_last + pad_y, doubled_x = px < -pad_x || px >= x_last + pad_x;
+    if (doubled_y) w *= acc_t(2);
+    if (doubled_x) w *= acc_t(2);
+    s.factor = (doubled_y ? acc_t(2) : acc_t(1)) * (doubled_x ? acc_t(2) : acc_t(1));
+  }
+  if constexpr (kPadding.clamps) {
+    s.dcoord_y = py > acc_t(0) && py < y_last ? acc_t(1) : acc_t(0);
+    s.dcoord_x = px > acc_t(0) && px < x_last ? acc_t(1) : acc_t(0);
+    py = clamp_nan_to_low(py, acc_t(0), y_last);
+    px = clamp_nan_to_low(px, acc_t(0), x_last);
+  } else {
+    s.dcoord_y = s.dcoord_x = acc_t(1);
+    py = clamp_nan_to_low(py, acc_t(-2), y_last + acc_t(2));
+    px = clamp_nan_to_low(px, acc_t(-2), x_last + acc_t(2));
+  }
+  const acc_t fy = floor_value(py), fx = floor_value(px);
+  s.ly = py - fy;
+  s.lx = px - fx;
+  s.y0 = static_cast<index_t>(fy);
+  s.x0 = static_cast<index_t>(fx);
+  const index_t row_stride = p.width_in * pixel_stride;
+  s.i00 = s.y0 * row_stride + s.x0 * pixel_stride;
+  if constexpr (kPadding.clamps) {
+    s.right = s.x0 < p.width_in - 1 ? pixel_stride : index_t(0);
+    s.down = s.y0 < p.height_in - 1 ? row_stride : index_t(0);
+  } else {
+    s.right = pixel_stride;
+    s.down = row_stride;
+  }
+  return s;
+}
+
 // Adds the tap of weight w at (py, px) to the kChannels accumulators, reading `frame` (PlanarFrame
 // or PackedRgbFrame).
 template <int64_t kPaddingMode, typename Frame, int kChannels, typename scalar_t, typename acc_t, typename index_t,
@@ -717,35 +775,14 @@ EDSC_HOST_DEVICE void accumulate_tap_static_padding(const DeformSepconvParams<sc
                                                     acc_t (&acc)[kChannels]) {
   constexpr PaddingTraits kPadding = static_padding_traits<kPaddingMode>();
   static_assert(!Frame::kPacked || kChannels == 3, "a packed frame holds RGB");
-  const index_t pixel_stride = frame.pixel_stride;
   poison += py * acc_t(0);
   poison += px * acc_t(0);
-  const acc_t y_last = static_cast<acc_t>(p.height_in - 1), x_last = static_cast<acc_t>(p.width_in - 1);
-  if constexpr (kPadding.doubles_border) {
-    // As sample_axis: outside [-frame_pad, size - 1 + frame_pad) the border pixel counts twice.
-    const acc_t pad_y = static_cast<acc_t>(p.frame_pad_h), pad_x = static_cast<acc_t>(p.frame_pad_w);
-    if (py < -pad_y || py >= y_last + pad_y) w *= acc_t(2);
-    if (px < -pad_x || px >= x_last + pad_x) w *= acc_t(2);
-  }
-  // As sample_axis, but a NaN position goes to the lower bound, so every index stays in its range.
+  const auto s = static_padding_sample<kPaddingMode>(p, index_t(frame.pixel_stride), py, px, w);
+  const acc_t w_lower = w - w * s.ly, w_upper = w * s.ly;
+  const acc_t w01 = w_lower * s.lx, w00 = w_lower - w01, w11 = w_upper * s.lx, w10 = w_upper - w11;
+  const index_t i00 = s.i00;
   if constexpr (kPadding.clamps) {
-    py = clamp_nan_to_low(py, acc_t(0), y_last);
-    px = clamp_nan_to_low(px, acc_t(0), x_last);
-  } else {
-    py = clamp_nan_to_low(py, acc_t(-2), y_last + acc_t(2));
-    px = clamp_nan_to_low(px, acc_t(-2), x_last + acc_t(2));
-  }
-  const acc_t fy = floor_value(py), fx = floor_value(px);
-  const acc_t ly = py - fy, lx = px - fx;
-  const index_t y0 = static_cast<index_t>(fy), x0 = static_cast<index_t>(fx);
-  const acc_t w_lower = w - w * ly, w_upper = w * ly;
-  const acc_t w01 = w_lower * lx, w00 = w_lower - w01, w11 = w_upper * lx, w10 = w_upper - w11;
-  const index_t row_stride = p.width_in * pixel_stride;
-  const index_t i00 = y0 * row_stride + x0 * pixel_stride;
-  if constexpr (kPadding.clamps) {
-    const index_t i01 = i00 + (x0 < p.width_in - 1 ? pixel_stride : index_t(0));
-    const index_t down = y0 < p.height_in - 1 ? row_stride : index_t(0);
-    const index_t i10 = i00 + down, i11 = i01 + down;
+    const index_t i01 = i00 + s.right, i10 = i00 + s.down, i11 = i01 + s.down;
     if constexpr (Frame::kPacked) {
       add_packed_corners({load_packed_pixel(frame.pixels + i11), load_packed_pixel(frame.pixels + i10),
                           load_packed_pixel(frame.pixels + i01), load_packed_pixel(frame.pixels + i00)},
@@ -760,17 +797,18 @@ EDSC_HOST_DEVICE void accumulate_tap_static_padding(const DeformSepconvParams<sc
       }
     }
   } else {
+    // Which corners lie inside the image (inline: through a helper's struct nvcc compiled more instructions).
     using unsigned_t = std::make_unsigned_t<index_t>;
-    const bool y_lo = static_cast<unsigned_t>(y0) < static_cast<unsigned_t>(p.height_in);
-    const bool y_hi = static_cast<unsigned_t>(y0 + 1) < static_cast<unsigned_t>(p.height_in);
-    const bool x_lo = static_cast<unsigned_t>(x0) < static_cast<unsigned_t>(p.width_in);
-    const bool x_hi = static_cast<unsigned_t>(x0 + 1) < static_cast<unsigned_t>(p.width_in);
+    const bool y_lo = static_cast<unsigned_t>(s.y0) < static_cast<unsigned_t>(p.height_in);
+    const bool y_hi = static_cast<unsigned_t>(s.y0 + 1) < static_cast<unsigned_t>(p.height_in);
+    const bool x_lo = static_cast<unsigned_t>(s.x0) < static_cast<unsigned_t>(p.width_in);
+    const bool x_hi = static_cast<unsigned_t>(s.x0 + 1) < static_cast<unsigned_t>(p.width_in);
     if constexpr (Frame::kPacked) {
       const auto corner = [&](bool inside, index_t i) {
         return inside ? load_packed_pixel(frame.pixels + i) : PackedRgbPixel<scalar_t>{};
       };
-      add_packed_corners({corner(y_hi && x_hi, i00 + row_stride + pixel_stride), corner(y_hi && x_lo, i00 + row_stride),
-                          corner(y_lo && x_hi, i00 + pixel_stride), corner(y_lo && x_lo, i00)},
+      add_packed_corners({corner(y_hi && x_hi, i00 + s.down + s.right), corner(y_hi && x_lo, i00 + s.down),
+                          corner(y_lo && x_hi, i00 + s.right), corner(y_lo && x_lo, i00)},
                          {w11, w10, w01, w00}, acc);
     } else {
       const auto corner = [&](bool inside, const scalar_t* at) {
@@ -778,9 +816,11 @@ EDSC_HOST_DEVICE void accumulate_tap_static_padding(const DeformSepconvParams<sc
       };
       EDSC_UNROLL
       for (int c = 0; c < kChannels; ++c) {
-        acc[c] += w11 * corner(y_hi && x_hi, frame.planes[c] + i00 + row_stride + pixel_stride);
-        acc[c] += w10 * corner(y_hi && x_lo, frame.planes[c] + i00 + row_stride);
-        acc[c] += w01 * corner(y_lo && x_hi, frame.planes[c] + i00 + pixel_stride);
+        // Pointer arithmetic from the plane's corner i00, as nvcc compiles it best (BENCHMARKS.md, the
+        // forward with the padding mode compiled in).
+        acc[c] += w11 * corner(y_hi && x_hi, frame.planes[c] + i00 + s.down + s.right);
+        acc[c] += w10 * corner(y_hi && x_lo, frame.planes[c] + i00 + s.down);
+        acc[c] += w01 * corner(y_lo && x_hi, frame.planes[c] + i00 + s.right);
         acc[c] += w00 * corner(y_lo && x_lo, frame.planes[c] + i00);
       }
     }

@@ -102,7 +102,7 @@ def _emulated_forward(lib, x, v, h, off, m, out_shape, padding, mode, channels_l
 
 
 def _emulated_backward(lib, x, v, h, off, m, grad_out, padding, mode, channels_last, lane_tile=False,
-                       input_grad_tile=True, dilation=1):
+                       input_grad_tile=True, dilation=1, lean_rgb_backward=True):
     geometry = _geometry(x, v, h, grad_out.shape, padding, mode, channels_last, dilation)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
 
@@ -115,7 +115,7 @@ def _emulated_backward(lib, x, v, h, off, m, grad_out, padding, mode, channels_l
              for k, t in enumerate(inputs[:5])]
     plan, error = ctypes.create_string_buffer(256), ctypes.create_string_buffer(512)
     status = lib.edsc_emulated_backward(geometry, DTYPE_CODES[x.dtype], int(lane_tile), int(input_grad_tile),
-                                        *[_pointer(t) for t in inputs],
+                                        int(lean_rgb_backward), *[_pointer(t) for t in inputs],
                                         *[_pointer(g) for g in grads], plan, 256, error, 512)
     assert status == 0, error.value.decode()
     return plan.value.decode(), grads
@@ -160,13 +160,14 @@ TOLERANCES = {torch.float32: 2e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}
 
 
 @pytest.mark.parametrize("c, k, mode, channels_last, dtype, expected_plan", [
-    (3, 5, "border", False, torch.float32, "tiled_rgb_prefetch"),  # EDSC's call: exact RGB, the L2 prefetch
+    # EDSC's call: exact RGB, the padding mode compiled in, the L2 prefetch
+    (3, 5, "border", False, torch.float32, "tiled_rgb_lean_prefetch"),
     (5, 5, "edsc", False, torch.float32, "tiled_prefetch"),  # a second block of channels, the doubled border
     (4, 3, "zeros", False, torch.float32, "tiled"),  # run-time kernel size
     (3, 3, "border", True, torch.float32, "tiled"),  # channels_last: the tile flushed channel-fastest
     (3, 5, "border", True, torch.float32, "tiled_warp_staged_rgb"),  # each warp's values staged in shared memory
     (4, 5, "zeros", True, torch.float32, "tiled_warp_staged"),
-    (3, 5, "border", False, torch.bfloat16, "tiled_rgb_prefetch"),
+    (3, 5, "border", False, torch.bfloat16, "tiled_rgb_lean_prefetch"),
     (4, 5, "border", True, torch.float16, "tiled_warp_staged"),
 ])
 def test_the_tiled_backward_computes_what_the_cpu_op_does(harness, c, k, mode, channels_last, dtype, expected_plan):
@@ -174,6 +175,40 @@ def test_the_tiled_backward_computes_what_the_cpu_op_does(harness, c, k, mode, c
     plan, grads = _emulated_backward(harness, *args, grad_out, padding, mode, channels_last)
     assert plan == expected_plan, plan
     _assert_grads_match(grads, expected, TOLERANCES[dtype])
+
+
+@pytest.mark.parametrize("mode, dilation", [("zeros", 2), ("border", 1), ("edsc", 1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_lean_rgb_backward_compiled_per_padding_mode(harness, mode, dilation, dtype):
+    """The exact-RGB NCHW backward through the tile (kernel_policy lean_rgb_backward, the default) is compiled
+    once per padding mode: each mode, and the generic tiled kernel it replaces, against the CPU op, with taps
+    leaving the image on every side and landing beyond the tile's footprint (the global fallback); then
+    non-finite offsets (NaN, +-inf) poison exactly the parameter gradients the CPU op's do, and the input
+    gradient stays finite and equal."""
+    seed = 7700 + 10 * list(edsc_ext.ops.PADDING_MODES).index(mode) + list(TOLERANCES).index(dtype)
+    args, grad_out, padding, expected = _case(3, 5, mode, False, seed, dtype=dtype, dilation=dilation)
+    for lean in (True, False):
+        plan, grads = _emulated_backward(harness, *args, grad_out, padding, mode, False, dilation=dilation,
+                                         lean_rgb_backward=lean)
+        assert plan == ("tiled_rgb_lean_prefetch" if lean else "tiled_rgb_prefetch"), plan
+        _assert_grads_match(grads, expected, TOLERANCES[dtype])
+
+    x, v, h, off, m = (t.detach() for t in args)
+    off = off.clone()
+    off[0, 7, 2, 3] = float("nan")
+    off[1, 30, 5, 0] = float("inf")
+    off[1, 11, 12, 12] = -float("inf")
+    given = [t.clone().requires_grad_() for t in (x, v, h, off, m)]
+    out = edsc_ext.deform_sepconv(*given, padding=padding, dilation=dilation, padding_mode=mode)
+    expected = torch.autograd.grad(out, given, grad_out)
+    plan, grads = _emulated_backward(harness, x, v, h, off, m, grad_out, padding, mode, False, dilation=dilation)
+    assert plan == "tiled_rgb_lean_prefetch", plan
+    assert not grads[0].isnan().any() and not expected[0].isnan().any()
+    for name, got, want in zip(("input", "vertical", "horizontal", "offset", "mask"), grads, expected):
+        assert want.isnan().any() or name == "input", name
+        assert torch.equal(got.isnan(), want.isnan()), name
+    finite = [(g.masked_fill(g.isnan(), 0), w.masked_fill(w.isnan(), 0)) for g, w in zip(grads, expected)]
+    _assert_grads_match([g for g, _ in finite], [w for _, w in finite], TOLERANCES[dtype])
 
 
 @pytest.mark.parametrize("c, k, channels_last, expected_plan", [

@@ -245,7 +245,7 @@ def test_plans_of_split_offsets_and_edsc_mode(gen):
     cuda = H200
     for dtype, channels, layout, forward, backward in (
         # NCHW RGB float32 (the EDSC call): the same kernels as an interleaved offset.
-        (F32, 3, "contiguous", "pixels_rgb", "tiled_rgb_prefetch"),
+        (F32, 3, "contiguous", "pixels_rgb", "tiled_rgb_lean_prefetch"),
         # 2-byte NCHW with 4 channels: not the staged forward, whose copies are of (dy, dx) pairs.
         (torch.float16, 4, "contiguous", "pixels_prefetch", "tiled_prefetch"),
         # channels_last: not the lane-pair forward nor the warp-staged backward.

@@ -270,8 +270,8 @@ def test_plans_of_mixed_precision_calls(gen):
     for per_pixel_dtype in HALF:
         for channels, layout, present, expected32, expected in (
             # The exact-RGB forward prefetches 2-byte per-pixel values only.
-            (3, "contiguous", (True,) * 4, ("pixels_rgb", "tiled_rgb_prefetch"),
-             ("pixels_rgb_prefetch", "tiled_rgb_prefetch")),
+            (3, "contiguous", (True,) * 4, ("pixels_rgb", "tiled_rgb_lean_prefetch"),
+             ("pixels_rgb_prefetch", "tiled_rgb_lean_prefetch")),
             (4, "contiguous", (True,) * 4, ("pixels_prefetch", "tiled_prefetch"),
              ("pixels_prefetch", "tiled_prefetch")),
             (3, "channels_last", (True,) * 4, ("lane_pairs_rgb_staged", "tiled_warp_staged_rgb"),
@@ -279,7 +279,7 @@ def test_plans_of_mixed_precision_calls(gen):
             (8, "channels_last", (True,) * 4, ("pixels_vectorized8", "lane_tile1"),
              ("pixels_vectorized8", "lane_tile1")),
             (3, "contiguous", (True, True, False, False), ("grid_taps_pass3", "grid_taps_params+gather_input_grad"),
-             ("pixels_rgb_prefetch", "tiled_rgb_prefetch")),
+             ("pixels_rgb_prefetch", "tiled_rgb_lean_prefetch")),
         ):
             base = make_inputs(2, channels, 12, 16, 5, 5, 2, 1, present=present, generator=gen)
             case = mixed(base, per_pixel_dtype, layout=layout).map(lambda t: t.to("meta"))

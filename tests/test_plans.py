@@ -107,21 +107,21 @@ TABLE_CALLS["train f32 frame grad only"][0][0][0].requires_grad_(True)
 
 # name -> (CPU forward, CPU backward, H200 forward, H200 backward)
 EXPECTED_PLANS = {
-    'train f32': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb', 'tiled_rgb_prefetch'),
-    'infer f32': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb', 'tiled_rgb_prefetch'),
-    'batch f32': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb', 'tiled_rgb_prefetch'),
+    'train f32': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb', 'tiled_rgb_lean_prefetch'),
+    'infer f32': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb', 'tiled_rgb_lean_prefetch'),
+    'batch f32': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb', 'tiled_rgb_lean_prefetch'),
     'feat f32': ('pixels/avx2', 'pixels_fused/avx2', 'pixels', 'tiled_prefetch'),
     'feat64 f32': ('pixels/avx2', 'pixels_fused/avx2', 'pixels', 'tiled_prefetch'),
     'sepconv f32': ('grid_taps_rows/avx2', 'grid_taps_rows/avx2', 'grid_taps_pass3', 'grid_taps_params+gather_input_grad'),
-    'adacof f32': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb', 'tiled_rgb_prefetch'),
-    'train bf16': ('pixels/avx2+float32_frame', 'sample_rows/avx2+float32_frame', 'pixels_rgb_packed_prefetch', 'tiled_rgb_prefetch'),
-    'infer bf16': ('pixels/avx2+float32_frame', 'sample_rows/avx2+float32_frame', 'pixels_rgb_packed_prefetch', 'tiled_rgb_prefetch'),
-    'batch bf16': ('pixels/avx2+float32_frame', 'sample_rows/avx2+float32_frame', 'pixels_rgb_packed_prefetch', 'tiled_rgb_prefetch'),
+    'adacof f32': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb', 'tiled_rgb_lean_prefetch'),
+    'train bf16': ('pixels/avx2+float32_frame', 'sample_rows/avx2+float32_frame', 'pixels_rgb_packed_prefetch', 'tiled_rgb_lean_prefetch'),
+    'infer bf16': ('pixels/avx2+float32_frame', 'sample_rows/avx2+float32_frame', 'pixels_rgb_packed_prefetch', 'tiled_rgb_lean_prefetch'),
+    'batch bf16': ('pixels/avx2+float32_frame', 'sample_rows/avx2+float32_frame', 'pixels_rgb_packed_prefetch', 'tiled_rgb_lean_prefetch'),
     'feat bf16': ('pixels/avx2+float32_frame', 'pixels_fused/avx2+float32_frame', 'pixels', 'tiled_prefetch'),
     'feat64 bf16': ('pixels/avx2+float32_frame', 'pixels_fused/avx2+float32_frame', 'pixels', 'tiled_prefetch'),
     'sepconv bf16': ('grid_taps_rows/avx2+float32_frame', 'grid_taps_rows/avx2+float32_frame', 'grid_taps_pass3', 'grid_taps_params+gather_input_grad'),
-    'adacof bf16': ('pixels/avx2+float32_frame', 'sample_rows/avx2+float32_frame', 'pixels_rgb_packed_prefetch', 'tiled_rgb_prefetch'),
-    'train f16': ('pixels/avx2+float32_frame', 'sample_rows/avx2+float32_frame', 'pixels_rgb_packed_prefetch', 'tiled_rgb_prefetch'),
+    'adacof bf16': ('pixels/avx2+float32_frame', 'sample_rows/avx2+float32_frame', 'pixels_rgb_packed_prefetch', 'tiled_rgb_lean_prefetch'),
+    'train f16': ('pixels/avx2+float32_frame', 'sample_rows/avx2+float32_frame', 'pixels_rgb_packed_prefetch', 'tiled_rgb_lean_prefetch'),
     'train f64': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb', 'tiled_rgb_prefetch'),
     'train f32 channels_last': ('pixels/avx2', 'sample_rows/avx2', 'lane_pairs_rgb_staged', 'tiled_warp_staged_rgb'),
     'train bf16 channels_last': ('pixels/avx2+float32_frame', 'sample_rows/avx2+float32_frame', 'lane_pairs_rgb_staged', 'tiled_warp_staged_rgb'),
@@ -130,7 +130,7 @@ EXPECTED_PLANS = {
     'feat f64 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'pixels', 'nchw_copies+tiled_prefetch'),
     'feat f32+bf16 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_vectorized8', 'lane_tile4'),
     'train f32+f16 channels_last': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb', 'tiled_blocks3'),
-    'train f32 deterministic': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb', 'tiled_rgb_prefetch+fixed_point'),
+    'train f32 deterministic': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb', 'tiled_rgb_lean_prefetch+fixed_point'),
     'train f64 deterministic': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb', 'pixels_blocks3+fixed_point'),
     'train f32 channels_last deterministic': ('pixels/avx2', 'sample_rows/avx2', 'lane_pairs_rgb_staged', 'tiled_warp_staged_rgb+fixed_point'),
     'sepconv f32 deterministic': ('grid_taps_rows/avx2', 'grid_taps_rows/avx2', 'grid_taps_pass3', 'grid_taps_params+gather_input_grad'),
@@ -146,12 +146,12 @@ EXPECTED_PLANS = {
     'sepconv f32 channels_last': ('grid_taps_rows/avx2', 'grid_taps_rows/avx2', 'grid_taps_pass3', 'grid_taps_params+gather_input_grad'),
     'sepconv f64': ('grid_taps_rows/avx2', 'grid_taps_rows/avx2', 'pixels_rgb', 'tiled_rgb_prefetch'),
     'adacof f32 channels_last': ('pixels/avx2', 'sample_rows/avx2', 'lane_pairs_rgb_staged', 'tiled_warp_staged_rgb'),
-    'train f32 views': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb', 'tiled_rgb_prefetch'),
+    'train f32 views': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb', 'tiled_rgb_lean_prefetch'),
     'train f32 channels_last views': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb', 'tiled_warp_staged_rgb'),
     'train f16 C=4 views': ('pixels/avx2+float32_frame', 'sample_rows/avx2+float32_frame', 'pixels', 'tiled_prefetch'),
     'feat f32 channels_last views': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_vectorized8', 'lane_tile4'),
     'sepconv f32 channels_last views': ('pixels/avx2', 'grid_taps_rows/avx2', 'pixels', 'grid_taps_params+gather_input_grad'),
-    'train f32 frame grad only': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb', 'tiled_rgb_prefetch'),
+    'train f32 frame grad only': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb', 'tiled_rgb_lean_prefetch'),
     'train f32 no grads': ('pixels/avx2', 'none', 'pixels_rgb', 'none'),
 }
 
@@ -170,7 +170,7 @@ def test_plan_table():
 # default plans, plans under the policy).
 POLICY_CASES = [
     ("grid_taps", False, meta_call(SEPCONV, k=5, padding=2), H200,
-     ("grid_taps_pass3", "grid_taps_params+gather_input_grad"), ("pixels_rgb", "tiled_rgb_prefetch")),
+     ("grid_taps_pass3", "grid_taps_params+gather_input_grad"), ("pixels_rgb", "tiled_rgb_lean_prefetch")),
     ("grid_taps", False, meta_call(SEPCONV), CPU,
      ("grid_taps_rows/avx2", "grid_taps_rows/avx2"), ("pixels/avx2", "sample_rows/avx2")),
     ("plain_forward", True, meta_call(TRAIN, F16, channels=4), H200,
@@ -181,12 +181,15 @@ POLICY_CASES = [
      ("grid_taps_pass3", "grid_taps_params+gather_input_grad"), ("pixels", "grid_taps_params+gather_input_grad")),
     # The exact-RGB forward prefetches 2-byte per-pixel values only.
     ("prefetch", False, meta_call(TRAIN, F16), H200,
-     ("pixels_rgb_packed_prefetch", "tiled_rgb_prefetch"), ("pixels_rgb_packed", "tiled_rgb")),
+     ("pixels_rgb_packed_prefetch", "tiled_rgb_lean_prefetch"), ("pixels_rgb_packed", "tiled_rgb_lean")),
     ("packed_frame", False, meta_call(TRAIN, BF16), H200,
-     ("pixels_rgb_packed_prefetch", "tiled_rgb_prefetch"), ("pixels_rgb_prefetch", "tiled_rgb_prefetch")),
-    ("prefetch", False, meta_call(TRAIN), H200, ("pixels_rgb", "tiled_rgb_prefetch"), ("pixels_rgb", "tiled_rgb")),
+     ("pixels_rgb_packed_prefetch", "tiled_rgb_lean_prefetch"), ("pixels_rgb_prefetch", "tiled_rgb_lean_prefetch")),
+    ("prefetch", False, meta_call(TRAIN), H200,
+     ("pixels_rgb", "tiled_rgb_lean_prefetch"), ("pixels_rgb", "tiled_rgb_lean")),
     ("input_grad_tile", False, meta_call(TRAIN), H200,
-     ("pixels_rgb", "tiled_rgb_prefetch"), ("pixels_rgb", "pixels_blocks3")),
+     ("pixels_rgb", "tiled_rgb_lean_prefetch"), ("pixels_rgb", "pixels_blocks3")),
+    ("lean_rgb_backward", False, meta_call(TRAIN), H200,
+     ("pixels_rgb", "tiled_rgb_lean_prefetch"), ("pixels_rgb", "tiled_rgb_prefetch")),
     ("warp_staging", False, meta_call(TRAIN, channels_last=True), H200,
      ("lane_pairs_rgb_staged", "tiled_warp_staged_rgb"), ("lane_pairs_rgb_staged", "tiled_blocks3")),
     ("vector_loads", False, meta_call(FEAT, channels_last=True), H200,
@@ -319,7 +322,8 @@ def test_every_cuda_plan_names_a_variant_compiled_for_its_call():
                  "pixels_vectorized8", "grid_taps_pass4", "grid_taps_pass3", "grid_taps_pass2", "grid_taps_pass1",
                  "staged_chunk16", "lane_pairs_staged", "lane_pairs_rgb_staged"):
         assert name in seen, name
-    for name in ("pixels", "pixels_blocks3", "tiled", "tiled_blocks3", "tiled_rgb_prefetch", "tiled_warp_staged",
+    for name in ("pixels", "pixels_blocks3", "tiled", "tiled_blocks3", "tiled_rgb_prefetch", "tiled_rgb_lean_prefetch",
+                 "tiled_warp_staged",
                  "tiled_warp_staged_blocks3", "tiled_warp_staged_rgb", "tiled_prefetch", "channel_lanes1",
                  "lane_tile1", "lane_tile4", "grid_taps_params", "gather_input_grad"):
         assert name in parts, name
@@ -371,8 +375,8 @@ def test_policy_reaches_the_op():
     block restores it, nested or left by an exception."""
     default = compiled_values()
     assert default == {"grid_taps": 1, "plain_forward": 0, "prefetch": 1, "packed_frame": 1, "input_grad_tile": 1,
-                       "warp_staging": 1, "vector_loads": 1, "channel_lanes": 1, "lane_tile": 1, "cpu_scratch_mb": 256,
-                       "cpu_isa": 0, "cpu_float32_frame": 1, "cpu_sample_rows": 1}
+                       "warp_staging": 1, "vector_loads": 1, "channel_lanes": 1, "lane_tile": 1,
+                       "lean_rgb_backward": 1, "cpu_scratch_mb": 256, "cpu_isa": 0, "cpu_float32_frame": 1, "cpu_sample_rows": 1}
     assert _policy.compiled_kernel_policy() == edsc_ext.KernelPolicy()
     with edsc_ext.kernel_policy(grid_taps=False, cpu_scratch_mb=7):
         assert compiled_values() == {**default, "grid_taps": 0, "cpu_scratch_mb": 7}

@@ -160,6 +160,13 @@ inline constexpr VariantScope kSpecialized5x5NchwScope{.kernel_5x5 = true,
                                                        .layout = VariantLayout::kNchw,
                                                        .max_element_size = 8,
                                                        .same_dtypes = false};
+// The exact-RGB backward with the padding mode compiled in: NCHW, 5x5, 32-bit indices, a fixed-point tile
+// (float32 and the half types).
+inline constexpr VariantScope kSpecialized5x5NchwFloatScope{.kernel_5x5 = true,
+                                                            .index_32bit = true,
+                                                            .layout = VariantLayout::kNchw,
+                                                            .max_element_size = 4,
+                                                            .same_dtypes = false};
 // The exact-RGB forward on a packed copy of the frame: NCHW, 5x5, 32-bit indices, the frame and the
 // per-pixel tensors of one half type.
 inline constexpr VariantScope kSpecialized5x5NchwHalfScope{.kernel_5x5 = true,
@@ -335,6 +342,10 @@ struct BackwardVariant {
   int channel_block;  // channels a thread handles per step (3 for RGB-like counts with 5x5: no idle lane)
   bool warp_staged;   // kTiled, channels_last 5x5: per-pixel values staged a warp at a time
   bool exact_rgb;     // kTiled: exactly 3 channels in one pass, a compile-time constant
+  // kTiled, exact RGB in NCHW, a fixed-point tile: one kernel per padding mode, each pixel through
+  // deform_sepconv_backward_rgb_pixel (the mode's traits compiled in, the channels summed first, one tile
+  // address a tap; policy.lean_rgb_backward)
+  bool static_padding;
   VariantScope scope;
 };
 inline constexpr BackwardVariant kBackwardVariants[] = {
@@ -343,49 +354,64 @@ inline constexpr BackwardVariant kBackwardVariants[] = {
      .channel_block = 4,
      .warp_staged = false,
      .exact_rgb = false,
+     .static_padding = false,
      .scope = kAnyScope},
     {.name = "pixels_blocks3",
      .kernel = CudaBackwardKernel::kPixels,
      .channel_block = 3,
      .warp_staged = false,
      .exact_rgb = false,
+     .static_padding = false,
      .scope = k5x5Scope},
     {.name = "tiled",
      .kernel = CudaBackwardKernel::kTiled,
      .channel_block = 4,
      .warp_staged = false,
      .exact_rgb = false,
+     .static_padding = false,
      .scope = kTiledScope},
     {.name = "tiled_blocks3",
      .kernel = CudaBackwardKernel::kTiled,
      .channel_block = 3,
      .warp_staged = false,
      .exact_rgb = false,
+     .static_padding = false,
      .scope = kSpecialized5x5Scope},
     {.name = "tiled_rgb",
      .kernel = CudaBackwardKernel::kTiled,
      .channel_block = 3,
      .warp_staged = false,
      .exact_rgb = true,
+     .static_padding = false,
      .scope = kSpecialized5x5NchwScope},
     {.name = "tiled_warp_staged",
      .kernel = CudaBackwardKernel::kTiled,
      .channel_block = 4,
      .warp_staged = true,
      .exact_rgb = false,
+     .static_padding = false,
      .scope = kChannelsLast5x5Scope},
     {.name = "tiled_warp_staged_blocks3",
      .kernel = CudaBackwardKernel::kTiled,
      .channel_block = 3,
      .warp_staged = true,
      .exact_rgb = false,
+     .static_padding = false,
      .scope = kChannelsLast5x5Scope},
     {.name = "tiled_warp_staged_rgb",
      .kernel = CudaBackwardKernel::kTiled,
      .channel_block = 3,
      .warp_staged = true,
      .exact_rgb = true,
+     .static_padding = false,
      .scope = kChannelsLast5x5Scope},
+    {.name = "tiled_rgb_lean",
+     .kernel = CudaBackwardKernel::kTiled,
+     .channel_block = 3,
+     .warp_staged = false,
+     .exact_rgb = true,
+     .static_padding = true,
+     .scope = kSpecialized5x5NchwFloatScope},
 };
 
 // Backward, kChannelLanes (deform_sepconv_backward_bilinear_kernels.cuh): float32 and the half types

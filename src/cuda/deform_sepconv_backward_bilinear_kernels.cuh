@@ -156,6 +156,140 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       pixel / p.width_out, pixel % p.width_out);
 }
 
+// The backward of one output pixel of an exact-RGB NCHW call (kChannels channels) into the
+// fixed-point tile, the padding mode compiled in (kPaddingMode): the lean taps of the forward
+// (static_padding_sample: no branch on the mode's traits, a clamping mode's corners read unpredicated),
+// the output gradient read once for all taps, each tap's corner values summed over the channels against
+// it first (every parameter gradient is linear in them: 12 multiply-adds where the generic pixel code
+// forms three bilinear values and derivatives per channel), and each tap's tile elements and fixed-point
+// corner weights found once for its channels. What deform_sepconv_backward_pixel_with computes, up to
+// rounding; a non-finite position poisons its parameter gradients and adds nothing to the input's.
+template <int64_t kPaddingMode, int kChannels, int kKernelH, int kKernelW, typename scalar_t, typename index_t,
+          typename param_t, typename GlobalAdd>
+__device__ void deform_sepconv_backward_rgb_pixel(const DeformSepconvParams<scalar_t, index_t, param_t>& p,
+                                                  const GlobalPixelValues<false, scalar_t, index_t, param_t>& values,
+                                                  const PlanarFrame<kChannels, scalar_t, index_t>& frame,
+                                                  const scalar_t* grad_output,
+                                                  const FixedPointTileAdd<index_t, GlobalAdd>& add, index_t n,
+                                                  index_t y, index_t x) {
+  static_assert(kKernelH > 0 && kKernelW > 0, "a compile-time kernel size");
+  constexpr PaddingTraits kPadding = static_padding_traits<kPaddingMode>();
+  const index_t hw_out = p.height_out * p.width_out;
+  const index_t pixel = y * p.width_out + x;
+  float g[kChannels];
+  EDSC_UNROLL
+  for (int c = 0; c < kChannels; ++c) {
+    g[c] = static_cast<float>(grad_output[(n * kChannels + c) * hw_out + pixel]);
+  }
+  const HorizontalWeights<kKernelW, param_t, float, index_t> horizontal(values.horizontal_values(),
+                                                                        values.horizontal_stride());
+  float grad_h[kKernelW];
+  EDSC_UNROLL
+  for (int j = 0; j < kKernelW; ++j) grad_h[j] = 0.0f;
+  // Elements from one channel's plane of the tile to the next (one pass holds all kChannels).
+  const index_t tile_plane = add.rows * add.cols;
+  const int64_t y_base = static_cast<int64_t>(y) - p.pad_h;
+  const int64_t x_base = static_cast<int64_t>(x) - p.pad_w;
+  EDSC_NO_UNROLL
+  for (index_t i = 0; i < kKernelH; ++i) {
+    const float wv = values.template vertical<float>(i);
+    const float py0 = static_cast<float>(y_base + static_cast<int64_t>(i) * p.dilation_h);
+    float grad_v = 0.0f;
+    EDSC_UNROLL
+    for (int j = 0; j < kKernelW; ++j) {
+      const index_t t = i * kKernelW + j;
+      const float wh = horizontal(j);
+      const float wm = values.template mask_value<float>(j, t);
+      float py = py0;
+      float px = static_cast<float>(x_base + static_cast<int64_t>(j) * p.dilation_w);
+      if (values.has_offset()) {
+        py += values.template offset_value<float>(j, t, 0);
+        px += values.template offset_value<float>(j, t, 1);
+      }
+      const float poison = py * 0.0f + px * 0.0f;  // NaN for a non-finite position, else 0
+      const float w = wv * wh * wm;
+      float w_scaled = w;  // doubled where a doubled border counts the border pixel twice
+      const auto s = static_padding_sample<kPaddingMode>(p, index_t(1), py, px, w_scaled);
+      const index_t i00 = s.i00, i01 = i00 + s.right, i10 = i00 + s.down, i11 = i01 + s.down;
+      // Which corners lie inside the image (a clamping mode's upper left one always does).
+      using unsigned_t = std::make_unsigned_t<index_t>;
+      const bool y_lo = kPadding.clamps || static_cast<unsigned_t>(s.y0) < static_cast<unsigned_t>(p.height_in);
+      const bool y_hi = static_cast<unsigned_t>(s.y0 + 1) < static_cast<unsigned_t>(p.height_in);
+      const bool x_lo = kPadding.clamps || static_cast<unsigned_t>(s.x0) < static_cast<unsigned_t>(p.width_in);
+      const bool x_hi = static_cast<unsigned_t>(s.x0 + 1) < static_cast<unsigned_t>(p.width_in);
+      // Sums over channels of dL/dout times each corner's value.
+      float g00 = 0.0f, g01 = 0.0f, g10 = 0.0f, g11 = 0.0f;
+      EDSC_UNROLL
+      for (int c = 0; c < kChannels; ++c) {
+        const scalar_t* plane = frame.planes[c];
+        if constexpr (kPadding.clamps) {
+          g00 += g[c] * static_cast<float>(load_read_only(plane + i00));
+          g01 += g[c] * static_cast<float>(load_read_only(plane + i01));
+          g10 += g[c] * static_cast<float>(load_read_only(plane + i10));
+          g11 += g[c] * static_cast<float>(load_read_only(plane + i11));
+        } else {
+          const auto corner = [&](bool inside, index_t at) {
+            return inside ? static_cast<float>(load_read_only(plane + at)) : 0.0f;
+          };
+          g00 += g[c] * corner(y_lo && x_lo, i00);
+          g01 += g[c] * corner(y_lo && x_hi, i01);
+          g10 += g[c] * corner(y_hi && x_lo, i10);
+          g11 += g[c] * corner(y_hi && x_hi, i11);
+        }
+      }
+      // The sums of dL/dout * S, * dS/dly and * dS/dlx (interpolate, interpolate_dy, interpolate_dx).
+      const float top = g00 + s.lx * (g01 - g00), bottom = g10 + s.lx * (g11 - g10);
+      const float grad_w = (top + s.ly * (bottom - top)) * s.factor + poison;
+      const float grad_ly = (bottom - top) + poison;
+      const float grad_lx = (g01 - g00) + s.ly * ((g11 - g10) - (g01 - g00)) + poison;
+      grad_v += grad_w * wh * wm;
+      grad_h[j] += grad_w * wv * wm;
+      if (values.wants_mask_grad()) values.store_mask_grad(j, t, static_cast<param_t>(grad_w * wv * wh));
+      if (values.wants_offset_grad()) {
+        values.store_offset_grad(j, t, static_cast<param_t>(grad_ly * w_scaled * s.dcoord_y),
+                                 static_cast<param_t>(grad_lx * w_scaled * s.dcoord_x));
+      }
+      if (poison != 0.0f) continue;  // poison is NaN: the input gradient gets nothing
+      const float w_lower = w_scaled - w_scaled * s.ly, w_upper = w_scaled * s.ly;
+      const float w01 = w_lower * s.lx, w00 = w_lower - w01, w11 = w_upper * s.lx, w10 = w_upper - w11;
+      const index_t r = s.y0 - add.row0, q = s.x0 - add.col0;
+      if (add.enabled && static_cast<unsigned_t>(r) < static_cast<unsigned_t>(add.rows - 1) &&
+          static_cast<unsigned_t>(q) < static_cast<unsigned_t>(add.cols - 1)) {
+        // All four corners in the footprint (corners outside the image too, to elements the flush skips).
+        int* element = add.tile + r * add.cols + q;
+        const float f00 = w00 * add.scale, f01 = w01 * add.scale, f10 = w10 * add.scale, f11 = w11 * add.scale;
+        EDSC_UNROLL
+        for (int c = 0; c < kChannels; ++c) {
+          add.add_scaled_at(element, g[c] * f00);
+          add.add_scaled_at(element + 1, g[c] * f01);
+          add.add_scaled_at(element + add.cols, g[c] * f10);
+          add.add_scaled_at(element + add.cols + 1, g[c] * f11);
+          element += tile_plane;
+        }
+      } else {
+        // The global fallback, corners inside the image only.
+        EDSC_UNROLL
+        for (int c = 0; c < kChannels; ++c) {
+          if (y_lo && x_lo) add.fallback(c, s.y0, s.x0, g[c] * w00);
+          if (y_lo && x_hi) add.fallback(c, s.y0, s.x0 + 1, g[c] * w01);
+          if (y_hi && x_lo) add.fallback(c, s.y0 + 1, s.x0, g[c] * w10);
+          if (y_hi && x_hi) add.fallback(c, s.y0 + 1, s.x0 + 1, g[c] * w11);
+        }
+      }
+    }
+    if (values.wants_vertical_grad()) values.store_vertical_grad(i, static_cast<param_t>(grad_v));
+  }
+  if (values.wants_horizontal_grad()) {
+    EDSC_UNROLL
+    for (int j = 0; j < kKernelW; ++j) values.store_horizontal_grad(j, static_cast<param_t>(grad_h[j]));
+  }
+}
+
+// Blocks a multiprocessor the tiled backward's register budget is made for (__launch_bounds__): the generic
+// kernels', and the lean exact-RGB one's (deform_sepconv_backward_rgb_pixel), which needs fewer registers.
+constexpr int kTileMinBlocks = 2;
+constexpr int kLeanRgbTileMinBlocks = 2;
+
 // Sum over the block (kTileThreads threads); every thread gets it. NaN and inf propagate.
 __device__ float block_sum(float v, float* scratch) {
   EDSC_UNROLL
@@ -219,10 +353,13 @@ __device__ void flush_tile(const TileAdd& add, index_t pass_channels, index_t he
 // fixed point): each warp, a row of the tile, stages its per-pixel values through shared memory
 // (warp_staged_values.cuh); its static shared memory is warp_staged_static_bytes (the planner's). kExactBlock: the call
 // has exactly kChannelBlock channels and the tile holds them all (one pass); knowing that at compile time removes the
-// channel loops' branches.
+// channel loops' branches. kPaddingMode (exact RGB in NCHW, a fixed-point tile): the call's padding mode compiled in,
+// each pixel through deform_sepconv_backward_rgb_pixel; or kRuntimePaddingMode.
 template <int kChannelBlock, int kKernelH, int kKernelW, int kMaxWidth, bool kChannelsLast, bool kWarpStaged,
-          bool kExactBlock, typename scalar_t, typename index_t, typename GlobalAdd, typename param_t>
-__global__ void __launch_bounds__(kTileThreads, 2)
+          bool kExactBlock, typename scalar_t, typename index_t, typename GlobalAdd, typename param_t,
+          int64_t kPaddingMode = kRuntimePaddingMode>
+__global__ void __launch_bounds__(kTileThreads,
+                                  kPaddingMode == kRuntimePaddingMode ? kTileMinBlocks : kLeanRgbTileMinBlocks)
     deform_sepconv_backward_tiled_cuda_kernel(const DeformSepconvParams<scalar_t, index_t, param_t> params,
                                               const scalar_t* __restrict__ grad_output,
                                               const DeformSepconvParamGrads<param_t> param_grads,
@@ -258,6 +395,9 @@ __global__ void __launch_bounds__(kTileThreads, 2)
   // Inactive lanes run the staged pixel code too (the copies are shared), at a real pixel.
   const index_t y_in = min(y, p.height_out - 1), x_in = min(x, p.width_out - 1);
 
+  static_assert(kPaddingMode == kRuntimePaddingMode ||
+                    (kExactBlock && kChannelBlock == 3 && !kChannelsLast && !kWarpStaged && kFixedPoint),
+                "the padding mode compiled in: exact RGB, NCHW, the fixed-point tile");
   using TileAdd =
       std::conditional_t<kFixedPoint, FixedPointTileAdd<index_t, GlobalAdd>, FloatTileAdd<acc_t, index_t, GlobalAdd>>;
   using word_t = std::conditional_t<kFixedPoint, int, acc_t>;
@@ -312,8 +452,15 @@ __global__ void __launch_bounds__(kTileThreads, 2)
           p, values, grad_output, add, c0, c0 + pass_channels, n, y_in, x_in);
       values.finish();
     } else if (active) {
-      deform_sepconv_backward_pixel<kChannelBlock, kKernelH, kKernelW, kMaxWidth, kChannelsLast, scalar_t, acc_t,
-                                    index_t>(p, grad_output, pass_grads, add, c0, c0 + pass_channels, n, y, x);
+      if constexpr (kPaddingMode != kRuntimePaddingMode) {
+        const GlobalPixelValues<false, scalar_t, index_t, param_t> pixel_values(p, n, y * p.width_out + x, kKernelH,
+                                                                                 kKernelW, pass_grads);
+        deform_sepconv_backward_rgb_pixel<kPaddingMode, kChannelBlock, kKernelH, kKernelW>(
+            p, pixel_values, planar_frame<kChannelBlock, false>(p, n), grad_output, add, n, y, x);
+      } else {
+        deform_sepconv_backward_pixel<kChannelBlock, kKernelH, kKernelW, kMaxWidth, kChannelsLast, scalar_t, acc_t,
+                                      index_t>(p, grad_output, pass_grads, add, c0, c0 + pass_channels, n, y, x);
+      }
     }
     __syncthreads();
     if (use_tile) flush_tile<kChannelsLast, kTileThreads>(add, pass_channels, p.height_in, p.width_in, tid);

@@ -91,9 +91,10 @@ void launch_deform_sepconv_backward(const DeformSepconvCall& call, const CudaBac
     return;
   }
 
-  // The tiled and the one-thread-per-pixel kernels: the plan's row of kBackwardVariants.
+  // The tiled and the one-thread-per-pixel kernels: the plan's row of kBackwardVariants (and, for a row with
+  // static_padding, the call's padding mode).
   dispatch_kernel_types<Seed, dispatch_axis::IndexWidth, dispatch_axis::KernelSize5x5<>, dispatch_axis::Layout,
-                        dispatch_axis::Variant<kBackwardVariants>>(
+                        dispatch_axis::Variant<kBackwardVariants>, dispatch_axis::PaddingModeOfVariant>(
       {f, plan.variant}, "deform_sepconv_backward_cuda", [&](auto k) {
         using K = decltype(k);
         using index_t = typename K::index_t;
@@ -113,7 +114,8 @@ void launch_deform_sepconv_backward(const DeformSepconvCall& call, const CudaBac
               const auto kernel =
                   deform_sepconv_backward_tiled_cuda_kernel<K::variant.channel_block, K::kKernelH, K::kKernelW,
                                                             kMaxWidth, K::kChannelsLast, K::variant.warp_staged,
-                                                            K::variant.exact_rgb, scalar_t, index_t, Add, param_t>;
+                                                            K::variant.exact_rgb, scalar_t, index_t, Add, param_t,
+                                                            K::kPaddingMode>;
               // The warp-staged buffers' static shared memory plus the tile may need the opt-in.
               if constexpr (K::variant.warp_staged) opt_in_dynamic_shared_once(kernel, shared);
               kernel<<<static_cast<unsigned int>(tiles), dim3(kTileW, kTileH), shared, stream>>>(

@@ -136,8 +136,9 @@ struct FixedPointTileAdd {
   bool enabled;
   GlobalAdd fallback;
   __device__ int* element_at(index_t c, index_t r, index_t q) const { return tile + ((c - c0) * rows + r) * cols + q; }
-  __device__ void add_at(int* element, float v) const {
-    const float scaled = v * scale;
+  __device__ void add_at(int* element, float v) const { add_scaled_at(element, v * scale); }
+  // The same for v already multiplied by `scale`.
+  __device__ void add_scaled_at(int* element, float scaled) const {
     // Adding 1.5 * 2^39 leaves round(scaled / 2^16) in the low significand bits (|scaled| < 2^38);
     // subtracting it back is exact, and so is the remainder, |rest| <= 2^15.
     constexpr float kHiShift = 824633720832.0f;  // 1.5 * 2^39

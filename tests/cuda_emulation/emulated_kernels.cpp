@@ -198,7 +198,9 @@ int emulated_backward(const Geometry& g, const KernelPolicy& policy, const Tenso
   if (plan.kernel != CudaBackwardKernel::kTiled && plan.kernel != CudaBackwardKernel::kPixels) {
     return fail("a plan without a bilinear kernel", error, error_len);
   }
-  dispatch_with_variant<kBackwardVariants, Seed>(f, plan.variant, [&](auto k) {
+  dispatch_kernel_types<Seed, dispatch_axis::IndexWidth, dispatch_axis::KernelSize5x5<>, dispatch_axis::Layout,
+                        dispatch_axis::Variant<kBackwardVariants>, dispatch_axis::PaddingModeOfVariant>(
+      {f, plan.variant}, "emulated", [&](auto k) {
     using K = decltype(k);
     using index_t = typename K::index_t;
     constexpr int kMaxWidth = K::kKernelW > 0 ? K::kKernelW : static_cast<int>(kMaxKernelWidth);
@@ -208,7 +210,8 @@ int emulated_backward(const Geometry& g, const KernelPolicy& policy, const Tenso
       const auto kernel =
           deform_sepconv_backward_tiled_cuda_kernel<K::variant.channel_block, K::kKernelH, K::kKernelW, kMaxWidth,
                                                     K::kChannelsLast, K::variant.warp_staged, K::variant.exact_rgb,
-                                                    scalar_t, index_t, std::decay_t<decltype(add)>, scalar_t>;
+                                                    scalar_t, index_t, std::decay_t<decltype(add)>, scalar_t,
+                                                    K::kPaddingMode>;
       edsc_emulation::launch(dim3(tiles_of(kTileW)), dim3(kTileW, kTileH), shared, [&] {
         kernel(p, t.grad_output, kernel_grads, add, static_cast<index_t>(rows), static_cast<index_t>(cols),
                static_cast<index_t>(pass), plan.prefetch);
@@ -348,7 +351,8 @@ Geometry geometry_of(const int64_t* values) {
 }  // namespace edsc_ext
 
 extern "C" __attribute__((visibility("default"))) int edsc_emulated_backward(
-    const int64_t* geometry_values, int dtype, int lane_tile, int input_grad_tile, const void* input,
+    const int64_t* geometry_values, int dtype, int lane_tile, int input_grad_tile, int lean_rgb_backward,
+    const void* input,
     const void* vertical, const void* horizontal, const void* offset, const void* mask, const void* grad_output,
     float* grad_input, void* grad_vertical, void* grad_horizontal, void* grad_offset, void* grad_mask, char* plan_out,
     int plan_out_len, char* error, int error_len) {
@@ -369,6 +373,7 @@ extern "C" __attribute__((visibility("default"))) int edsc_emulated_backward(
     KernelPolicy policy;
     policy.lane_tile = lane_tile != 0;
     policy.input_grad_tile = input_grad_tile != 0;
+    policy.lean_rgb_backward = lean_rgb_backward != 0;
     return emulated_backward<T>(geometry_of(geometry_values), policy, t, plan_out, plan_out_len, error, error_len);
   };
   return with_dtype(dtype, run, error, error_len);
