@@ -23,6 +23,7 @@ from conftest import (
     F16,
     F32,
     F64,
+    GRAD_FACTOR,
     PADDING_MODES,
     assert_close,
     assert_grads_close,
@@ -517,6 +518,56 @@ def test_channels_last_lane_tile(gen, config, dtype, per_pixel):
         assert torch.equal(out, runs[0][0]), "deterministic runs differ"
         assert all(torch.equal(g, g0) for g, g0 in zip(grads, runs[0][1])), "deterministic runs differ"
     expected, expected_grads = reference_and_grads(case, "border", grad_output.to(F64))
+    assert_grads_close(runs[0][1], expected_grads, dtype)
+
+
+# The lean exact-RGB backward (kernel_policy(lean_rgb_backward=True), the default): NCHW calls of exactly 3
+# channels with the 5x5 kernel, float32 and the half types (mixed precision too), with the input gradient
+# through the tile, a kernel per padding mode. Against the float64 reference in every mode, absent tensors and
+# the input gradient alone, a dilation whose taps reach past the tile's footprint (the global fallback); the
+# generic tiled kernel (lean_rgb_backward=False) agrees with it; a deterministic input gradient repeats bit for bit.
+@pytest.mark.cuda
+@requires_cuda
+@pytest.mark.parametrize("dtype, per_pixel", PER_PIXEL_DTYPES, ids=PER_PIXEL_IDS)
+@pytest.mark.parametrize("config", [(2, 3, 9, 37, 5, 5, 2, 1), (1, 3, 17, 40, 5, 5, 4, 2)], ids=["5x5", "5x5-dil2"])
+def test_nchw_rgb_lean_backward(gen, config, dtype, per_pixel):
+    variants = [((True,) * 4, ARG_NAMES, mode) for mode in PADDING_MODES + ("edsc",)]
+    variants += [((False, True, True, False), ARG_NAMES, "border"), ((True, True, False, True), ARG_NAMES, "edsc"),
+                 ((True,) * 4, ("input",), "zeros")]
+    grad_dtype = BF16 if per_pixel == "bf16" else dtype
+    for present, which, padding_mode in variants:
+        base = make_inputs(*config, present=present, dtype=F64, generator=gen, offset_scale=4)
+        case = mixed(base, BF16, "cuda") if per_pixel == "bf16" else base.map(lambda t: t.to("cuda", dtype))
+        grad_output = torch.randn(case.input.shape[:2] + normalize_args(*case.tensors, **case.kwargs).output_size,
+                                  generator=gen, dtype=F64)
+        expected, expected_grads = reference_and_grads(case, padding_mode, grad_output, which=which)
+        results = {}
+        for lean in (True, False):
+            with edsc_ext.kernel_policy(lean_rgb_backward=lean):
+                backward = plans_of(case, padding_mode, which=which).backward
+                assert backward == ("tiled_rgb_lean_prefetch" if lean else "tiled_rgb_prefetch"), (present, backward)
+                results[lean] = forward_and_grads(OP, case, padding_mode, grad_output, which=which)
+            assert_close(results[lean][0], expected, dtype, what=f"{padding_mode} {present} {which}")
+            assert_grads_close(results[lean][1], expected_grads, grad_dtype)
+        for name, a, b in zip(ARG_NAMES, results[True][1], results[False][1]):
+            assert (a is None) == (b is None), name
+            if a is not None:
+                assert_close(a, b.double(), grad_dtype, factor=GRAD_FACTOR, what=f"lean against generic: {name}")
+    if per_pixel == "bf16":
+        return
+    case = make_inputs(*config, dtype=F64, generator=gen, offset_scale=4).map(lambda t: t.to("cuda", dtype))
+    grad_output = torch.randn(case.input.shape[:2] + normalize_args(*case.tensors, **case.kwargs).output_size,
+                              generator=gen, dtype=F64).to("cuda", dtype)
+    enabled = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert plans_of(case, "edsc").backward == "tiled_rgb_lean_prefetch+fixed_point"
+        runs = [forward_and_grads(OP, case, "edsc", grad_output) for _ in range(3)]
+    finally:
+        torch.use_deterministic_algorithms(enabled)
+    for _, grads in runs[1:]:
+        assert all(torch.equal(g, g0) for g, g0 in zip(grads, runs[0][1])), "deterministic runs differ"
+    expected, expected_grads = reference_and_grads(case, "edsc", grad_output.to(F64))
     assert_grads_close(runs[0][1], expected_grads, dtype)
 
 
