@@ -454,7 +454,7 @@ __global__ void __launch_bounds__(kTileThreads,
     } else if (active) {
       if constexpr (kPaddingMode != kRuntimePaddingMode) {
         const GlobalPixelValues<false, scalar_t, index_t, param_t> pixel_values(p, n, y * p.width_out + x, kKernelH,
-                                                                                 kKernelW, pass_grads);
+                                                                                kKernelW, pass_grads);
         deform_sepconv_backward_rgb_pixel<kPaddingMode, kChannelBlock, kKernelH, kKernelW>(
             p, pixel_values, planar_frame<kChannelBlock, false>(p, n), grad_output, add, n, y, x);
       } else {

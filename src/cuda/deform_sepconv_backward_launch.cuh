@@ -111,11 +111,9 @@ void launch_deform_sepconv_backward(const DeformSepconvCall& call, const CudaBac
             using Add = std::decay_t<decltype(add)>;
             // float64's tile adds in float64 (no fixed point): the planner keeps it from deterministic calls.
             if constexpr (kFixedPointTile || !std::is_same_v<Add, FixedPointAtomicAdd<acc_t, index_t>>) {
-              const auto kernel =
-                  deform_sepconv_backward_tiled_cuda_kernel<K::variant.channel_block, K::kKernelH, K::kKernelW,
-                                                            kMaxWidth, K::kChannelsLast, K::variant.warp_staged,
-                                                            K::variant.exact_rgb, scalar_t, index_t, Add, param_t,
-                                                            K::kPaddingMode>;
+              const auto kernel = deform_sepconv_backward_tiled_cuda_kernel<
+                  K::variant.channel_block, K::kKernelH, K::kKernelW, kMaxWidth, K::kChannelsLast,
+                  K::variant.warp_staged, K::variant.exact_rgb, scalar_t, index_t, Add, param_t, K::kPaddingMode>;
               // The warp-staged buffers' static shared memory plus the tile may need the opt-in.
               if constexpr (K::variant.warp_staged) opt_in_dynamic_shared_once(kernel, shared);
               kernel<<<static_cast<unsigned int>(tiles), dim3(kTileW, kTileH), shared, stream>>>(

@@ -201,30 +201,28 @@ int emulated_backward(const Geometry& g, const KernelPolicy& policy, const Tenso
   dispatch_kernel_types<Seed, dispatch_axis::IndexWidth, dispatch_axis::KernelSize5x5<>, dispatch_axis::Layout,
                         dispatch_axis::Variant<kBackwardVariants>, dispatch_axis::PaddingModeOfVariant>(
       {f, plan.variant}, "emulated", [&](auto k) {
-    using K = decltype(k);
-    using index_t = typename K::index_t;
-    constexpr int kMaxWidth = K::kKernelW > 0 ? K::kKernelW : static_cast<int>(kMaxKernelWidth);
-    const auto p = params_of<scalar_t, index_t>(f, t);
-    const GlobalAtomicAdd<float, index_t> add{t.grad_input, input_grad_layout<K::kChannelsLast>(p)};
-    if constexpr (K::variant.kernel == CudaBackwardKernel::kTiled) {
-      const auto kernel =
-          deform_sepconv_backward_tiled_cuda_kernel<K::variant.channel_block, K::kKernelH, K::kKernelW, kMaxWidth,
-                                                    K::kChannelsLast, K::variant.warp_staged, K::variant.exact_rgb,
-                                                    scalar_t, index_t, std::decay_t<decltype(add)>, scalar_t,
-                                                    K::kPaddingMode>;
-      edsc_emulation::launch(dim3(tiles_of(kTileW)), dim3(kTileW, kTileH), shared, [&] {
-        kernel(p, t.grad_output, kernel_grads, add, static_cast<index_t>(rows), static_cast<index_t>(cols),
-               static_cast<index_t>(pass), plan.prefetch);
+        using K = decltype(k);
+        using index_t = typename K::index_t;
+        constexpr int kMaxWidth = K::kKernelW > 0 ? K::kKernelW : static_cast<int>(kMaxKernelWidth);
+        const auto p = params_of<scalar_t, index_t>(f, t);
+        const GlobalAtomicAdd<float, index_t> add{t.grad_input, input_grad_layout<K::kChannelsLast>(p)};
+        if constexpr (K::variant.kernel == CudaBackwardKernel::kTiled) {
+          const auto kernel = deform_sepconv_backward_tiled_cuda_kernel<
+              K::variant.channel_block, K::kKernelH, K::kKernelW, kMaxWidth, K::kChannelsLast, K::variant.warp_staged,
+              K::variant.exact_rgb, scalar_t, index_t, std::decay_t<decltype(add)>, scalar_t, K::kPaddingMode>;
+          edsc_emulation::launch(dim3(tiles_of(kTileW)), dim3(kTileW, kTileH), shared, [&] {
+            kernel(p, t.grad_output, kernel_grads, add, static_cast<index_t>(rows), static_cast<index_t>(cols),
+                   static_cast<index_t>(pass), plan.prefetch);
+          });
+        } else {
+          const int64_t pixels = f.output_pixels();
+          const auto kernel = deform_sepconv_backward_cuda_kernel<K::variant.channel_block, K::kKernelH, K::kKernelW,
+                                                                  kMaxWidth, K::kChannelsLast, scalar_t, index_t,
+                                                                  std::decay_t<decltype(add)>, scalar_t>;
+          edsc_emulation::launch(dim3(blocks_for(pixels)), dim3(kThreadsPerBlock), 0,
+                                 [&] { kernel(p, t.grad_output, kernel_grads, add, plan.kernel_input_grad, pixels); });
+        }
       });
-    } else {
-      const int64_t pixels = f.output_pixels();
-      const auto kernel = deform_sepconv_backward_cuda_kernel<K::variant.channel_block, K::kKernelH, K::kKernelW,
-                                                              kMaxWidth, K::kChannelsLast, scalar_t, index_t,
-                                                              std::decay_t<decltype(add)>, scalar_t>;
-      edsc_emulation::launch(dim3(blocks_for(pixels)), dim3(kThreadsPerBlock), 0,
-                             [&] { kernel(p, t.grad_output, kernel_grads, add, plan.kernel_input_grad, pixels); });
-    }
-  });
   return 0;
 }
 
@@ -352,10 +350,9 @@ Geometry geometry_of(const int64_t* values) {
 
 extern "C" __attribute__((visibility("default"))) int edsc_emulated_backward(
     const int64_t* geometry_values, int dtype, int lane_tile, int input_grad_tile, int lean_rgb_backward,
-    const void* input,
-    const void* vertical, const void* horizontal, const void* offset, const void* mask, const void* grad_output,
-    float* grad_input, void* grad_vertical, void* grad_horizontal, void* grad_offset, void* grad_mask, char* plan_out,
-    int plan_out_len, char* error, int error_len) {
+    const void* input, const void* vertical, const void* horizontal, const void* offset, const void* mask,
+    const void* grad_output, float* grad_input, void* grad_vertical, void* grad_horizontal, void* grad_offset,
+    void* grad_mask, char* plan_out, int plan_out_len, char* error, int error_len) {
   using namespace edsc_ext;
   const auto run = [&](auto type) {
     using T = decltype(type);
