@@ -222,6 +222,34 @@ def test_the_pixels_backward_computes_what_the_cpu_op_does(harness, c, k, channe
     _assert_grads_match(grads, expected)
 
 
+@pytest.mark.parametrize("c, channels_last, dtype, lean, expected_plan", [
+    (3, False, torch.bfloat16, True, "tiled_rgb_lean_prefetch"),
+    (3, False, torch.float16, False, "tiled_rgb_prefetch"),
+    (4, True, torch.float16, True, "tiled_warp_staged"),
+    (32, True, torch.bfloat16, True, "lane_tile4"),
+])
+@pytest.mark.parametrize("mode", ["border", "edsc"])
+def test_the_half_types_one_word_tile_stays_below_their_rounding(harness, c, channels_last, dtype, lean,
+                                                                  expected_plan, mode):
+    """A half-type call's tile holds one int32 word an element (FixedPointTileAdd, kBits 29) where float32's
+    holds two: the input gradient's float32 sums, before the launcher rounds them to the dtype, stay within
+    1e-4 of the largest element of the float64 reference's (a quarter of float16's rounding step there,
+    a fortieth of bfloat16's), with taps on the image's border (edsc: the border pixel counted twice) and
+    beyond the tile's footprint."""
+    seed = 8800 + c + 7 * int(channels_last) + 3 * list(TOLERANCES).index(dtype) + (50 if mode == "edsc" else 0)
+    args, grad_out, padding, _ = _case(c, 5, mode, channels_last, seed, dtype=dtype)
+    plan, grads = _emulated_backward(harness, *args, grad_out, padding, mode, channels_last, lane_tile=True,
+                                     lean_rgb_backward=lean)
+    assert plan == expected_plan, plan
+    given = [t.detach().double().requires_grad_() for t in args]
+    out = edsc_ext.deform_sepconv(*given, padding=padding, padding_mode=mode)
+    want = torch.autograd.grad(out, given[0], grad_out.double())[0]
+    got = grads[0].double()
+    assert got.dtype == torch.float64 and grads[0].dtype == torch.float32
+    apart = (got - want).abs().max().item() / want.abs().max().item()
+    assert apart < 1e-4, apart
+
+
 @pytest.mark.parametrize("lane_tile", [False, True], ids=["channel_lanes", "lane_tile"])
 @pytest.mark.parametrize("c, k, mode, lanes, dilation", [
     (8, 5, "border", 1, 1),   # a tile row a warp of 32 pixels

@@ -64,8 +64,14 @@ constexpr int kTileH = 8;
 constexpr int kTileThreads = kTileW * kTileH;
 constexpr int kTileMargin = 3;
 constexpr int64_t kTileSharedBytes = 48 * 1024;
-// Both tile accumulators take 8 bytes an element: a float64, or the fixed point's two int32 words.
-constexpr int64_t kTileElementBytes = 8;
+// int32 words an element of the fixed-point tile holds for a frame of element_size bytes: two for float32
+// (a quantum finer than float32 atomics lose), one for the half types, whose gradients end in 8 to 11
+// significand bits (FixedPointTileAdd).
+EDSC_HOST_DEVICE constexpr int fixed_point_tile_words(int64_t element_size) { return element_size == 2 ? 1 : 2; }
+// Bytes a tile element takes: a float64 (FloatTileAdd), or the fixed point's words.
+EDSC_HOST_DEVICE constexpr int64_t tile_element_bytes(int64_t element_size) {
+  return element_size == 8 ? 8 : 4 * fixed_point_tile_words(element_size);
+}
 // At most (tile pixels x taps) adds reach one element of one channel; the fixed point's low word
 // needs that <= 2^16 (FixedPointTileAdd).
 constexpr int64_t kFixedPointMaxTaps = (int64_t(1) << 16) / kTileThreads;

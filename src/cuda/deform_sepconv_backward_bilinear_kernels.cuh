@@ -165,12 +165,12 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 // corner weights found once for its channels. What deform_sepconv_backward_pixel_with computes, up to
 // rounding; a non-finite position poisons its parameter gradients and adds nothing to the input's.
 template <int64_t kPaddingMode, int kChannels, int kKernelH, int kKernelW, typename scalar_t, typename index_t,
-          typename param_t, typename GlobalAdd>
+          typename param_t, typename GlobalAdd, int kWords>
 __device__ void deform_sepconv_backward_rgb_pixel(const DeformSepconvParams<scalar_t, index_t, param_t>& p,
                                                   const GlobalPixelValues<false, scalar_t, index_t, param_t>& values,
                                                   const PlanarFrame<kChannels, scalar_t, index_t>& frame,
                                                   const scalar_t* grad_output,
-                                                  const FixedPointTileAdd<index_t, GlobalAdd>& add, index_t n,
+                                                  const FixedPointTileAdd<index_t, GlobalAdd, kWords>& add, index_t n,
                                                   index_t y, index_t x) {
   static_assert(kKernelH > 0 && kKernelW > 0, "a compile-time kernel size");
   constexpr PaddingTraits kPadding = static_padding_traits<kPaddingMode>();
@@ -319,14 +319,15 @@ __device__ void place_tile(TileAdd& add, word_t* tile, index_t row0, index_t col
 // A fixed-point tile's scale from the block's bound on the summed magnitude of its contributions;
 // returns whether the tile is used (finite, not vanishingly small: else every add goes to the
 // fallback).
-template <typename index_t, typename GlobalAdd>
-__device__ bool set_fixed_point_scale(float bound, FixedPointTileAdd<index_t, GlobalAdd>& add) {
+template <typename index_t, typename GlobalAdd, int kWords>
+__device__ bool set_fixed_point_scale(float bound, FixedPointTileAdd<index_t, GlobalAdd, kWords>& add) {
+  constexpr int kBits = FixedPointTileAdd<index_t, GlobalAdd, kWords>::kBits;
   int exponent = 0;
   frexpf(bound, &exponent);  // bound < 2^exponent
-  // Finite, and not so small that 2^(kFixedPointBits - exponent) overflows float.
-  const bool use_tile = bound == 0.0f || (bound - bound == 0.0f && exponent > kFixedPointBits - 126);
-  add.scale = bound == 0.0f ? 1.0f : ldexpf(1.0f, kFixedPointBits - exponent);
-  add.inv_scale = bound == 0.0f ? 1.0f : ldexpf(1.0f, exponent - kFixedPointBits);
+  // Finite, and not so small that 2^(kBits - exponent) overflows float.
+  const bool use_tile = bound == 0.0f || (bound - bound == 0.0f && exponent > kBits - 126);
+  add.scale = bound == 0.0f ? 1.0f : ldexpf(1.0f, kBits - exponent);
+  add.inv_scale = bound == 0.0f ? 1.0f : ldexpf(1.0f, exponent - kBits);
   add.enabled = use_tile;
   return use_tile;
 }
@@ -398,10 +399,10 @@ __global__ void __launch_bounds__(kTileThreads,
   static_assert(kPaddingMode == kRuntimePaddingMode ||
                     (kExactBlock && kChannelBlock == 3 && !kChannelsLast && !kWarpStaged && kFixedPoint),
                 "the padding mode compiled in: exact RGB, NCHW, the fixed-point tile");
-  using TileAdd =
-      std::conditional_t<kFixedPoint, FixedPointTileAdd<index_t, GlobalAdd>, FloatTileAdd<acc_t, index_t, GlobalAdd>>;
+  constexpr int kWords = kFixedPoint ? fixed_point_tile_words(sizeof(scalar_t)) : 1;
+  using TileAdd = std::conditional_t<kFixedPoint, FixedPointTileAdd<index_t, GlobalAdd, kWords>,
+                                     FloatTileAdd<acc_t, index_t, GlobalAdd>>;
   using word_t = std::conditional_t<kFixedPoint, int, acc_t>;
-  constexpr int kWords = kFixedPoint ? 2 : 1;
   word_t* tile = reinterpret_cast<word_t*>(shared_raw);
   TileAdd add{};
   place_tile(add, tile, tile_y * kTileH - p.pad_h - kTileMargin, tile_x * kTileW - p.pad_w - kTileMargin, rows, cols,
@@ -511,7 +512,8 @@ __global__ void __launch_bounds__(kTileThreads)
   const index_t pixel = y_in * p.width_out + x_in;
   const index_t KH = kernel_extent<kKernelH>(p.kernel_h), KW = kernel_extent<kKernelW>(p.kernel_w);
 
-  FixedPointTileAdd<index_t, GlobalAdd> add{};
+  constexpr int kWords = fixed_point_tile_words(sizeof(scalar_t));
+  FixedPointTileAdd<index_t, GlobalAdd, kWords> add{};
   place_tile(add, tile, tile_y * kTileH - p.pad_h - kTileMargin, tile_x * tile_w - p.pad_w - kTileMargin, rows, cols,
              input_grad.at_batch(n));
   const index_t words_per_plane = pass_capacity * rows * cols;
@@ -524,7 +526,7 @@ __global__ void __launch_bounds__(kTileThreads)
   for (index_t c0 = 0; c0 < p.channels; c0 += pass_capacity) {
     const index_t pass_channels = min(pass_capacity, p.channels - c0);
     if (use_tile) {
-      for (index_t e = tid; e < 2 * words_per_plane; e += kTileThreads) tile[e] = 0;
+      for (index_t e = tid; e < kWords * words_per_plane; e += kTileThreads) tile[e] = 0;
     }
     __syncthreads();
     add.c0 = c0;

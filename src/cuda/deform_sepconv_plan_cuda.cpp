@@ -60,7 +60,7 @@ TileFootprint lane_tile_footprint(const CallFacts& c, int lanes_log2, int64_t bu
   TileFootprint f;
   f.rows = footprint_span(kTileH, c.dilation_h, c.kernel_h);
   f.cols = footprint_span(kWarpSize >> lanes_log2, c.dilation_w, c.kernel_w);
-  const int64_t blocks = budget / (f.rows * f.cols * kTileElementBytes * kPixelVectorBlock);
+  const int64_t blocks = budget / (f.rows * f.cols * tile_element_bytes(c.element_size) * kPixelVectorBlock);
   f.channels_per_pass = std::min<int64_t>(c.channels, blocks * kPixelVectorBlock);
   return f;
 }
@@ -69,7 +69,8 @@ TileFootprint tile_footprint(const CallFacts& c) {
   TileFootprint f;
   f.rows = footprint_span(kTileH, c.dilation_h, c.kernel_h);
   f.cols = footprint_span(kTileW, c.dilation_w, c.kernel_w);
-  f.channels_per_pass = std::min<int64_t>(c.channels, kTileSharedBytes / (f.rows * f.cols * kTileElementBytes));
+  f.channels_per_pass =
+      std::min<int64_t>(c.channels, kTileSharedBytes / (f.rows * f.cols * tile_element_bytes(c.element_size)));
   return f;
 }
 
@@ -201,8 +202,8 @@ CudaBackwardPlan plan_cuda_backward(const CallFacts& c, const CudaDeviceFacts& d
       plan.deterministic = c.deterministic;
       plan.lanes_log2 = lanes_log2;
       plan.footprint = lane_footprint;
-      plan.tile_shared_bytes =
-          lane_footprint.channels_per_pass * lane_footprint.rows * lane_footprint.cols * kTileElementBytes;
+      plan.tile_shared_bytes = lane_footprint.channels_per_pass * lane_footprint.rows * lane_footprint.cols *
+                               tile_element_bytes(c.element_size);
       plan.variant = find_variant(kLaneTileVariants, c,
                                   [](const LaneTileVariant& v) { return v.channel_block == kPixelVectorBlock; });
       return plan;
@@ -288,7 +289,8 @@ CudaBackwardPlan plan_cuda_backward(const CallFacts& c, const CudaDeviceFacts& d
   }
   plan.kernel = CudaBackwardKernel::kTiled;
   plan.footprint = footprint;
-  plan.tile_shared_bytes = footprint.channels_per_pass * footprint.rows * footprint.cols * kTileElementBytes;
+  plan.tile_shared_bytes =
+      footprint.channels_per_pass * footprint.rows * footprint.cols * tile_element_bytes(c.element_size);
   const bool rgb = c.channels == 3 && footprint.channels_per_pass >= 3;
   // Static buffers plus the tile can exceed the 48 KB a block gets without opting in, which Hopper
   // and Ampere allow and Turing (64 KB) may not.

@@ -1,6 +1,6 @@
 // How the CUDA backward adds input-gradient contributions: straight into global memory (float
 // atomics, or 64-bit fixed-point integers when deterministic), or into a tile's shared-memory
-// footprint (float64 atomics, or two-word fixed point for float32 and the half types) that is
+// footprint (float64 atomics, or fixed point for float32 and the half types) that is
 // flushed to global memory once. Each adder has the interface scatter_corners (sampling.h) takes.
 #pragma once
 
@@ -117,19 +117,28 @@ struct FloatTileAdd {
 
 // Fixed-point accumulation for float32 and the half types (which compute in float32). Each tile
 // first bounds the total magnitude S of all its input-gradient contributions (input_grad_bound);
-// every add is then v' = v * 2^kFixedPointBits / S (a power of two, so exact) split into two int32
-// words, hi = round(v' / 2^16) and lo = v' - hi * 2^16, each a native shared-memory integer
-// atomic. With |v'| summing to < 2^37 and at most 2^16 adds per element neither word overflows;
-// the quantum, 2^-37 S, is finer than what float32 atomics lose; and the sum does not depend on
-// the order of the adds, so the tile is deterministic too. A tile whose bound is not finite (NaN
-// or inf data) or vanishingly small is disabled: its adds all go to `fallback`.
+// every add is then v' = v * 2^kBits / S (a power of two, so exact), rounded to an integer and added
+// with native shared-memory integer atomics, so the sum does not depend on the order of the adds and
+// the tile is deterministic too. float32 (kWords 2, kBits 37): v' split into two int32 words,
+// hi = round(v' / 2^16) and lo = v' - hi * 2^16; with |v'| summing to < 2^37 and at most 2^16 adds an
+// element neither word overflows, and the quantum, 2^-37 S, is finer than what float32 atomics lose.
+// The half types (kWords 1, kBits 29): one word, round(v'), half the atomics and none of the split;
+// an element of n adds is off by at most n * 2^-30 S, below the rounding of its 8 (bfloat16) or 11
+// (float16) significand bits down to |v| ~ n * 2^-21 S or n * 2^-18 S (a tile's typical element is
+// ~S / 400), and the sum stays below 2^31 with a factor 2 of headroom (a doubled border pixel's
+// contributions, which input_grad_bound does not count). A tile whose bound is not finite (NaN or inf
+// data) or vanishingly small is disabled: its adds all go to `fallback`.
 constexpr int kFixedPointBits = 37;
+constexpr int kFixedPointOneWordBits = 29;
 // (kFixedPointMaxTaps, cuda_plan.h, keeps the adds per element within 2^16.)
 
-template <typename index_t, typename GlobalAdd>
+template <typename index_t, typename GlobalAdd, int kTileWords = 2>
 struct FixedPointTileAdd {
-  int* tile;  // the hi words; the lo words follow at + lo_offset (two planes, so a warp's adds to
-              // consecutive elements hit consecutive banks)
+  static_assert(kTileWords == 1 || kTileWords == 2, "one or two int32 words an element");
+  static constexpr int kWords = kTileWords;
+  static constexpr int kBits = kWords == 2 ? kFixedPointBits : kFixedPointOneWordBits;
+  int* tile;  // the (hi) words; with two words the lo words follow at + lo_offset (two planes, so a
+              // warp's adds to consecutive elements hit consecutive banks)
   index_t lo_offset;
   index_t row0, col0, rows, cols, c0;
   float scale, inv_scale;
@@ -139,16 +148,20 @@ struct FixedPointTileAdd {
   __device__ void add_at(int* element, float v) const { add_scaled_at(element, v * scale); }
   // The same for v already multiplied by `scale`.
   __device__ void add_scaled_at(int* element, float scaled) const {
-    // Adding 1.5 * 2^39 leaves round(scaled / 2^16) in the low significand bits (|scaled| < 2^38);
-    // subtracting it back is exact, and so is the remainder, |rest| <= 2^15.
-    constexpr float kHiShift = 824633720832.0f;  // 1.5 * 2^39
-    constexpr float kLoShift = 12582912.0f;      // 1.5 * 2^23
-    const float shifted = scaled + kHiShift;
-    const int hi = __float_as_int(shifted) - __float_as_int(kHiShift);
-    const float rest = scaled - (shifted - kHiShift);
-    const int lo = __float_as_int(rest + kLoShift) - __float_as_int(kLoShift);
-    atomicAdd(element, hi);
-    atomicAdd(element + lo_offset, lo);
+    if constexpr (kWords == 1) {
+      atomicAdd(element, __float2int_rn(scaled));
+    } else {
+      // Adding 1.5 * 2^39 leaves round(scaled / 2^16) in the low significand bits (|scaled| < 2^38);
+      // subtracting it back is exact, and so is the remainder, |rest| <= 2^15.
+      constexpr float kHiShift = 824633720832.0f;  // 1.5 * 2^39
+      constexpr float kLoShift = 12582912.0f;      // 1.5 * 2^23
+      const float shifted = scaled + kHiShift;
+      const int hi = __float_as_int(shifted) - __float_as_int(kHiShift);
+      const float rest = scaled - (shifted - kHiShift);
+      const int lo = __float_as_int(rest + kLoShift) - __float_as_int(kLoShift);
+      atomicAdd(element, hi);
+      atomicAdd(element + lo_offset, lo);
+    }
   }
   __device__ void operator()(index_t c, index_t y, index_t x, float v) const {
     const index_t r = y - row0, q = x - col0;
@@ -159,7 +172,11 @@ struct FixedPointTileAdd {
     }
   }
   __device__ float element(index_t e) const {
-    return fmaf(static_cast<float>(tile[e]), 65536.0f, static_cast<float>(tile[lo_offset + e])) * inv_scale;
+    if constexpr (kWords == 1) {
+      return static_cast<float>(tile[e]) * inv_scale;
+    } else {
+      return fmaf(static_cast<float>(tile[e]), 65536.0f, static_cast<float>(tile[lo_offset + e])) * inv_scale;
+    }
   }
 };
 
@@ -167,9 +184,9 @@ struct FixedPointTileAdd {
 // so the backward picks it): when all four corners fall inside the footprint, one address and four
 // unconditional adds. Corners outside the image are added too, to footprint elements the flush
 // skips, which saves a check per corner.
-template <typename index_t, typename GlobalAdd>
+template <typename index_t, typename GlobalAdd, int kWords>
 __device__ void scatter_corners(const BilinearSample<float, index_t>& s, float value, index_t c,
-                                FixedPointTileAdd<index_t, GlobalAdd>& add) {
+                                FixedPointTileAdd<index_t, GlobalAdd, kWords>& add) {
   const index_t r = s.y.lo - add.row0, q = s.x.lo - add.col0;
   if (!(add.enabled && r >= 0 && r + 1 < add.rows && q >= 0 && q + 1 < add.cols)) {
     scatter_each_corner(s, value, c, add);
@@ -189,12 +206,12 @@ __device__ void scatter_corners(const BilinearSample<float, index_t>& s, float v
 // inside the footprint, their four elements are found once and each channel of the block adds to the
 // same four elements of its own plane. As scatter_corners above, corners outside the image are added
 // too, to footprint elements the flush skips.
-template <int kCount, typename index_t, typename GlobalAdd>
+template <int kCount, typename index_t, typename GlobalAdd, int kWords>
 __device__ void scatter_corner_block(const BilinearSample<float, index_t>& s, const float (&value)[kCount], index_t c0,
-                                     FixedPointTileAdd<index_t, GlobalAdd>& add) {
+                                     FixedPointTileAdd<index_t, GlobalAdd, kWords>& add) {
   const index_t r = s.y.lo - add.row0, q = s.x.lo - add.col0;
   if (!(add.enabled && r >= 0 && r + 1 < add.rows && q >= 0 && q + 1 < add.cols)) {
-    scatter_corner_block<kCount, float, index_t, FixedPointTileAdd<index_t, GlobalAdd> >(s, value, c0, add);
+    scatter_corner_block<kCount, float, index_t, FixedPointTileAdd<index_t, GlobalAdd, kWords> >(s, value, c0, add);
     return;
   }
   const float ly = s.y.frac, lx = s.x.frac;

@@ -163,6 +163,8 @@ inline int atomicOr(int* address, int value) { return std::atomic_ref<int>(*addr
 
 inline int __float_as_int(float v) { return std::bit_cast<int>(v); }
 inline float __int_as_float(int v) { return std::bit_cast<float>(v); }
+// Round to nearest even, as the GPU's (the default floating-point environment); in range here.
+inline int __float2int_rn(float v) { return static_cast<int>(std::nearbyint(v)); }
 
 using std::max;
 using std::min;
