@@ -63,9 +63,9 @@ inline constexpr PolicySwitch kPolicySwitches[] = {
                     "forward: 2-byte values only, where it measured faster)"},
     {.name = "packed_frame",
      .flag = &KernelPolicy::packed_frame,
-     .description = "CUDA, NCHW 5x5 forward and lean backward of exactly 3 channels in float16 or bfloat16 (frame "
-                    "and per-pixel tensors): the frame is first copied into one (N, H, W, 4) buffer, so that each "
-                    "bilinear corner reads its three channels with one load; False reads the three planes"},
+     .description = "CUDA, NCHW 5x5 forward of exactly 3 channels in float16 or bfloat16 (frame and per-pixel "
+                    "tensors): the frame is first copied into one (N, H, W, 4) buffer, so that each bilinear corner "
+                    "reads its three channels with one load; False reads the three planes"},
     {.name = "input_grad_tile",
      .flag = &KernelPolicy::input_grad_tile,
      .description = "CUDA backward: the input gradient goes through the shared-memory tile; False adds every "

@@ -102,7 +102,7 @@ def _emulated_forward(lib, x, v, h, off, m, out_shape, padding, mode, channels_l
 
 
 def _emulated_backward(lib, x, v, h, off, m, grad_out, padding, mode, channels_last, lane_tile=False,
-                       input_grad_tile=True, dilation=1, lean_rgb_backward=True, packed_frame=True):
+                       input_grad_tile=True, dilation=1, lean_rgb_backward=True):
     geometry = _geometry(x, v, h, grad_out.shape, padding, mode, channels_last, dilation)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
 
@@ -115,7 +115,7 @@ def _emulated_backward(lib, x, v, h, off, m, grad_out, padding, mode, channels_l
              for k, t in enumerate(inputs[:5])]
     plan, error = ctypes.create_string_buffer(256), ctypes.create_string_buffer(512)
     status = lib.edsc_emulated_backward(geometry, DTYPE_CODES[x.dtype], int(lane_tile), int(input_grad_tile),
-                                        int(lean_rgb_backward), int(packed_frame), *[_pointer(t) for t in inputs],
+                                        int(lean_rgb_backward), *[_pointer(t) for t in inputs],
                                         *[_pointer(g) for g in grads], plan, 256, error, 512)
     assert status == 0, error.value.decode()
     return plan.value.decode(), grads
@@ -167,7 +167,7 @@ TOLERANCES = {torch.float32: 2e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}
     (3, 3, "border", True, torch.float32, "tiled"),  # channels_last: the tile flushed channel-fastest
     (3, 5, "border", True, torch.float32, "tiled_warp_staged_rgb"),  # each warp's values staged in shared memory
     (4, 5, "zeros", True, torch.float32, "tiled_warp_staged"),
-    (3, 5, "border", False, torch.bfloat16, "tiled_rgb_lean_packed_prefetch"),  # the frame packed first
+    (3, 5, "border", False, torch.bfloat16, "tiled_rgb_lean_prefetch"),
     (4, 5, "border", True, torch.float16, "tiled_warp_staged"),
 ])
 def test_the_tiled_backward_computes_what_the_cpu_op_does(harness, c, k, mode, channels_last, dtype, expected_plan):
@@ -182,28 +182,16 @@ def test_the_tiled_backward_computes_what_the_cpu_op_does(harness, c, k, mode, c
 def test_the_lean_rgb_backward_compiled_per_padding_mode(harness, mode, dilation, dtype):
     """The exact-RGB NCHW backward through the tile (kernel_policy lean_rgb_backward, the default) is compiled
     once per padding mode: each mode, and the generic tiled kernel it replaces, against the CPU op, with taps
-    leaving the image on every side and landing beyond the tile's footprint (the global fallback); the half
-    types read the packed frame (kernel_policy packed_frame), whose gradients equal the planes'; then
+    leaving the image on every side and landing beyond the tile's footprint (the global fallback); then
     non-finite offsets (NaN, +-inf) poison exactly the parameter gradients the CPU op's do, and the input
     gradient stays finite and equal."""
     seed = 7700 + 10 * list(edsc_ext.ops.PADDING_MODES).index(mode) + list(TOLERANCES).index(dtype)
     args, grad_out, padding, expected = _case(3, 5, mode, False, seed, dtype=dtype, dilation=dilation)
-    lean_plan = "tiled_rgb_lean_packed_prefetch" if dtype != torch.float32 else "tiled_rgb_lean_prefetch"
-    results = {}
     for lean in (True, False):
-        plan, results[lean] = _emulated_backward(harness, *args, grad_out, padding, mode, False, dilation=dilation,
-                                                 lean_rgb_backward=lean)
-        assert plan == (lean_plan if lean else "tiled_rgb_prefetch"), plan
-        _assert_grads_match(results[lean], expected, TOLERANCES[dtype])
-    if dtype != torch.float32:
-        # The packed frame (policy packed_frame) reads the same values: the same parameter gradients bit for
-        # bit; the input gradient's cross-tile float atomics may add in another order.
-        plan, planar = _emulated_backward(harness, *args, grad_out, padding, mode, False, dilation=dilation,
-                                          packed_frame=False)
-        assert plan == "tiled_rgb_lean_prefetch", plan
-        for name, a, b in zip(("input", "vertical", "horizontal", "offset", "mask"), results[True], planar):
-            assert torch.equal(a, b) or name == "input", name
-        _assert_grads_match(planar, results[True], 1e-6)
+        plan, grads = _emulated_backward(harness, *args, grad_out, padding, mode, False, dilation=dilation,
+                                         lean_rgb_backward=lean)
+        assert plan == ("tiled_rgb_lean_prefetch" if lean else "tiled_rgb_prefetch"), plan
+        _assert_grads_match(grads, expected, TOLERANCES[dtype])
 
     x, v, h, off, m = (t.detach() for t in args)
     off = off.clone()
@@ -214,7 +202,7 @@ def test_the_lean_rgb_backward_compiled_per_padding_mode(harness, mode, dilation
     out = edsc_ext.deform_sepconv(*given, padding=padding, dilation=dilation, padding_mode=mode)
     expected = torch.autograd.grad(out, given, grad_out)
     plan, grads = _emulated_backward(harness, x, v, h, off, m, grad_out, padding, mode, False, dilation=dilation)
-    assert plan == lean_plan, plan
+    assert plan == "tiled_rgb_lean_prefetch", plan
     assert not grads[0].isnan().any() and not expected[0].isnan().any()
     for name, got, want in zip(("input", "vertical", "horizontal", "offset", "mask"), grads, expected):
         assert want.isnan().any() or name == "input", name
@@ -235,7 +223,7 @@ def test_the_pixels_backward_computes_what_the_cpu_op_does(harness, c, k, channe
 
 
 @pytest.mark.parametrize("c, channels_last, dtype, lean, expected_plan", [
-    (3, False, torch.bfloat16, True, "tiled_rgb_lean_packed_prefetch"),
+    (3, False, torch.bfloat16, True, "tiled_rgb_lean_prefetch"),
     (3, False, torch.float16, False, "tiled_rgb_prefetch"),
     (4, True, torch.float16, True, "tiled_warp_staged"),
     (32, True, torch.bfloat16, True, "lane_tile4"),

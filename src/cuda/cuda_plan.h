@@ -352,9 +352,6 @@ struct BackwardVariant {
   // deform_sepconv_backward_rgb_pixel (the mode's traits compiled in, the channels summed first, one tile
   // address a tap; policy.lean_rgb_backward)
   bool static_padding;
-  // static_padding in a half type: the launcher first packs the frame (pack_rgb_frame), and each tap's
-  // corner reads its three channels with one 8-byte load (PackedRgbFrame; policy.packed_frame)
-  bool packed_frame;
   VariantScope scope;
 };
 inline constexpr BackwardVariant kBackwardVariants[] = {
@@ -364,7 +361,6 @@ inline constexpr BackwardVariant kBackwardVariants[] = {
      .warp_staged = false,
      .exact_rgb = false,
      .static_padding = false,
-     .packed_frame = false,
      .scope = kAnyScope},
     {.name = "pixels_blocks3",
      .kernel = CudaBackwardKernel::kPixels,
@@ -372,7 +368,6 @@ inline constexpr BackwardVariant kBackwardVariants[] = {
      .warp_staged = false,
      .exact_rgb = false,
      .static_padding = false,
-     .packed_frame = false,
      .scope = k5x5Scope},
     {.name = "tiled",
      .kernel = CudaBackwardKernel::kTiled,
@@ -380,7 +375,6 @@ inline constexpr BackwardVariant kBackwardVariants[] = {
      .warp_staged = false,
      .exact_rgb = false,
      .static_padding = false,
-     .packed_frame = false,
      .scope = kTiledScope},
     {.name = "tiled_blocks3",
      .kernel = CudaBackwardKernel::kTiled,
@@ -388,7 +382,6 @@ inline constexpr BackwardVariant kBackwardVariants[] = {
      .warp_staged = false,
      .exact_rgb = false,
      .static_padding = false,
-     .packed_frame = false,
      .scope = kSpecialized5x5Scope},
     {.name = "tiled_rgb",
      .kernel = CudaBackwardKernel::kTiled,
@@ -396,7 +389,6 @@ inline constexpr BackwardVariant kBackwardVariants[] = {
      .warp_staged = false,
      .exact_rgb = true,
      .static_padding = false,
-     .packed_frame = false,
      .scope = kSpecialized5x5NchwScope},
     {.name = "tiled_warp_staged",
      .kernel = CudaBackwardKernel::kTiled,
@@ -404,7 +396,6 @@ inline constexpr BackwardVariant kBackwardVariants[] = {
      .warp_staged = true,
      .exact_rgb = false,
      .static_padding = false,
-     .packed_frame = false,
      .scope = kChannelsLast5x5Scope},
     {.name = "tiled_warp_staged_blocks3",
      .kernel = CudaBackwardKernel::kTiled,
@@ -412,7 +403,6 @@ inline constexpr BackwardVariant kBackwardVariants[] = {
      .warp_staged = true,
      .exact_rgb = false,
      .static_padding = false,
-     .packed_frame = false,
      .scope = kChannelsLast5x5Scope},
     {.name = "tiled_warp_staged_rgb",
      .kernel = CudaBackwardKernel::kTiled,
@@ -420,7 +410,6 @@ inline constexpr BackwardVariant kBackwardVariants[] = {
      .warp_staged = true,
      .exact_rgb = true,
      .static_padding = false,
-     .packed_frame = false,
      .scope = kChannelsLast5x5Scope},
     {.name = "tiled_rgb_lean",
      .kernel = CudaBackwardKernel::kTiled,
@@ -428,16 +417,7 @@ inline constexpr BackwardVariant kBackwardVariants[] = {
      .warp_staged = false,
      .exact_rgb = true,
      .static_padding = true,
-     .packed_frame = false,
      .scope = kSpecialized5x5NchwFloatScope},
-    {.name = "tiled_rgb_lean_packed",
-     .kernel = CudaBackwardKernel::kTiled,
-     .channel_block = 3,
-     .warp_staged = false,
-     .exact_rgb = true,
-     .static_padding = true,
-     .packed_frame = true,
-     .scope = kSpecialized5x5NchwHalfScope},
 };
 
 // Backward, kChannelLanes (deform_sepconv_backward_bilinear_kernels.cuh): float32 and the half types

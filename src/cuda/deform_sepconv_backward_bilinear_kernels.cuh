@@ -19,7 +19,6 @@
 #pragma once
 
 #include "input_grad_accumulators.cuh"
-#include "packed_rgb_frame.cuh"
 #include "prefetched_pixel_values.cuh"
 #include "warp_staged_values.cuh"
 
@@ -166,14 +165,14 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 // corner weights found once for its channels. What deform_sepconv_backward_pixel_with computes, up to
 // rounding; a non-finite position poisons its parameter gradients and adds nothing to the input's.
 template <int64_t kPaddingMode, int kChannels, int kKernelH, int kKernelW, typename scalar_t, typename index_t,
-          typename param_t, typename Frame, typename GlobalAdd, int kWords>
+          typename param_t, typename GlobalAdd, int kWords>
 __device__ void deform_sepconv_backward_rgb_pixel(const DeformSepconvParams<scalar_t, index_t, param_t>& p,
                                                   const GlobalPixelValues<false, scalar_t, index_t, param_t>& values,
-                                                  const Frame& frame, const scalar_t* grad_output,
+                                                  const PlanarFrame<kChannels, scalar_t, index_t>& frame,
+                                                  const scalar_t* grad_output,
                                                   const FixedPointTileAdd<index_t, GlobalAdd, kWords>& add, index_t n,
                                                   index_t y, index_t x) {
   static_assert(kKernelH > 0 && kKernelW > 0, "a compile-time kernel size");
-  static_assert(!Frame::kPacked || kChannels == 3, "a packed frame holds RGB");
   constexpr PaddingTraits kPadding = static_padding_traits<kPaddingMode>();
   const index_t hw_out = p.height_out * p.width_out;
   const index_t pixel = y * p.width_out + x;
@@ -220,38 +219,22 @@ __device__ void deform_sepconv_backward_rgb_pixel(const DeformSepconvParams<scal
       const bool x_hi = static_cast<unsigned_t>(s.x0 + 1) < static_cast<unsigned_t>(p.width_in);
       // Sums over channels of dL/dout times each corner's value.
       float g00 = 0.0f, g01 = 0.0f, g10 = 0.0f, g11 = 0.0f;
-      if constexpr (Frame::kPacked) {
-        // One load a corner for its three channels (a zero pixel for a corner outside the image).
-        const auto corner = [&](bool inside, index_t at) {
-          return kPadding.clamps || inside ? load_packed_pixel(frame.pixels + at) : PackedRgbPixel<scalar_t>{};
-        };
-        const PackedRgbPixel<scalar_t> c00 = corner(y_lo && x_lo, i00), c01 = corner(y_lo && x_hi, i01),
-                                       c10 = corner(y_hi && x_lo, i10), c11 = corner(y_hi && x_hi, i11);
-        EDSC_UNROLL
-        for (int c = 0; c < kChannels; ++c) {
-          g00 += g[c] * static_cast<float>(c00.value[c]);
-          g01 += g[c] * static_cast<float>(c01.value[c]);
-          g10 += g[c] * static_cast<float>(c10.value[c]);
-          g11 += g[c] * static_cast<float>(c11.value[c]);
-        }
-      } else {
-        EDSC_UNROLL
-        for (int c = 0; c < kChannels; ++c) {
-          const scalar_t* plane = frame.planes[c];
-          if constexpr (kPadding.clamps) {
-            g00 += g[c] * static_cast<float>(load_read_only(plane + i00));
-            g01 += g[c] * static_cast<float>(load_read_only(plane + i01));
-            g10 += g[c] * static_cast<float>(load_read_only(plane + i10));
-            g11 += g[c] * static_cast<float>(load_read_only(plane + i11));
-          } else {
-            const auto corner = [&](bool inside, index_t at) {
-              return inside ? static_cast<float>(load_read_only(plane + at)) : 0.0f;
-            };
-            g00 += g[c] * corner(y_lo && x_lo, i00);
-            g01 += g[c] * corner(y_lo && x_hi, i01);
-            g10 += g[c] * corner(y_hi && x_lo, i10);
-            g11 += g[c] * corner(y_hi && x_hi, i11);
-          }
+      EDSC_UNROLL
+      for (int c = 0; c < kChannels; ++c) {
+        const scalar_t* plane = frame.planes[c];
+        if constexpr (kPadding.clamps) {
+          g00 += g[c] * static_cast<float>(load_read_only(plane + i00));
+          g01 += g[c] * static_cast<float>(load_read_only(plane + i01));
+          g10 += g[c] * static_cast<float>(load_read_only(plane + i10));
+          g11 += g[c] * static_cast<float>(load_read_only(plane + i11));
+        } else {
+          const auto corner = [&](bool inside, index_t at) {
+            return inside ? static_cast<float>(load_read_only(plane + at)) : 0.0f;
+          };
+          g00 += g[c] * corner(y_lo && x_lo, i00);
+          g01 += g[c] * corner(y_lo && x_hi, i01);
+          g10 += g[c] * corner(y_hi && x_lo, i10);
+          g11 += g[c] * corner(y_hi && x_hi, i11);
         }
       }
       // The sums of dL/dout * S, * dS/dly and * dS/dlx (interpolate, interpolate_dy, interpolate_dx).
@@ -372,20 +355,17 @@ __device__ void flush_tile(const TileAdd& add, index_t pass_channels, index_t he
 // (warp_staged_values.cuh); its static shared memory is warp_staged_static_bytes (the planner's). kExactBlock: the call
 // has exactly kChannelBlock channels and the tile holds them all (one pass); knowing that at compile time removes the
 // channel loops' branches. kPaddingMode (exact RGB in NCHW, a fixed-point tile): the call's padding mode compiled in,
-// each pixel through deform_sepconv_backward_rgb_pixel; or kRuntimePaddingMode. kPackedFrame (with a
-// padding mode compiled in, a half type): the frame read from packed_frame (pack_rgb_frame's copy, one
-// load a corner); otherwise packed_frame is unused.
+// each pixel through deform_sepconv_backward_rgb_pixel; or kRuntimePaddingMode.
 template <int kChannelBlock, int kKernelH, int kKernelW, int kMaxWidth, bool kChannelsLast, bool kWarpStaged,
           bool kExactBlock, typename scalar_t, typename index_t, typename GlobalAdd, typename param_t,
-          int64_t kPaddingMode = kRuntimePaddingMode, bool kPackedFrame = false>
+          int64_t kPaddingMode = kRuntimePaddingMode>
 __global__ void __launch_bounds__(kTileThreads,
                                   kPaddingMode == kRuntimePaddingMode ? kTileMinBlocks : kLeanRgbTileMinBlocks)
     deform_sepconv_backward_tiled_cuda_kernel(const DeformSepconvParams<scalar_t, index_t, param_t> params,
                                               const scalar_t* __restrict__ grad_output,
                                               const DeformSepconvParamGrads<param_t> param_grads,
                                               const GlobalAdd input_grad, index_t rows, index_t cols,
-                                              index_t pass_capacity, bool prefetch,
-                                              const PackedRgbPixel<scalar_t>* __restrict__ packed_frame = nullptr) {
+                                              index_t pass_capacity, bool prefetch) {
   decltype(auto) p = with_exact_block<kExactBlock, kChannelBlock>(params);
   const index_t channels_per_pass = kExactBlock ? index_t(kChannelBlock) : pass_capacity;
   using acc_t = opmath_t<scalar_t>;
@@ -419,8 +399,6 @@ __global__ void __launch_bounds__(kTileThreads,
   static_assert(kPaddingMode == kRuntimePaddingMode ||
                     (kExactBlock && kChannelBlock == 3 && !kChannelsLast && !kWarpStaged && kFixedPoint),
                 "the padding mode compiled in: exact RGB, NCHW, the fixed-point tile");
-  static_assert(!kPackedFrame || (kPaddingMode != kRuntimePaddingMode && sizeof(scalar_t) == 2),
-                "the packed frame: the lean RGB pixel, a half type");
   constexpr int kWords = kFixedPoint ? fixed_point_tile_words(sizeof(scalar_t)) : 1;
   using TileAdd = std::conditional_t<kFixedPoint, FixedPointTileAdd<index_t, GlobalAdd, kWords>,
                                      FloatTileAdd<acc_t, index_t, GlobalAdd>>;
@@ -478,15 +456,8 @@ __global__ void __launch_bounds__(kTileThreads,
       if constexpr (kPaddingMode != kRuntimePaddingMode) {
         const GlobalPixelValues<false, scalar_t, index_t, param_t> pixel_values(p, n, y * p.width_out + x, kKernelH,
                                                                                 kKernelW, pass_grads);
-        const auto frame = [&] {
-          if constexpr (kPackedFrame) {
-            return PackedRgbFrame<scalar_t, index_t>{opaque_pointer(packed_frame + n * p.height_in * p.width_in)};
-          } else {
-            return planar_frame<kChannelBlock, false>(p, n);
-          }
-        }();
-        deform_sepconv_backward_rgb_pixel<kPaddingMode, kChannelBlock, kKernelH, kKernelW>(p, pixel_values, frame,
-                                                                                           grad_output, add, n, y, x);
+        deform_sepconv_backward_rgb_pixel<kPaddingMode, kChannelBlock, kKernelH, kKernelW>(
+            p, pixel_values, planar_frame<kChannelBlock, false>(p, n), grad_output, add, n, y, x);
       } else {
         deform_sepconv_backward_pixel<kChannelBlock, kKernelH, kKernelW, kMaxWidth, kChannelsLast, scalar_t, acc_t,
                                       index_t>(p, grad_output, pass_grads, add, c0, c0 + pass_channels, n, y, x);

@@ -111,22 +111,14 @@ void launch_deform_sepconv_backward(const DeformSepconvCall& call, const CudaBac
             using Add = std::decay_t<decltype(add)>;
             // float64's tile adds in float64 (no fixed point): the planner keeps it from deterministic calls.
             if constexpr (kFixedPointTile || !std::is_same_v<Add, FixedPointAtomicAdd<acc_t, index_t>>) {
-              constexpr bool kPackedFrame = K::variant.packed_frame && sizeof(scalar_t) == 2;
-              const auto kernel =
-                  deform_sepconv_backward_tiled_cuda_kernel<K::variant.channel_block, K::kKernelH, K::kKernelW,
-                                                            kMaxWidth, K::kChannelsLast, K::variant.warp_staged,
-                                                            K::variant.exact_rgb, scalar_t, index_t, Add, param_t,
-                                                            K::kPaddingMode, kPackedFrame>;
+              const auto kernel = deform_sepconv_backward_tiled_cuda_kernel<
+                  K::variant.channel_block, K::kKernelH, K::kKernelW, kMaxWidth, K::kChannelsLast,
+                  K::variant.warp_staged, K::variant.exact_rgb, scalar_t, index_t, Add, param_t, K::kPaddingMode>;
               // The warp-staged buffers' static shared memory plus the tile may need the opt-in.
               if constexpr (K::variant.warp_staged) opt_in_dynamic_shared_once(kernel, shared);
-              Tensor packed;  // kept until the kernel is queued
-              if constexpr (kPackedFrame) packed = pack_rgb_frame<scalar_t>(call, stream);
-              const auto* packed_frame =
-                  packed.defined() ? reinterpret_cast<const PackedRgbPixel<scalar_t>*>(packed.const_data_ptr())
-                                   : nullptr;
               kernel<<<static_cast<unsigned int>(tiles), dim3(kTileW, kTileH), shared, stream>>>(
                   p, go, param_grads, add, static_cast<index_t>(footprint.rows), static_cast<index_t>(footprint.cols),
-                  static_cast<index_t>(footprint.channels_per_pass), plan.prefetch, packed_frame);
+                  static_cast<index_t>(footprint.channels_per_pass), plan.prefetch);
               EDSC_CUDA_KERNEL_LAUNCH_CHECK();
             } else {
               throw std::logic_error(message("deform_sepconv_backward_cuda: variant ", K::variant.name,

@@ -6,7 +6,7 @@
 // (deform_sepconv_forward_pixel_static_padding); in NCHW with one channel
 // block each warp first prefetches its per-pixel values into L2 (prefetched_pixel_values.cuh); in
 // channels_last whole blocks of channels load a corner as one vector. An exact-RGB NCHW call in a half
-// type reads a packed copy of its frame (pack_rgb_frame, here first: each bilinear corner is
+// type reads a packed copy of its frame (pack_rgb_frame_cuda_kernel, here first: each bilinear corner is
 // one 8-byte load instead of three 2-byte ones, which bound that kernel). The per-pixel tensors are read
 // at their own strides (views, e.g. channel slices of the EDSC heads' outputs, in place), except by
 // the prefetching kernel, which the planner gives dense tensors only.
@@ -29,10 +29,17 @@ void launch_pixels_forward(const DeformSepconvCall& call, const CudaForwardPlan&
         using scalar_t = typename K::scalar_t;
         constexpr PixelsForwardVariant v = K::variant;
         const auto p = make_params<scalar_t, typename K::index_t, typename K::param_t>(call);
+        const PackedRgbPixel<scalar_t>* packed_frame = nullptr;
         Tensor packed;  // kept until the forward is queued
-        if constexpr (v.packed_frame) packed = pack_rgb_frame<scalar_t>(call, stream);
-        const auto* packed_frame =
-            packed.defined() ? reinterpret_cast<const PackedRgbPixel<scalar_t>*>(packed.const_data_ptr()) : nullptr;
+        if constexpr (v.packed_frame) {
+          packed = empty_in(call.input, {f.batch, 4, f.height_in, f.width_in}, MemoryFormat::ChannelsLast);
+          auto* pixels = reinterpret_cast<PackedRgbPixel<scalar_t>*>(packed.mutable_data_ptr<scalar_t>());
+          const int64_t count = f.batch * f.height_in * f.width_in;
+          pack_rgb_frame_cuda_kernel<scalar_t><<<blocks_for(count), kThreadsPerBlock, 0, stream>>>(
+              p.input, pixels, static_cast<int32_t>(f.height_in * f.width_in), static_cast<int32_t>(count));
+          EDSC_CUDA_KERNEL_LAUNCH_CHECK();
+          packed_frame = pixels;
+        }
         // Channel blocks of 3: exactly RGB, the channel count a constant.
         deform_sepconv_forward_cuda_kernel<v.channel_block, K::kKernelH, K::kKernelW, K::kChannelsLast, v.prefetch,
                                            v.channel_block == 3, v.vector_loads, scalar_t, typename K::index_t,

@@ -3,7 +3,6 @@
 #pragma once
 
 #include "deform_sepconv_cuda.cuh"
-#include "packed_rgb_frame.cuh"
 #include "prefetched_pixel_values.cuh"
 
 namespace edsc_ext {
@@ -30,7 +29,7 @@ constexpr int min_blocks_per_multiprocessor() {
 // kPaddingMode (exact blocks only): the call's padding mode compiled in
 // (deform_sepconv_forward_pixel_static_padding), or kRuntimePaddingMode.
 // kPackedFrame (exact RGB, NCHW, 2-byte): the frame read from packed_frame, its copy made by
-// pack_rgb_frame (one load a corner); otherwise packed_frame is unused.
+// pack_rgb_frame_cuda_kernel (one load a corner); otherwise packed_frame is unused.
 // A minimum of 0 blocks leaves the register budget to the compiler.
 template <int kChannelBlock, int kKernelH, int kKernelW, bool kChannelsLast, bool kPrefetch, bool kExactBlock,
           bool kVectorLoads, typename scalar_t, typename index_t, typename param_t,
@@ -92,6 +91,25 @@ __global__ void __launch_bounds__(kThreadsPerBlock, (min_blocks_per_multiprocess
     deform_sepconv_forward_pixel<kChannelBlock, kKernelH, kKernelW, kChannelsLast, scalar_t, acc_t, index_t,
                                  kVectorLoads, /*kStrided=*/!kPrefetch>(p, output, n, pixel / p.width_out,
                                                                         pixel % p.width_out, c0);
+  }
+}
+
+// The packed copy of an NCHW RGB frame that kPackedFrame reads: pixel k of the (N, H, W) pixels gets
+// its three channels and a zero fourth; `pixels` = N * H * W, hw = H * W.
+template <typename scalar_t>
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    pack_rgb_frame_cuda_kernel(const scalar_t* __restrict__ frame, PackedRgbPixel<scalar_t>* __restrict__ packed,
+                               int32_t hw, int32_t pixels) {
+  for (int64_t item = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; item < pixels;
+       item += int64_t(blockDim.x) * gridDim.x) {
+    const int32_t k = static_cast<int32_t>(item), n = k / hw;
+    const scalar_t* in = frame + (2 * n * hw + k);  // n * 3 * hw + (k - n * hw)
+    PackedRgbPixel<scalar_t> pixel;
+    pixel.value[0] = in[0];
+    pixel.value[1] = in[hw];
+    pixel.value[2] = in[2 * hw];
+    pixel.value[3] = scalar_t(0);
+    packed[k] = pixel;
   }
 }
 

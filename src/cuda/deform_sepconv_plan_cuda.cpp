@@ -299,11 +299,9 @@ CudaBackwardPlan plan_cuda_backward(const CallFacts& c, const CudaDeviceFacts& d
                            warp_staged_static_bytes(c.element_size) + plan.tile_shared_bytes <= shared_limit;
   const bool exact_rgb = rgb && channel_block == 3 && (warp_staged || (fixed5 && !c.channels_last));
   const bool lean = exact_rgb && !warp_staged && fixed_point_tile && policy.lean_rgb_backward;
-  // As the forward's: frame and per-pixel tensors of one half type read a packed copy of the frame.
-  const bool packed_frame = lean && policy.packed_frame && c.element_size == 2 && !c.mixed_precision();
   plan.variant = find_variant(kBackwardVariants, c, [&](const BackwardVariant& v) {
     return v.kernel == CudaBackwardKernel::kTiled && v.channel_block == channel_block && v.warp_staged == warp_staged &&
-           v.exact_rgb == exact_rgb && v.static_padding == lean && v.packed_frame == packed_frame;
+           v.exact_rgb == exact_rgb && v.static_padding == lean;
   });
   plan.prefetch = policy.prefetch && fixed5 && !c.channels_last;
   return plan;

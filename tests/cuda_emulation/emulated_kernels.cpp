@@ -108,18 +108,6 @@ void dispatch_with_variant(const CallFacts& f, int variant, Body&& body) {
                         dispatch_axis::Variant<kTable>>({f, variant}, "emulated", std::forward<Body>(body));
 }
 
-// The packed copy of the frame (pack_rgb_frame's, as the launchers make it first).
-template <typename scalar_t>
-std::vector<PackedRgbPixel<scalar_t>> emulated_packed_frame(const CallFacts& f, const scalar_t* input) {
-  const int64_t count = f.batch * f.height_in * f.width_in;
-  std::vector<PackedRgbPixel<scalar_t>> packed(static_cast<size_t>(count));
-  edsc_emulation::launch(dim3(blocks_for(count)), dim3(kThreadsPerBlock), 0, [&] {
-    pack_rgb_frame_cuda_kernel<scalar_t>(input, packed.data(), static_cast<int32_t>(f.height_in * f.width_in),
-                                         static_cast<int32_t>(count));
-  });
-  return packed;
-}
-
 // The backward's bilinear kernel as plan_cuda_backward plans it for an H200 (kernel_policy's defaults,
 // and lane_tile and input_grad_tile as given; not the grid-tap kernels, which a test's offsets never
 // take, nor NCHW copies): the tiled kernel (warp-staged or not), the one-thread-per-pixel kernel, the
@@ -219,17 +207,12 @@ int emulated_backward(const Geometry& g, const KernelPolicy& policy, const Tenso
         const auto p = params_of<scalar_t, index_t>(f, t);
         const GlobalAtomicAdd<float, index_t> add{t.grad_input, input_grad_layout<K::kChannelsLast>(p)};
         if constexpr (K::variant.kernel == CudaBackwardKernel::kTiled) {
-          constexpr bool kPackedFrame = K::variant.packed_frame && sizeof(scalar_t) == 2;
-          const auto kernel =
-              deform_sepconv_backward_tiled_cuda_kernel<K::variant.channel_block, K::kKernelH, K::kKernelW, kMaxWidth,
-                                                        K::kChannelsLast, K::variant.warp_staged, K::variant.exact_rgb,
-                                                        scalar_t, index_t, std::decay_t<decltype(add)>, scalar_t,
-                                                        K::kPaddingMode, kPackedFrame>;
-          std::vector<PackedRgbPixel<scalar_t>> packed;
-          if constexpr (kPackedFrame) packed = emulated_packed_frame(f, t.input);
+          const auto kernel = deform_sepconv_backward_tiled_cuda_kernel<
+              K::variant.channel_block, K::kKernelH, K::kKernelW, kMaxWidth, K::kChannelsLast, K::variant.warp_staged,
+              K::variant.exact_rgb, scalar_t, index_t, std::decay_t<decltype(add)>, scalar_t, K::kPaddingMode>;
           edsc_emulation::launch(dim3(tiles_of(kTileW)), dim3(kTileW, kTileH), shared, [&] {
             kernel(p, t.grad_output, kernel_grads, add, static_cast<index_t>(rows), static_cast<index_t>(cols),
-                   static_cast<index_t>(pass), plan.prefetch, packed.empty() ? nullptr : packed.data());
+                   static_cast<index_t>(pass), plan.prefetch);
           });
         } else {
           const int64_t pixels = f.output_pixels();
@@ -313,7 +296,16 @@ int emulated_forward(const Geometry& g, const Tensors<scalar_t>& t, bool plain, 
             constexpr PixelsForwardVariant v = K::variant;
             const auto p = params_of<scalar_t, typename K::index_t>(f, t);
             std::vector<PackedRgbPixel<scalar_t>> packed;
-            if constexpr (v.packed_frame) packed = emulated_packed_frame(f, t.input);
+            if constexpr (v.packed_frame) {
+              // As the launcher: the frame packed first.
+              const int64_t count = f.batch * f.height_in * f.width_in;
+              packed.resize(static_cast<size_t>(count));
+              edsc_emulation::launch(dim3(blocks_for(count)), dim3(kThreadsPerBlock), 0, [&] {
+                pack_rgb_frame_cuda_kernel<scalar_t>(t.input, packed.data(),
+                                                     static_cast<int32_t>(f.height_in * f.width_in),
+                                                     static_cast<int32_t>(count));
+              });
+            }
             const auto kernel =
                 deform_sepconv_forward_cuda_kernel<v.channel_block, K::kKernelH, K::kKernelW, K::kChannelsLast,
                                                    v.prefetch, v.channel_block == 3, v.vector_loads, scalar_t,
@@ -358,9 +350,9 @@ Geometry geometry_of(const int64_t* values) {
 
 extern "C" __attribute__((visibility("default"))) int edsc_emulated_backward(
     const int64_t* geometry_values, int dtype, int lane_tile, int input_grad_tile, int lean_rgb_backward,
-    int packed_frame, const void* input, const void* vertical, const void* horizontal, const void* offset,
-    const void* mask, const void* grad_output, float* grad_input, void* grad_vertical, void* grad_horizontal,
-    void* grad_offset, void* grad_mask, char* plan_out, int plan_out_len, char* error, int error_len) {
+    const void* input, const void* vertical, const void* horizontal, const void* offset, const void* mask,
+    const void* grad_output, float* grad_input, void* grad_vertical, void* grad_horizontal, void* grad_offset,
+    void* grad_mask, char* plan_out, int plan_out_len, char* error, int error_len) {
   using namespace edsc_ext;
   const auto run = [&](auto type) {
     using T = decltype(type);
@@ -379,7 +371,6 @@ extern "C" __attribute__((visibility("default"))) int edsc_emulated_backward(
     policy.lane_tile = lane_tile != 0;
     policy.input_grad_tile = input_grad_tile != 0;
     policy.lean_rgb_backward = lean_rgb_backward != 0;
-    policy.packed_frame = packed_frame != 0;
     return emulated_backward<T>(geometry_of(geometry_values), policy, t, plan_out, plan_out_len, error, error_len);
   };
   return with_dtype(dtype, run, error, error_len);
