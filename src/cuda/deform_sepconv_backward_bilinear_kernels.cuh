@@ -288,7 +288,7 @@ __device__ void deform_sepconv_backward_rgb_pixel(const DeformSepconvParams<scal
 // Blocks a multiprocessor the tiled backward's register budget is made for (__launch_bounds__): the generic
 // kernels', and the lean exact-RGB one's (deform_sepconv_backward_rgb_pixel), which needs fewer registers.
 constexpr int kTileMinBlocks = 2;
-constexpr int kLeanRgbTileMinBlocks = 2;
+constexpr int kLeanRgbTileMinBlocks = 3;
 
 // Sum over the block (kTileThreads threads); every thread gets it. NaN and inf propagate.
 __device__ float block_sum(float v, float* scratch) {
