@@ -125,14 +125,17 @@ struct FloatTileAdd {
 // The half types (kWords 1, kBits 29): one word, round(v'), half the atomics and none of the split;
 // an element of n adds is off by at most n * 2^-30 S, below the rounding of its 8 (bfloat16) or 11
 // (float16) significand bits down to |v| ~ n * 2^-21 S or n * 2^-18 S (a tile's typical element is
-// ~S / 400), and the sum stays below 2^31 with a factor 2 of headroom (a doubled border pixel's
-// contributions, which input_grad_bound does not count). A tile whose bound is not finite (NaN or inf
-// data) or vanishingly small is disabled: its adds all go to `fallback`.
+// ~S / 400). |v'| sums to < 2^29 within the bound, leaving a factor 4 below 2^31 for the doubled
+// border, which input_grad_bound does not count (up to 4 at a tap outside the frame's padding in both
+// axes): only where every contribution of a tile meets that factor on one element with one sign, and
+// S lies within the adds' rounding (2^-19 for 5x5) of the next power of two, can the word overflow. A
+// tile whose bound is not finite (NaN or inf data) or vanishingly small is disabled: its adds all go
+// to `fallback`.
 constexpr int kFixedPointBits = 37;
 constexpr int kFixedPointOneWordBits = 29;
 // (kFixedPointMaxTaps, cuda_plan.h, keeps the adds per element within 2^16.)
 
-template <typename index_t, typename GlobalAdd, int kTileWords = 2>
+template <typename index_t, typename GlobalAdd, int kTileWords>
 struct FixedPointTileAdd {
   static_assert(kTileWords == 1 || kTileWords == 2, "one or two int32 words an element");
   static constexpr int kWords = kTileWords;
