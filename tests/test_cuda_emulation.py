@@ -231,7 +231,7 @@ def test_the_pixels_backward_computes_what_the_cpu_op_does(harness, c, k, channe
 @pytest.mark.parametrize("mode", ["border", "edsc"])
 def test_the_half_types_one_word_tile_stays_below_their_rounding(harness, c, channels_last, dtype, lean,
                                                                   expected_plan, mode):
-    """A half-type call's tile holds one int32 word an element (FixedPointTileAdd, kBits 29) where float32's
+    """A half-type call's tile holds one int32 word an element (FixedPointTileAdd, kBits 30) where float32's
     holds two: the input gradient's float32 sums, before the launcher rounds them to the dtype, stay within
     1e-4 of the largest element of the float64 reference's (a quarter of float16's rounding step there,
     a fortieth of bfloat16's), with taps on the image's border (edsc: the border pixel counted twice) and
@@ -248,6 +248,50 @@ def test_the_half_types_one_word_tile_stays_below_their_rounding(harness, c, cha
     assert got.dtype == torch.float64 and grads[0].dtype == torch.float32
     apart = (got - want).abs().max().item() / want.abs().max().item()
     assert apart < 1e-4, apart
+
+
+@pytest.mark.parametrize("c, channels_last, dtype, size, expected_plan", [
+    (3, False, torch.bfloat16, (8, 32), "tiled_rgb_lean_prefetch"),
+    (3, False, torch.float32, (8, 32), "tiled_rgb_lean_prefetch"),
+    (4, True, torch.float16, (8, 32), "tiled_warp_staged"),
+    (32, True, torch.float16, (8, 8), "lane_tile4"),
+])
+def test_the_fixed_point_tile_holds_the_doubled_borders_worst_case(harness, c, channels_last, dtype, size,
+                                                                   expected_plan):
+    """The worst case of a fixed-point tile: every tap of one block's pixels lands on the frame's corner
+    pixel beyond the padding in both axes (edsc: counted 4 times), all of one sign, and the pixels'
+    bound sums to a hair below a power of two (2^20 - 1 units of 2^-10). The scale counts the doubled
+    border (the padding's bound_factor), so the corner's int32 words hold the sum: the gradient there
+    is exact, where a scale without the factor would wrap the one-word tile around."""
+    gen = torch.Generator().manual_seed(9100 + c + list(TOLERANCES).index(dtype))
+    k, (height, width) = 5, size
+    pixels = height * width  # one block's tile
+    largest = 255 if dtype == torch.bfloat16 else 2047  # integers the dtype holds exactly
+    units = torch.randint(largest // 3, largest + 1, (pixels,), generator=gen)
+    # 25 taps a pixel of |V H M| = 1: the pixels' bound is 25 * sum(units) * 2^-10 = (2^20 - 1) * 2^-10.
+    target = ((1 << 20) - 1) // (k * k)
+    while int(units.sum()) != target:
+        step = 1 if int(units.sum()) < target else -1
+        pick = torch.randint(0, pixels, (1,), generator=gen).item()
+        if 1 <= int(units[pick]) + step <= largest:
+            units[pick] += step
+    sign = 1.0 if torch.rand(1, generator=gen).item() < 0.5 else -1.0
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    x = torch.randn(1, c, height, width, generator=gen)
+    v, h = torch.ones(1, k, height, width), torch.ones(1, k, height, width)
+    off = torch.full((1, 2 * k * k, height, width), -64.0)  # far before the corner in both axes
+    m = torch.ones(1, k * k, height, width)
+    grad_out = (sign * units.double() / 1024).reshape(1, 1, height, width).expand(1, c, height, width)
+    args = [t.to(dtype).contiguous(memory_format=fmt) for t in (x, v, h, off, m)]
+    grad_out = grad_out.to(dtype).contiguous(memory_format=fmt)
+    plan, grads = _emulated_backward(harness, *args, grad_out, k // 2, "edsc", channels_last, lane_tile=True)
+    assert plan == expected_plan, plan
+    given = [t.detach().double().requires_grad_() for t in args]
+    out = edsc_ext.deform_sepconv(*given, padding=k // 2, padding_mode="edsc")
+    want = torch.autograd.grad(out, given[0], grad_out.double())[0]
+    corner = sign * 4 * k * k * int(units.sum()) / 1024
+    assert torch.allclose(want[0, :, 0, 0], torch.full((c,), corner, dtype=torch.float64))
+    assert torch.equal(grads[0].double(), want), (grads[0][0, :, 0, 0], corner)
 
 
 @pytest.mark.parametrize("lane_tile", [False, True], ids=["channel_lanes", "lane_tile"])

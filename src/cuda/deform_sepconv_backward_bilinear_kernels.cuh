@@ -26,7 +26,8 @@ namespace edsc_ext {
 namespace {
 
 // Bound on the summed magnitude of one output pixel's input-gradient contributions:
-// max_c |dL/dout| * sum_t |V_i H_j M_t| (each bilinear weight is <= 1). NaN or inf data make it
+// max_c |dL/dout| * sum_t |V_i H_j M_t| (the bilinear weights of a tap sum to <= 1; a doubled border's
+// factor is the padding's bound_factor, which set_fixed_point_scale applies). NaN or inf data make it
 // NaN or inf, which disables the tile.
 template <int kKernelH, int kKernelW, bool kChannelsLast, typename scalar_t, typename index_t, typename param_t>
 __device__ float input_grad_bound(const DeformSepconvParams<scalar_t, index_t, param_t>& p, const scalar_t* grad_output,
@@ -316,12 +317,15 @@ __device__ void place_tile(TileAdd& add, word_t* tile, index_t row0, index_t col
   add.fallback = fallback;
 }
 
-// A fixed-point tile's scale from the block's bound on the summed magnitude of its contributions;
-// returns whether the tile is used (finite, not vanishingly small: else every add goes to the
-// fallback).
+// A fixed-point tile's scale from the block's bound on the summed magnitude of its contributions
+// (input_grad_bound's sum over the block's pixels) times the padding mode's bound_factor (a doubled
+// border weighs a sample up to 2 an axis); returns whether the tile is used (finite, not vanishingly
+// small: else every add goes to the fallback).
 template <typename index_t, typename GlobalAdd, int kWords>
-__device__ bool set_fixed_point_scale(float bound, FixedPointTileAdd<index_t, GlobalAdd, kWords>& add) {
+__device__ bool set_fixed_point_scale(float pixels_bound, const PaddingTraits& padding,
+                                      FixedPointTileAdd<index_t, GlobalAdd, kWords>& add) {
   constexpr int kBits = FixedPointTileAdd<index_t, GlobalAdd, kWords>::kBits;
+  const float bound = pixels_bound * static_cast<float>(padding.bound_factor);
   int exponent = 0;
   frexpf(bound, &exponent);  // bound < 2^exponent
   // Finite, and not so small that 2^(kBits - exponent) overflows float.
@@ -434,7 +438,7 @@ __global__ void __launch_bounds__(kTileThreads,
     } else {
       part = active ? input_grad_bound<kKernelH, kKernelW, kChannelsLast>(p, grad_output, n, y, x) : 0.0f;
     }
-    use_tile = set_fixed_point_scale(block_sum(part, bound_scratch), add);
+    use_tile = set_fixed_point_scale(block_sum(part, bound_scratch), p.padding, add);
   }
 
   for (index_t c0 = 0; c0 < p.channels; c0 += channels_per_pass) {
@@ -521,7 +525,7 @@ __global__ void __launch_bounds__(kTileThreads)
   // The bound over the block's pixels, each counted once (by its lane 0).
   const float part =
       active && lane == 0 ? input_grad_bound<kKernelH, kKernelW, true>(p, grad_output, n, y_in, x_in) : 0.0f;
-  const bool use_tile = set_fixed_point_scale(block_sum(part, bound_scratch), add);
+  const bool use_tile = set_fixed_point_scale(block_sum(part, bound_scratch), p.padding, add);
 
   for (index_t c0 = 0; c0 < p.channels; c0 += pass_capacity) {
     const index_t pass_channels = min(pass_capacity, p.channels - c0);

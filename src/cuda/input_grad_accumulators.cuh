@@ -116,23 +116,21 @@ struct FloatTileAdd {
 };
 
 // Fixed-point accumulation for float32 and the half types (which compute in float32). Each tile
-// first bounds the total magnitude S of all its input-gradient contributions (input_grad_bound);
+// first bounds the total magnitude S of all its input-gradient contributions (input_grad_bound over
+// its pixels, times the padding mode's bound_factor: a doubled border counts a sample up to 4 times);
 // every add is then v' = v * 2^kBits / S (a power of two, so exact), rounded to an integer and added
 // with native shared-memory integer atomics, so the sum does not depend on the order of the adds and
 // the tile is deterministic too. float32 (kWords 2, kBits 37): v' split into two int32 words,
 // hi = round(v' / 2^16) and lo = v' - hi * 2^16; with |v'| summing to < 2^37 and at most 2^16 adds an
 // element neither word overflows, and the quantum, 2^-37 S, is finer than what float32 atomics lose.
-// The half types (kWords 1, kBits 29): one word, round(v'), half the atomics and none of the split;
-// an element of n adds is off by at most n * 2^-30 S, below the rounding of its 8 (bfloat16) or 11
-// (float16) significand bits down to |v| ~ n * 2^-21 S or n * 2^-18 S (a tile's typical element is
-// ~S / 400). |v'| sums to < 2^29 within the bound, leaving a factor 4 below 2^31 for the doubled
-// border, which input_grad_bound does not count (up to 4 at a tap outside the frame's padding in both
-// axes): only where every contribution of a tile meets that factor on one element with one sign, and
-// S lies within the adds' rounding (2^-19 for 5x5) of the next power of two, can the word overflow. A
-// tile whose bound is not finite (NaN or inf data) or vanishingly small is disabled: its adds all go
-// to `fallback`.
+// The half types (kWords 1, kBits 30): one word, round(v'), half the atomics and none of the split;
+// |v'| sums to < 2^30 and the roundings of at most 2^16 adds to 2^15, so the word cannot overflow. An
+// element of n adds is off by at most n * 2^-31 S, below the rounding of its 8 (bfloat16) or 11
+// (float16) significand bits down to |v| ~ n * 2^-22 S or n * 2^-19 S (a tile's typical element is
+// ~S / 400; the edsc mode's factor 4 costs two of those bits). A tile whose bound is not finite (NaN
+// or inf data) or vanishingly small is disabled: its adds all go to `fallback`.
 constexpr int kFixedPointBits = 37;
-constexpr int kFixedPointOneWordBits = 29;
+constexpr int kFixedPointOneWordBits = 30;
 // (kFixedPointMaxTaps, cuda_plan.h, keeps the adds per element within 2^16.)
 
 template <typename index_t, typename GlobalAdd, int kTileWords>
