@@ -163,8 +163,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 // the output gradient read once for all taps, each tap's corner values summed over the channels against
 // it first (every parameter gradient is linear in them: 12 multiply-adds where the generic pixel code
 // forms three bilinear values and derivatives per channel), and each tap's tile elements and fixed-point
-// corner weights found once for its channels. What deform_sepconv_backward_pixel_with computes, up to
-// rounding; a non-finite position poisons its parameter gradients and adds nothing to the input's.
+// corner weights found once for its channels, and each tap's offsets and mask read while the tap before
+// it runs. What deform_sepconv_backward_pixel_with computes, up to rounding; a non-finite position
+// poisons its parameter gradients and adds nothing to the input's.
 template <int64_t kPaddingMode, int kChannels, int kKernelH, int kKernelW, typename scalar_t, typename index_t,
           typename param_t, typename GlobalAdd, int kWords>
 __device__ void deform_sepconv_backward_rgb_pixel(const DeformSepconvParams<scalar_t, index_t, param_t>& p,
@@ -191,6 +192,18 @@ __device__ void deform_sepconv_backward_rgb_pixel(const DeformSepconvParams<scal
   const index_t tile_plane = add.rows * add.cols;
   const int64_t y_base = static_cast<int64_t>(y) - p.pad_h;
   const int64_t x_base = static_cast<int64_t>(x) - p.pad_w;
+  // Each tap's offsets and mask are read one tap ahead: they come from L2, and a tap cannot address the
+  // frame before its offsets arrive (ncu: read when the tap came, that wait held most warps).
+  struct TapValues {
+    float dy, dx, mask;
+  };
+  const auto tap_values = [&](index_t t) {
+    const bool offsets = values.has_offset();
+    return TapValues{offsets ? values.template offset_value<float>(0, t, 0) : 0.0f,
+                     offsets ? values.template offset_value<float>(0, t, 1) : 0.0f,
+                     values.template mask_value<float>(0, t)};
+  };
+  TapValues next = tap_values(0);
   EDSC_NO_UNROLL
   for (index_t i = 0; i < kKernelH; ++i) {
     const float wv = values.template vertical<float>(i);
@@ -199,14 +212,12 @@ __device__ void deform_sepconv_backward_rgb_pixel(const DeformSepconvParams<scal
     EDSC_UNROLL
     for (int j = 0; j < kKernelW; ++j) {
       const index_t t = i * kKernelW + j;
+      const TapValues tap = next;
+      next = tap_values(t + 1 < kKernelH * kKernelW ? t + 1 : t);  // the last tap reads its own again
       const float wh = horizontal(j);
-      const float wm = values.template mask_value<float>(j, t);
-      float py = py0;
-      float px = static_cast<float>(x_base + static_cast<int64_t>(j) * p.dilation_w);
-      if (values.has_offset()) {
-        py += values.template offset_value<float>(j, t, 0);
-        px += values.template offset_value<float>(j, t, 1);
-      }
+      const float wm = tap.mask;
+      const float py = py0 + tap.dy;
+      const float px = static_cast<float>(x_base + static_cast<int64_t>(j) * p.dilation_w) + tap.dx;
       const float poison = py * 0.0f + px * 0.0f;  // NaN for a non-finite position, else 0
       const float w = wv * wh * wm;
       float w_scaled = w;  // doubled where a doubled border counts the border pixel twice
