@@ -46,7 +46,7 @@ def test_install_commands_name_what_an_index_serves():
     assert 'pip install "edsc-ext[apps]" --find-links' in readme  # once wheels exist
     # The apps' one-line error names exactly the apps extra's packages.
     assert EXTRA_HINT.startswith("pip install ") and '"apps" extra' in EXTRA_HINT
-    assert sorted(EXTRA_HINT.split("(")[0].split()[2:]) == sorted(extras()["apps"])
+    assert sorted(word.strip('"') for word in EXTRA_HINT.split("(")[0].split()[2:]) == sorted(extras()["apps"])
 
 
 def test_no_example_points_at_the_projects_own_data_folder():

@@ -274,6 +274,23 @@ def test_cli_pair_errors_are_one_line_with_exit_code_2(tmp_path, weights, capsys
     assert not out.exists()
 
 
+def test_an_older_pyav_than_the_apps_need_is_refused_in_one_line(tmp_path, weights, capsys, monkeypatch):
+    """A PyAV older than the apps extra's minimum (18: Stream.set_display_matrix) is refused before any work,
+    in one line with exit code 2, naming the version found and the one needed, where the run would fail later
+    with an AttributeError (PyAV 13 failed 57 tests that way)."""
+    import types
+
+    old = types.ModuleType("av")
+    old.__version__ = "17.0.1"
+    monkeypatch.setitem(sys.modules, "av", old)
+    clip = tmp_path / "in.mp4"
+    clip.write_bytes(b"\0" * 64)
+    out = tmp_path / "x2.mp4"
+    rc, _, err = run_cli(["--weights", weights["EDSC_s"], "--video", clip, "-o", out, "--device", "cpu"], capsys)
+    assert_one_line_error(rc, err, "'av' 18 or newer", "found 17.0.1", '"av>=18"')
+    assert not out.exists()
+
+
 @needs_packages("PIL")
 def test_pair_mode_refuses_an_input_as_the_output_under_any_spelling(tmp_path, weights, capsys, monkeypatch):
     first, second = write_pair(tmp_path / "in")

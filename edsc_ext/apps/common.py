@@ -9,6 +9,7 @@ import errno
 import functools
 import importlib
 import os
+import re
 import shutil
 import signal
 import stat
@@ -20,10 +21,13 @@ from typing import Iterator, List
 
 __all__ = ["UserError", "require", "progress", "OneLineParser", "atomic_path", "describe_os_error",
            "refuse_input_as_output", "signals_stop_the_run", "Stopped", "time_in_unit_interval", "EXTRA_HINT",
-           "ensure_output_folder", "remove_created_folders"]
+           "ensure_output_folder", "remove_created_folders", "MINIMUM_VERSIONS"]
 
+# The oldest version of an apps package the apps work with (pyproject.toml's extras say the same): PyAV 18
+# added Stream.set_display_matrix (a rotated video's display matrix kept).
+MINIMUM_VERSIONS = {"av": "18"}
 # The apps extra's packages (pyproject.toml), installable whether edsc-ext came from a checkout or a wheel.
-EXTRA_HINT = 'pip install tqdm pillow av (the "apps" extra)'
+EXTRA_HINT = 'pip install tqdm pillow "av>=18" (the "apps" extra)'
 
 
 class UserError(ValueError):
@@ -32,12 +36,24 @@ class UserError(ValueError):
     values (examples/train.py) catch it too."""
 
 
+def _version_key(version: str) -> tuple:
+    return tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
 def require(module: str, what: str):
-    """Imports an optional dependency of the ``apps`` extra, or raises a UserError naming the extra."""
+    """Imports an optional dependency of the ``apps`` extra, or raises a UserError naming the extra (also
+    where the installed version is older than MINIMUM_VERSIONS asks)."""
+    package = module.split(".")[0]
     try:
-        return importlib.import_module(module)
+        imported = importlib.import_module(module)
     except ImportError:
-        raise UserError(f"{what} needs the '{module.split('.')[0]}' package: {EXTRA_HINT}") from None
+        raise UserError(f"{what} needs the '{package}' package: {EXTRA_HINT}") from None
+    minimum = MINIMUM_VERSIONS.get(package)
+    if minimum is not None:
+        found = str(getattr(sys.modules[package], "__version__", "0"))
+        if _version_key(found) < _version_key(minimum):
+            raise UserError(f"{what} needs '{package}' {minimum} or newer, found {found}: {EXTRA_HINT}")
+    return imported
 
 
 def progress(iterable=None, *, disable: bool = False, **kwargs):
