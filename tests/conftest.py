@@ -6,6 +6,7 @@ below, so that works under any pytest import mode).
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import os
 import sys
@@ -60,9 +61,32 @@ OPTIONAL_PACKAGES = {"av": "av", "PIL": "pillow", "tqdm": "tqdm", "onnx": "onnx"
                      "onnxruntime": "onnxruntime", "skimage": "scikit-image"}
 
 
+def install_name(module: str) -> str:
+    """What pip installs for the import name ``module``, quoted with its minimum version where it has one."""
+    from edsc_ext.apps.common import MINIMUM_VERSIONS
+
+    name = OPTIONAL_PACKAGES.get(module, module)
+    return f'"{name}>={MINIMUM_VERSIONS[module]}"' if module in MINIMUM_VERSIONS else name
+
+
 def missing_packages(*modules: str) -> list:
-    """Those of the import names ``modules`` that are not installed."""
-    return [m for m in modules if importlib.util.find_spec(m) is None]
+    """Those of the import names ``modules`` that are not installed, or older than the apps need
+    (edsc_ext.apps.common.MINIMUM_VERSIONS: such a package counts as missing, so its tests skip)."""
+    from edsc_ext.apps.common import MINIMUM_VERSIONS, version_key
+
+    def usable(module: str) -> bool:
+        if importlib.util.find_spec(module) is None:
+            return False
+        minimum = MINIMUM_VERSIONS.get(module)
+        if minimum is None:
+            return True
+        try:
+            installed = importlib.metadata.version(OPTIONAL_PACKAGES.get(module, module))
+        except importlib.metadata.PackageNotFoundError:  # importable without metadata: taken as it is
+            return True
+        return version_key(installed) >= version_key(minimum)
+
+    return [m for m in modules if not usable(m)]
 
 
 def needs_packages(*modules: str):
@@ -70,7 +94,7 @@ def needs_packages(*modules: str):
     the missing ones and how to install them. tools/optional_packages.py runs the suite without each."""
     missing = missing_packages(*modules)
     return pytest.mark.skipif(bool(missing), reason=f"needs {', '.join(missing)}: pip install "
-                                                    f"{' '.join(OPTIONAL_PACKAGES.get(m, m) for m in missing)}")
+                                                    f"{' '.join(install_name(m) for m in missing)}")
 
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -1198,7 +1198,7 @@ def test_a_missing_apps_package_is_one_line_naming_the_extra(tmp_path, weights, 
             "PIL": ["--weights", weights["EDSC_s"], first, second, "-o", tmp_path / "o.png", "--device", "cpu"],
             "tqdm": video_argv(weights, "EDSC_s", clip, tmp_path / "o.mp4")[:-1]}[module]
     rc, _, err = run_cli(argv, capsys)
-    assert_one_line_error(rc, err, f"'{module}' package", 'pip install tqdm pillow av')
+    assert_one_line_error(rc, err, f"'{module}' package", 'pip install tqdm pillow "av>=18"')
 
 
 @needs_packages("av", "tqdm")

@@ -10,7 +10,6 @@ two frames where what the network computes does not matter."""
 from __future__ import annotations
 
 import errno
-import importlib.util
 import json
 import re
 import subprocess
@@ -23,14 +22,15 @@ import numpy as np
 import pytest
 import torch
 
+from edsc_ext.apps.common import EXTRA_HINT
 from edsc_ext.models import EDSC_m
 
-from conftest import assert_one_line_error, requires_cuda, requires_two_gpus, run_cli, subprocess_env
+from conftest import assert_one_line_error, missing_packages, requires_cuda, requires_two_gpus, run_cli, subprocess_env
 
-MISSING = [m for m in ("av", "PIL", "tqdm") if importlib.util.find_spec(m) is None]
+MISSING = missing_packages("av", "PIL", "tqdm")
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
-              pytest.mark.skipif(bool(MISSING), reason=f"needs the apps extra ({', '.join(MISSING)} missing): "
-                                                       "pip install tqdm pillow av")]
+              pytest.mark.skipif(bool(MISSING), reason=f"needs the apps extra ({', '.join(MISSING)} missing or too "
+                                                       f"old): {EXTRA_HINT}")]
 if not MISSING:
     import av
 

@@ -17,6 +17,6 @@
 - :mod:`edsc_ext.apps.common`: the error type the commands print in one line, progress bars
   (tqdm), atomic outputs.
 
-They need the ``apps`` extra's packages: ``pip install tqdm pillow av`` (or, in the checkout,
+They need the ``apps`` extra's packages: ``pip install tqdm pillow "av>=18"`` (or, in the checkout,
 ``pip install --no-build-isolation ".[apps]"``).
 """

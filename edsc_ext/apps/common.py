@@ -21,7 +21,7 @@ from typing import Iterator, List
 
 __all__ = ["UserError", "require", "progress", "OneLineParser", "atomic_path", "describe_os_error",
            "refuse_input_as_output", "signals_stop_the_run", "Stopped", "time_in_unit_interval", "EXTRA_HINT",
-           "ensure_output_folder", "remove_created_folders", "MINIMUM_VERSIONS"]
+           "ensure_output_folder", "remove_created_folders", "MINIMUM_VERSIONS", "version_key"]
 
 # The oldest version of an apps package the apps work with (pyproject.toml's extras say the same): PyAV 18
 # added Stream.set_display_matrix (a rotated video's display matrix kept).
@@ -36,7 +36,8 @@ class UserError(ValueError):
     values (examples/train.py) catch it too."""
 
 
-def _version_key(version: str) -> tuple:
+def version_key(version: str) -> tuple:
+    """'18.1.0' -> (18, 1, 0): versions compared as numbers."""
     return tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0])[:3])
 
 
@@ -51,7 +52,7 @@ def require(module: str, what: str):
     minimum = MINIMUM_VERSIONS.get(package)
     if minimum is not None:
         found = str(getattr(sys.modules[package], "__version__", "0"))
-        if _version_key(found) < _version_key(minimum):
+        if version_key(found) < version_key(minimum):
             raise UserError(f"{what} needs '{package}' {minimum} or newer, found {found}: {EXTRA_HINT}")
     return imported
 

@@ -712,7 +712,7 @@ def build_parser() -> OneLineParser:
                "  edsc-interpolate --weights EDSC_s.pth --video clip.mp4 -o clip_x2.mp4\n"
                "  edsc-interpolate --weights EDSC_m.pth --video clip.mp4 -o clip_60.mp4 --fps 60\n"
                "  edsc-interpolate --weights EDSC_s.pth --video frames/ -o frames_x4/ --factor 4\n"
-               "\nBad input is reported in one line, exit code 2. Needs: pip install tqdm pillow av")
+               "\nBad input is reported in one line, exit code 2. Needs: pip install tqdm pillow \"av>=18\"")
     parser.add_argument("--version", action=_VersionAction, help="print the versions (edsc-ext, torch, PyAV) and exit")
     parser.add_argument("frames", nargs="*", metavar="FRAME", help="the two input images (pair mode)")
     parser.add_argument("-o", "--output", required=True,
