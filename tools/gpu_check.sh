@@ -11,7 +11,8 @@
 # benchmark runs with the same arguments, e.g. "--deterministic --channels-last"), AB_ARGS (a kernel A/B,
 # tools/policy_ab.py's arguments, e.g. "--cases feat feat64 --channels-last --a channel_lanes=true"), SKIP_BUILD=1
 # (a warm machine that already has this checkout installed), WHEEL=path (install that wheel, built elsewhere,
-# instead of building; refused, exit 2, where it was built from other sources than the checkout's). Each step prints its wall time.
+# instead of building, the checkout's Python modules over its own; refused, exit 2, where it was built from other
+# sources than the checkout's). Each step prints its wall time.
 # PYTEST_MARKS replaces the marker expression of the parallel run ("not multi_gpu"), e.g.
 # PYTEST_MARKS="cuda and not multi_gpu" for the tests that need a GPU (CI runs the rest): on the
 # H200 machine those (334 on 2026-11-30) take about 30 s with -n 12, and the whole suite about 72 s,
@@ -72,6 +73,11 @@ if built != checkout:
              "build the wheel again from this checkout")
 PY
   ) || exit 2
+  # Its binary is the checkout's (checked above), but a wheel built before a Python-only edit carries the
+  # older modules, and the checkout's tests would import names they lack: the checkout's Python goes over it.
+  site_package="$(cd /tmp && python3 -c 'import edsc_ext, os; print(os.path.dirname(edsc_ext.__file__))')"
+  (cd "$REPO/edsc_ext" && find . -name '*.py' ! -name _build_meta.py -exec cp --parents {} "$site_package/" \;) \
+    || exit 1
 elif [ -z "${SKIP_BUILD:-}" ]; then
   step "build: pip install --no-build-isolation ."
   rm -rf build edsc_ext/_C*.so
