@@ -27,7 +27,7 @@ __all__ = ["UserError", "require", "progress", "OneLineParser", "atomic_path", "
 # added Stream.set_display_matrix (a rotated video's display matrix kept).
 MINIMUM_VERSIONS = {"av": "18"}
 # The apps extra's packages (pyproject.toml), installable whether edsc-ext came from a checkout or a wheel.
-EXTRA_HINT = 'pip install tqdm pillow "av>=18" (the "apps" extra)'
+EXTRA_HINT = f'pip install tqdm pillow "av>={MINIMUM_VERSIONS["av"]}" (the "apps" extra)'
 
 
 class UserError(ValueError):
