@@ -96,16 +96,18 @@ def run_every_path(dtypes) -> None:
                                         padding_mode=mode).sum().backward()
                 # The channel lanes backward (the default policy): 8 channels one lane a pixel (the call
                 # above); 24 channels three blocks on four lanes, one idle, the last warp partly past the
-                # last pixel; and the NCHW copies they replace (channel_lanes=False).
+                # last pixel; 32 channels on four lanes (float32: the forward's and the lane tile's vector
+                # pieces interleave); and the NCHW copies they replace (channel_lanes=False).
                 wider = torch.cat([cl[0].detach()] * 5, 1)[:, :24].contiguous(memory_format=torch.channels_last)
-                for frame, lanes in ((wider, True), (wide.detach(), False)):
+                four_lanes = torch.cat([cl[0].detach()] * 7, 1)[:, :32].contiguous(memory_format=torch.channels_last)
+                for frame, lanes in ((wider, True), (four_lanes, True), (wide.detach(), False)):
                     with edsc_ext.kernel_policy(channel_lanes=lanes):
                         out = edsc_ext.deform_sepconv(frame.requires_grad_(), *cl[1:], padding=pad, dilation=dil,
                                                       padding_mode=mode)
                         out.backward(torch.randn_like(out))
-                # The lane tile (kernel_policy(lane_tile=True)): the same 24 and 8 channels, the input
+                # The lane tile (kernel_policy(lane_tile=True)): the same 24, 32 and 8 channels, the input
                 # gradient through the shared-memory tile.
-                for frame in (wider, wide.detach()):
+                for frame in (wider, four_lanes.detach(), wide.detach()):
                     with edsc_ext.kernel_policy(lane_tile=True):
                         out = edsc_ext.deform_sepconv(frame.requires_grad_(), *cl[1:], padding=pad, dilation=dil,
                                                       padding_mode=mode)
