@@ -462,8 +462,8 @@ inline constexpr LaneTileVariant kLaneTileVariants[] = {
      .channel_block = kPixelVectorBlock,
      .interleaved_lanes = 0,
      .scope = kChannelsLastVectorScope},
-    // float32 on 4 lanes (17 to 32 channels), every pass whole rounds of 32 channels: a block's two 16-byte
-    // pieces 16 channels apart.
+    // float32 on 4 lanes, channels and every pass whole rounds of 32 (the feat case: 32 channels in one pass):
+    // a block's two 16-byte pieces 16 channels apart.
     {.name = "lane_tile_interleaved",
      .channel_block = kPixelVectorBlock,
      .interleaved_lanes = 4,
