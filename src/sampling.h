@@ -363,6 +363,13 @@ struct alignas(sizeof(scalar_t) * kCount) ValueBlock {
 template <typename scalar_t, int kCount>
 constexpr int kVectorPiece = kCount * sizeof(scalar_t) <= 16 ? kCount : static_cast<int>(16 / sizeof(scalar_t));
 
+// Where value k of a block read in pieces of kPiece values lies, piece j starting piece_stride * j
+// channels after the first (piece_stride kPiece: adjacent pieces).
+template <int kPiece>
+EDSC_HOST_DEVICE constexpr int piece_channel(int k, int piece_stride) {
+  return k / kPiece * piece_stride + k % kPiece;
+}
+
 // The kCount channels of one corner (0 outside the image) in loads of kVectorPiece values, piece k
 // at `at + k * piece_stride` (adjacent by default); `at` must be aligned to a piece's size.
 template <int kCount, typename acc_t, typename scalar_t>
@@ -374,7 +381,7 @@ EDSC_HOST_DEVICE void load_corner_block(bool inside, const scalar_t* at, acc_t (
     EDSC_UNROLL
     for (int k0 = 0; k0 < kCount; k0 += kPiece) {
       const ValueBlock<scalar_t, kPiece> piece =
-          *reinterpret_cast<const ValueBlock<scalar_t, kPiece>*>(at + k0 / kPiece * piece_stride);
+          *reinterpret_cast<const ValueBlock<scalar_t, kPiece>*>(at + piece_channel<kPiece>(k0, piece_stride));
       EDSC_UNROLL
       for (int k = 0; k < kPiece; ++k) out[k0 + k] = static_cast<acc_t>(piece.v[k]);
     }
@@ -590,8 +597,7 @@ EDSC_HOST_DEVICE void deform_sepconv_forward_pixel_with(const DeformSepconvParam
   scalar_t* out = output + out_view.base + first * out_view.stride;
   EDSC_UNROLL
   for (int cc = 0; cc < kChannelBlock; ++cc) {
-    const index_t channel = kInterleaved ? cc / kPiece * piece_stride + cc % kPiece : cc;
-    if (cc < block) out[channel * out_view.stride] = static_cast<scalar_t>(acc[cc]);
+    if (cc < block) out[piece_channel<kPiece>(cc, piece_stride) * out_view.stride] = static_cast<scalar_t>(acc[cc]);
   }
 }
 
@@ -995,7 +1001,7 @@ EDSC_HOST_DEVICE void deform_sepconv_backward_pixel_with(const DeformSepconvPara
                 acc_t piece[kPiece];
                 EDSC_UNROLL
                 for (int k = 0; k < kPiece; ++k) piece[k] = value[k0 + k];
-                scatter_corner_block(s, piece, c0 + k0 / kPiece * piece_stride, add_input_grad);
+                scatter_corner_block(s, piece, c0 + piece_channel<kPiece>(k0, piece_stride), add_input_grad);
               }
             }
           }
