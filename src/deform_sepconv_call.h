@@ -330,14 +330,13 @@ struct VariantScope {
   bool kernel_5x5;   // only with the compile-time 5x5
   bool index_32bit;  // only with 32-bit indices
   VariantLayout layout;
-  int64_t min_element_size;  // of the frame's dtype
-  int64_t max_element_size;
-  bool same_dtypes;  // not with mixed precision
+  int64_t max_element_size;  // of the frame's dtype
+  bool same_dtypes;          // not with mixed precision
 
   constexpr bool admits(const VariantFacts& f) const {
     return (!kernel_5x5 || f.kernel_5x5) && (!index_32bit || f.index_32bit) &&
            (layout == VariantLayout::kAny || (layout == VariantLayout::kChannelsLast) == f.channels_last) &&
-           f.element_size >= min_element_size && f.element_size <= max_element_size && (!same_dtypes || f.same_dtypes);
+           f.element_size <= max_element_size && (!same_dtypes || f.same_dtypes);
   }
 };
 

@@ -363,25 +363,16 @@ struct alignas(sizeof(scalar_t) * kCount) ValueBlock {
 template <typename scalar_t, int kCount>
 constexpr int kVectorPiece = kCount * sizeof(scalar_t) <= 16 ? kCount : static_cast<int>(16 / sizeof(scalar_t));
 
-// Where value k of a block read in pieces of kPiece values lies, piece j starting piece_stride * j
-// channels after the first (piece_stride kPiece: adjacent pieces).
-template <int kPiece>
-EDSC_HOST_DEVICE constexpr int piece_channel(int k, int piece_stride) {
-  return k / kPiece * piece_stride + k % kPiece;
-}
-
-// The kCount channels of one corner (0 outside the image) in loads of kVectorPiece values, piece k
-// at `at + k * piece_stride` (adjacent by default); `at` must be aligned to a piece's size.
+// The kCount channels of one corner (0 outside the image) in loads of kVectorPiece values; `at`
+// must be aligned to a piece's size.
 template <int kCount, typename acc_t, typename scalar_t>
-EDSC_HOST_DEVICE void load_corner_block(bool inside, const scalar_t* at, acc_t (&out)[kCount],
-                                        int piece_stride = kVectorPiece<scalar_t, kCount>) {
+EDSC_HOST_DEVICE void load_corner_block(bool inside, const scalar_t* at, acc_t (&out)[kCount]) {
   constexpr int kPiece = kVectorPiece<scalar_t, kCount>;
   static_assert(kCount % kPiece == 0, "a block is whole pieces");
   if (inside) {
     EDSC_UNROLL
     for (int k0 = 0; k0 < kCount; k0 += kPiece) {
-      const ValueBlock<scalar_t, kPiece> piece =
-          *reinterpret_cast<const ValueBlock<scalar_t, kPiece>*>(at + piece_channel<kPiece>(k0, piece_stride));
+      const ValueBlock<scalar_t, kPiece> piece = *reinterpret_cast<const ValueBlock<scalar_t, kPiece>*>(at + k0);
       EDSC_UNROLL
       for (int k = 0; k < kPiece; ++k) out[k0 + k] = static_cast<acc_t>(piece.v[k]);
     }
@@ -398,13 +389,13 @@ EDSC_HOST_DEVICE void load_corner_block(bool inside, const scalar_t* at, acc_t (
 // the taps straight-line code. On the H200 straight-line taps won where the channel count is a
 // compile-time constant (RGB) and lost where a run-time channel count leaves a branch per channel
 // anyway (BENCHMARKS.md, "Measurements behind the kernel choices").
-// kVectorLoads (channels_last; the caller guarantees a whole block, `in` aligned to a piece): each
-// corner's kChannelBlock channels in vector loads (load_corner_block), piece k at in + k * piece_stride.
+// kVectorLoads (channels_last; the caller guarantees a whole block, `in` aligned to it): each
+// corner's kChannelBlock channels in one load (load_corner_block).
 template <int kChannelBlock, bool kChannelsLast, bool kBranchFree, bool kVectorLoads = false, typename scalar_t,
           typename acc_t, typename index_t, typename param_t>
 EDSC_HOST_DEVICE bool accumulate_tap(const DeformSepconvParams<scalar_t, index_t, param_t>& p, const scalar_t* in,
-                                     index_t plane, int block, acc_t w, acc_t py, acc_t px, acc_t (&acc)[kChannelBlock],
-                                     int piece_stride = kVectorPiece<scalar_t, kChannelBlock>) {
+                                     index_t plane, int block, acc_t w, acc_t py, acc_t px,
+                                     acc_t (&acc)[kChannelBlock]) {
   const auto s = make_bilinear_sample<acc_t, index_t>(
       py, px, p.height_in, p.width_in, p.padding, input_pixel_stride<kChannelsLast>(p), p.frame_pad_h, p.frame_pad_w);
   w *= s.weight_scale();
@@ -418,10 +409,10 @@ EDSC_HOST_DEVICE bool accumulate_tap(const DeformSepconvParams<scalar_t, index_t
   if constexpr (kVectorLoads) {
     static_assert(kChannelsLast, "vector loads read a pixel's adjacent channels");
     acc_t v00[kChannelBlock], v01[kChannelBlock], v10[kChannelBlock], v11[kChannelBlock];
-    load_corner_block(s.y.lo_in && s.x.lo_in, in + s.offset_of(0, 0), v00, piece_stride);
-    load_corner_block(s.y.lo_in && s.x.hi_in, in + s.offset_of(0, 1), v01, piece_stride);
-    load_corner_block(s.y.hi_in && s.x.lo_in, in + s.offset_of(1, 0), v10, piece_stride);
-    load_corner_block(s.y.hi_in && s.x.hi_in, in + s.offset_of(1, 1), v11, piece_stride);
+    load_corner_block(s.y.lo_in && s.x.lo_in, in + s.offset_of(0, 0), v00);
+    load_corner_block(s.y.lo_in && s.x.hi_in, in + s.offset_of(0, 1), v01);
+    load_corner_block(s.y.hi_in && s.x.lo_in, in + s.offset_of(1, 0), v10);
+    load_corner_block(s.y.hi_in && s.x.hi_in, in + s.offset_of(1, 1), v11);
     EDSC_UNROLL
     for (int cc = 0; cc < kChannelBlock; ++cc) {
       acc[cc] += w * interpolate(s, Corners<acc_t>{v00[cc], v01[cc], v10[cc], v11[cc]});
@@ -538,10 +529,6 @@ struct GlobalPixelValues {
 // out[n, c0 : c0 + kChannelBlock, y, x]. The sampling positions and weights of each tap are
 // computed once and reused for the block of channels. `values`: see GlobalPixelValues;
 // kVectorLoads: see accumulate_tap. (Exactly RGB takes deform_sepconv_forward_pixel_static_padding.)
-// With vector loads in more than one piece, the block c0 / kChannelBlock of a pixel's blocks takes
-// the pieces with that index modulo the block count instead of adjacent ones: the pixel's threads
-// (adjacent lanes) then read adjacent pieces with each load instruction, whole 32-byte sectors,
-// where adjacent blocks made each instruction read half of every sector twice.
 template <int kChannelBlock, int kKernelH, int kKernelW, bool kChannelsLast, typename scalar_t, typename acc_t,
           typename index_t, typename PixelValues, bool kVectorLoads = false, typename param_t = scalar_t>
 EDSC_HOST_DEVICE void deform_sepconv_forward_pixel_with(const DeformSepconvParams<scalar_t, index_t, param_t>& p,
@@ -552,12 +539,7 @@ EDSC_HOST_DEVICE void deform_sepconv_forward_pixel_with(const DeformSepconvParam
   const index_t hw_out = p.height_out * p.width_out;
   const index_t pixel = y * p.width_out + x;
   const index_t plane = input_channel_stride<kChannelsLast>(p);
-  constexpr int kPiece = kVectorPiece<scalar_t, kChannelBlock>;
-  constexpr bool kInterleaved = kVectorLoads && kPiece < kChannelBlock;
-  // kInterleaved: piece k of this thread's channels starts at first + k * piece_stride.
-  const index_t first = kInterleaved ? c0 / kChannelBlock * kPiece : c0;
-  const int piece_stride = kInterleaved ? static_cast<int>(p.channels / kChannelBlock * kPiece) : kPiece;
-  const scalar_t* in = p.input + n * p.channels * p.height_in * p.width_in + first * plane;
+  const scalar_t* in = p.input + n * p.channels * p.height_in * p.width_in + c0 * plane;
   const int block = static_cast<int>(p.channels - c0 < kChannelBlock ? p.channels - c0 : kChannelBlock);
 
   acc_t acc[kChannelBlock];
@@ -587,17 +569,17 @@ EDSC_HOST_DEVICE void deform_sepconv_forward_pixel_with(const DeformSepconvParam
           px += values.template offset_value<acc_t>(j, t, 1);
         }
         accumulate_tap<kChannelBlock, kChannelsLast, /*kBranchFree=*/false, kVectorLoads>(p, in, plane, block, w, py,
-                                                                                          px, acc, piece_stride);
+                                                                                          px, acc);
       }
     }
     values.end_row(i);
   }
   if (!values.active()) return;
   const PixelView<index_t> out_view = pixel_view<kChannelsLast>(n, pixel, p.channels, hw_out);
-  scalar_t* out = output + out_view.base + first * out_view.stride;
+  scalar_t* out = output + out_view.base + c0 * out_view.stride;
   EDSC_UNROLL
   for (int cc = 0; cc < kChannelBlock; ++cc) {
-    if (cc < block) out[piece_channel<kPiece>(cc, piece_stride) * out_view.stride] = static_cast<scalar_t>(acc[cc]);
+    if (cc < block) out[cc * out_view.stride] = static_cast<scalar_t>(acc[cc]);
   }
 }
 
@@ -967,20 +949,16 @@ EDSC_HOST_DEVICE void deform_sepconv_backward_pixel_with(const DeformSepconvPara
       if constexpr (kSplitsChannels) {
         // This thread's whole blocks of channels, each corner's block with vector loads (the
         // caller guarantees channels_last, whole blocks and their alignment).
-        // A block's vector pieces are piece_stride apart (adjacent unless the values interleave them:
-        // ChannelLanePixelValues).
         static_assert(kChannelsLast, "split channels read a pixel's adjacent channels");
-        constexpr int kPiece = kVectorPiece<scalar_t, kChannelBlock>;
-        constexpr int piece_stride = PixelValues::kPieceStride;
         for (index_t c0 = values.first_channel(c_begin); c0 < c_end; c0 += values.channel_step()) {
           acc_t g[kChannelBlock];
-          load_corner_block(true, go + c0, g, piece_stride);
+          load_corner_block(true, go + c0, g);
           if (param_grads) {
             acc_t v00[kChannelBlock], v01[kChannelBlock], v10[kChannelBlock], v11[kChannelBlock];
-            load_corner_block(s.y.lo_in && s.x.lo_in, in + s.offset_of(0, 0) + c0, v00, piece_stride);
-            load_corner_block(s.y.lo_in && s.x.hi_in, in + s.offset_of(0, 1) + c0, v01, piece_stride);
-            load_corner_block(s.y.hi_in && s.x.lo_in, in + s.offset_of(1, 0) + c0, v10, piece_stride);
-            load_corner_block(s.y.hi_in && s.x.hi_in, in + s.offset_of(1, 1) + c0, v11, piece_stride);
+            load_corner_block(s.y.lo_in && s.x.lo_in, in + s.offset_of(0, 0) + c0, v00);
+            load_corner_block(s.y.lo_in && s.x.hi_in, in + s.offset_of(0, 1) + c0, v01);
+            load_corner_block(s.y.hi_in && s.x.lo_in, in + s.offset_of(1, 0) + c0, v10);
+            load_corner_block(s.y.hi_in && s.x.hi_in, in + s.offset_of(1, 1) + c0, v11);
             EDSC_UNROLL
             for (int cc = 0; cc < kChannelBlock; ++cc) {
               const Corners<acc_t> corners{v00[cc], v01[cc], v10[cc], v11[cc]};
@@ -993,17 +971,7 @@ EDSC_HOST_DEVICE void deform_sepconv_backward_pixel_with(const DeformSepconvPara
             acc_t value[kChannelBlock];
             EDSC_UNROLL
             for (int cc = 0; cc < kChannelBlock; ++cc) value[cc] = s.finite ? g[cc] * w_scaled : acc_t(0);
-            if constexpr (piece_stride == kPiece) {
-              scatter_corner_block(s, value, c0, add_input_grad);
-            } else {
-              EDSC_UNROLL
-              for (int k0 = 0; k0 < kChannelBlock; k0 += kPiece) {
-                acc_t piece[kPiece];
-                EDSC_UNROLL
-                for (int k = 0; k < kPiece; ++k) piece[k] = value[k0 + k];
-                scatter_corner_block(s, piece, c0 + piece_channel<kPiece>(k0, piece_stride), add_input_grad);
-              }
-            }
+            scatter_corner_block(s, value, c0, add_input_grad);
           }
         }
         if (param_grads) values.sum_over_threads(grad_w, grad_ly, grad_lx);

@@ -480,8 +480,7 @@ def test_channels_last_channel_lanes(gen, config, dtype, per_pixel):
 # with the input gradient add it into a fixed-point tile in shared memory, flushed once per tile and pass of
 # channels (c32 with a dilation of 5 takes four passes of 8; c16 a dilated run-time 3x4 kernel). The
 # float64 reference as for the lanes; without the input gradient the lanes stay; a deterministic input
-# gradient takes the tile too (flushed into the fixed-point sums), and repeats bit for bit. float32 frames of
-# 32 channels in one pass (c32-5x5) take the tile whose lanes interleave their 16-byte pieces.
+# gradient takes the tile too (flushed into the fixed-point sums), and repeats bit for bit.
 @pytest.mark.cuda
 @requires_cuda
 @pytest.mark.parametrize("dtype, per_pixel", PER_PIXEL_DTYPES, ids=PER_PIXEL_IDS)
@@ -491,12 +490,11 @@ def test_channels_last_channel_lanes(gen, config, dtype, per_pixel):
 def test_channels_last_lane_tile(gen, config, dtype, per_pixel):
     as_cl = lambda t: t.contiguous(memory_format=torch.channels_last)  # noqa: E731
     lanes = _lanes(config)
-    tile = "lane_tile_interleaved" if dtype == F32 and config[1] == 32 and config[7] == 1 else "lane_tile"
     for case, present, which, padding_mode, grad_output, expected, expected_grads in _many_channel_cases(
             gen, config, dtype, per_pixel):
         with edsc_ext.kernel_policy(lane_tile=True):
             backward = plans_of(case, padding_mode, which=which).backward
-            wanted = f"{tile}{lanes}" if "input" in which else f"channel_lanes{lanes}"
+            wanted = f"lane_tile{lanes}" if "input" in which else f"channel_lanes{lanes}"
             assert backward == wanted, (present, which, padding_mode, backward)
             out, grads = forward_and_grads(OP, case, padding_mode, as_cl(grad_output), which=which)
         for name, g in zip(ARG_NAMES, grads):
@@ -512,7 +510,7 @@ def test_channels_last_lane_tile(gen, config, dtype, per_pixel):
     torch.use_deterministic_algorithms(True)
     try:
         with edsc_ext.kernel_policy(lane_tile=True):
-            assert plans_of(case, "border").backward == f"{tile}{lanes}+fixed_point"
+            assert plans_of(case, "border").backward == f"lane_tile{lanes}+fixed_point"
             runs = [forward_and_grads(OP, case, "border", grad_output) for _ in range(3)]
     finally:
         torch.use_deterministic_algorithms(enabled)

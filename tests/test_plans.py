@@ -125,10 +125,10 @@ EXPECTED_PLANS = {
     'train f64': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb', 'tiled_rgb_prefetch'),
     'train f32 channels_last': ('pixels/avx2', 'sample_rows/avx2', 'lane_pairs_rgb_staged', 'tiled_warp_staged_rgb'),
     'train bf16 channels_last': ('pixels/avx2+float32_frame', 'sample_rows/avx2+float32_frame', 'lane_pairs_rgb_staged', 'tiled_warp_staged_rgb'),
-    'feat f32 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_vectorized8', 'lane_tile_interleaved4'),
+    'feat f32 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_vectorized8', 'lane_tile4'),
     'feat bf16 channels_last': ('pixels/avx2+float32_frame', 'pixels_fused/avx2+float32_frame', 'pixels_vectorized8', 'lane_tile4'),
     'feat f64 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'pixels', 'nchw_copies+tiled_prefetch'),
-    'feat f32+bf16 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_vectorized8', 'lane_tile_interleaved4'),
+    'feat f32+bf16 channels_last': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_vectorized8', 'lane_tile4'),
     'train f32+f16 channels_last': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb', 'tiled_blocks3'),
     'train f32 deterministic': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb', 'tiled_rgb_lean_prefetch+fixed_point'),
     'train f64 deterministic': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb', 'pixels_blocks3+fixed_point'),
@@ -149,7 +149,7 @@ EXPECTED_PLANS = {
     'train f32 views': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb', 'tiled_rgb_lean_prefetch'),
     'train f32 channels_last views': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb', 'tiled_warp_staged_rgb'),
     'train f16 C=4 views': ('pixels/avx2+float32_frame', 'sample_rows/avx2+float32_frame', 'pixels', 'tiled_prefetch'),
-    'feat f32 channels_last views': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_vectorized8', 'lane_tile_interleaved4'),
+    'feat f32 channels_last views': ('pixels/avx2', 'pixels_fused/avx2', 'pixels_vectorized8', 'lane_tile4'),
     'sepconv f32 channels_last views': ('pixels/avx2', 'grid_taps_rows/avx2', 'pixels', 'grid_taps_params+gather_input_grad'),
     'train f32 frame grad only': ('pixels/avx2', 'sample_rows/avx2', 'pixels_rgb', 'tiled_rgb_lean_prefetch'),
     'train f32 no grads': ('pixels/avx2', 'none', 'pixels_rgb', 'none'),
@@ -193,11 +193,11 @@ POLICY_CASES = [
     ("warp_staging", False, meta_call(TRAIN, channels_last=True), H200,
      ("lane_pairs_rgb_staged", "tiled_warp_staged_rgb"), ("lane_pairs_rgb_staged", "tiled_blocks3")),
     ("vector_loads", False, meta_call(FEAT, channels_last=True), H200,
-     ("pixels_vectorized8", "lane_tile_interleaved4"), ("pixels", "lane_tile_interleaved4")),
+     ("pixels_vectorized8", "lane_tile4"), ("pixels", "lane_tile4")),
     ("channel_lanes", False, meta_call(FEAT, channels_last=True), H200,
-     ("pixels_vectorized8", "lane_tile_interleaved4"), ("pixels_vectorized8", "nchw_copies+tiled_prefetch")),
+     ("pixels_vectorized8", "lane_tile4"), ("pixels_vectorized8", "nchw_copies+tiled_prefetch")),
     ("lane_tile", False, meta_call(FEAT, channels_last=True), H200,
-     ("pixels_vectorized8", "lane_tile_interleaved4"), ("pixels_vectorized8", "channel_lanes4")),
+     ("pixels_vectorized8", "lane_tile4"), ("pixels_vectorized8", "channel_lanes4")),
     ("cpu_scratch_mb", 0, meta_call(FEAT), CPU,
      ("pixels/avx2", "pixels_fused/avx2"), ("pixels/avx2", "pixels_two_pass/avx2")),
     ("cpu_isa", "baseline", meta_call(TRAIN), CPU,
@@ -257,12 +257,8 @@ def channel_lanes_plans(channels, dtype, expected):
 SM75 = CudaDeviceFacts(7, 5, 65536)
 
 
-@pytest.mark.parametrize("channels, dtype, lanes, tile", [
-    (8, F32, 1, "lane_tile"), (16, BF16, 2, "lane_tile"), (24, F16, 4, "lane_tile"), (24, F32, 4, "lane_tile"),
-    (32, BF16, 4, "lane_tile"),
-    # float32 blocks of two 16-byte pieces, 32 channels a pass: the lanes' pieces interleave.
-    (32, F32, 4, "lane_tile_interleaved")])
-def test_lane_tile_plans(channels, dtype, lanes, tile):
+@pytest.mark.parametrize("channels, dtype, lanes", [(8, F32, 1), (16, BF16, 2), (24, F16, 4), (32, F32, 4)])
+def test_lane_tile_plans(channels, dtype, lanes):
     """kernel_policy(lane_tile=True), the default: the channel lanes' calls of at most 4 lanes (8 to 32
     channels) that want the input gradient take the lane tile, deterministic ones too (its fixed point);
     without the input gradient the lanes stay; on a device with 64 KB of shared memory a block too (fewer
@@ -270,9 +266,8 @@ def test_lane_tile_plans(channels, dtype, lanes, tile):
     call = meta_call(FEAT, dtype, channels_last=True, channels=channels)
     assert edsc_ext.current_kernel_policy().lane_tile
     with edsc_ext.kernel_policy(lane_tile=True):
-        assert plans(call, H200).backward == f"{tile}{lanes}"
-        assert plans(call, H200, deterministic=True).backward == f"{tile}{lanes}+fixed_point"
-        # 64 KB hold fewer than 32 channels a pass: no whole rounds to interleave.
+        assert plans(call, H200).backward == f"lane_tile{lanes}"
+        assert plans(call, H200, deterministic=True).backward == f"lane_tile{lanes}+fixed_point"
         assert plans(call, SM75).backward == f"lane_tile{lanes}"
         (frame, *rest), kwargs = call
         frame.requires_grad_(False)
@@ -330,7 +325,7 @@ def test_every_cuda_plan_names_a_variant_compiled_for_its_call():
     for name in ("pixels", "pixels_blocks3", "tiled", "tiled_blocks3", "tiled_rgb_prefetch", "tiled_rgb_lean_prefetch",
                  "tiled_warp_staged",
                  "tiled_warp_staged_blocks3", "tiled_warp_staged_rgb", "tiled_prefetch", "channel_lanes1",
-                 "lane_tile1", "lane_tile4", "lane_tile_interleaved4", "grid_taps_params", "gather_input_grad"):
+                 "lane_tile1", "lane_tile4", "grid_taps_params", "gather_input_grad"):
         assert name in parts, name
 
 

@@ -96,8 +96,8 @@ def run_every_path(dtypes) -> None:
                                         padding_mode=mode).sum().backward()
                 # The channel lanes backward (the default policy): 8 channels one lane a pixel (the call
                 # above); 24 channels three blocks on four lanes, one idle, the last warp partly past the
-                # last pixel; 32 channels on four lanes (float32: the forward's and the lane tile's vector
-                # pieces interleave); and the NCHW copies they replace (channel_lanes=False).
+                # last pixel; 32 channels on four lanes, every lane busy; and the NCHW copies they replace
+                # (channel_lanes=False).
                 wider = torch.cat([cl[0].detach()] * 5, 1)[:, :24].contiguous(memory_format=torch.channels_last)
                 four_lanes = torch.cat([cl[0].detach()] * 7, 1)[:, :32].contiguous(memory_format=torch.channels_last)
                 for frame, lanes in ((wider, True), (four_lanes, True), (wide.detach(), False)):

@@ -147,27 +147,23 @@ struct GatherLayout {
 inline constexpr VariantScope kAnyScope{.kernel_5x5 = false,
                                         .index_32bit = false,
                                         .layout = VariantLayout::kAny,
-                                        .min_element_size = 1,
                                         .max_element_size = 8,
                                         .same_dtypes = false};
 // Blocks of 3 channels: the compile-time 5x5.
 inline constexpr VariantScope k5x5Scope{.kernel_5x5 = true,
                                         .index_32bit = false,
                                         .layout = VariantLayout::kAny,
-                                        .min_element_size = 1,
                                         .max_element_size = 8,
                                         .same_dtypes = false};
 // The RGB and prefetch variants: 5x5 with 32-bit indices (the prefetch: NCHW).
 inline constexpr VariantScope kSpecialized5x5Scope{.kernel_5x5 = true,
                                                    .index_32bit = true,
                                                    .layout = VariantLayout::kAny,
-                                                   .min_element_size = 1,
                                                    .max_element_size = 8,
                                                    .same_dtypes = false};
 inline constexpr VariantScope kSpecialized5x5NchwScope{.kernel_5x5 = true,
                                                        .index_32bit = true,
                                                        .layout = VariantLayout::kNchw,
-                                                       .min_element_size = 1,
                                                        .max_element_size = 8,
                                                        .same_dtypes = false};
 // The exact-RGB backward with the padding mode compiled in: NCHW, 5x5, 32-bit indices, a fixed-point tile
@@ -175,7 +171,6 @@ inline constexpr VariantScope kSpecialized5x5NchwScope{.kernel_5x5 = true,
 inline constexpr VariantScope kSpecialized5x5NchwFloatScope{.kernel_5x5 = true,
                                                             .index_32bit = true,
                                                             .layout = VariantLayout::kNchw,
-                                                            .min_element_size = 1,
                                                             .max_element_size = 4,
                                                             .same_dtypes = false};
 // The exact-RGB forward on a packed copy of the frame: NCHW, 5x5, 32-bit indices, the frame and the
@@ -183,7 +178,6 @@ inline constexpr VariantScope kSpecialized5x5NchwFloatScope{.kernel_5x5 = true,
 inline constexpr VariantScope kSpecialized5x5NchwHalfScope{.kernel_5x5 = true,
                                                            .index_32bit = true,
                                                            .layout = VariantLayout::kNchw,
-                                                           .min_element_size = 1,
                                                            .max_element_size = 2,
                                                            .same_dtypes = true};
 // Vector loads of a pixel's channels, and the channel lanes: channels_last, 32-bit indices, float32
@@ -191,22 +185,13 @@ inline constexpr VariantScope kSpecialized5x5NchwHalfScope{.kernel_5x5 = true,
 inline constexpr VariantScope kChannelsLastVectorScope{.kernel_5x5 = false,
                                                        .index_32bit = true,
                                                        .layout = VariantLayout::kChannelsLast,
-                                                       .min_element_size = 1,
                                                        .max_element_size = 4,
                                                        .same_dtypes = false};
-// The same for float32 frames only (blocks read in several vector pieces).
-inline constexpr VariantScope kChannelsLastVectorFloatScope{.kernel_5x5 = false,
-                                                            .index_32bit = true,
-                                                            .layout = VariantLayout::kChannelsLast,
-                                                            .min_element_size = 4,
-                                                            .max_element_size = 4,
-                                                            .same_dtypes = false};
 // The grid-tap kernels (grid_tap_window.cuh): float32 and the half types, per-pixel tensors in the
 // frame's dtype, 64-bit indices.
 inline constexpr VariantScope kGridTapsScope{.kernel_5x5 = false,
                                              .index_32bit = false,
                                              .layout = VariantLayout::kAny,
-                                             .min_element_size = 1,
                                              .max_element_size = 4,
                                              .same_dtypes = true};
 // The staged forward: NCHW 5x5, the 2-byte types, 32-bit indices; it copies (dy, dx) pairs of one
@@ -214,7 +199,6 @@ inline constexpr VariantScope kGridTapsScope{.kernel_5x5 = false,
 inline constexpr VariantScope kStagedScope{.kernel_5x5 = true,
                                            .index_32bit = true,
                                            .layout = VariantLayout::kNchw,
-                                           .min_element_size = 1,
                                            .max_element_size = kStagedElementSize,
                                            .same_dtypes = true};
 // The lane-pair forward and the warp-staged backward tile: channels_last 5x5, 32-bit indices, up to
@@ -223,14 +207,12 @@ inline constexpr VariantScope kStagedScope{.kernel_5x5 = true,
 inline constexpr VariantScope kChannelsLast5x5Scope{.kernel_5x5 = true,
                                                     .index_32bit = true,
                                                     .layout = VariantLayout::kChannelsLast,
-                                                    .min_element_size = 1,
                                                     .max_element_size = 4,
                                                     .same_dtypes = true};
 // The backward tile: 32-bit indices.
 inline constexpr VariantScope kTiledScope{.kernel_5x5 = false,
                                           .index_32bit = true,
                                           .layout = VariantLayout::kAny,
-                                          .min_element_size = 1,
                                           .max_element_size = 8,
                                           .same_dtypes = false};
 
@@ -453,21 +435,11 @@ inline constexpr ChannelLanesVariant kChannelLanesVariants[] = {
 // input gradient through the fixed-point tile (so float32 and the half types, deterministic or not).
 struct LaneTileVariant {
   const char* name;
-  int channel_block;      // channels a lane takes per step, read with vector loads
-  int interleaved_lanes;  // 0, or the lane count whose vector pieces interleave (ChannelLanePixelValues)
+  int channel_block;  // channels a lane takes per step, read with vector loads
   VariantScope scope;
 };
 inline constexpr LaneTileVariant kLaneTileVariants[] = {
-    {.name = "lane_tile",
-     .channel_block = kPixelVectorBlock,
-     .interleaved_lanes = 0,
-     .scope = kChannelsLastVectorScope},
-    // float32 on 4 lanes, channels and every pass whole rounds of 32 (the feat case: 32 channels in one pass):
-    // a block's two 16-byte pieces 16 channels apart.
-    {.name = "lane_tile_interleaved",
-     .channel_block = kPixelVectorBlock,
-     .interleaved_lanes = 4,
-     .scope = kChannelsLastVectorFloatScope},
+    {.name = "lane_tile", .channel_block = kPixelVectorBlock, .scope = kChannelsLastVectorScope},
 };
 
 // Backward, the grid-tap kernels: the per-pixel tensors' gradients from each tile's window

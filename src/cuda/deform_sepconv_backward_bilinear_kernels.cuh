@@ -91,20 +91,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 // every lane holds the same sums, bit for bit) and take turns storing the pixel's gradients. A
 // lane of a pixel past the end (`stores` false) computes the last pixel's values for the shuffles
 // and stores nothing.
-// kInterleavedLanes (0, or the call's lane count, whose every pass of channels is whole rounds of
-// kInterleavedLanes * kBlock: the planner's promise): where a block is read in several vector pieces
-// (float32), lane l takes the pieces l, l + lanes, ... of each round instead of adjacent ones, so that
-// each load instruction of a pixel's lanes reads whole 32-byte sectors, where adjacent blocks made it
-// read half of every sector twice. The pieces' distance is a compile-time constant: a run-time one
-// took 37 more registers (or spills) in the lane tile.
-template <int kBlock, typename scalar_t, typename index_t, typename param_t, int kInterleavedLanes = 0>
+template <int kBlock, typename scalar_t, typename index_t, typename param_t>
 struct ChannelLanePixelValues : GlobalPixelValues<true, scalar_t, index_t, param_t> {
   using Base = GlobalPixelValues<true, scalar_t, index_t, param_t>;
   static constexpr bool kSplitsChannels = true;
-  static constexpr int kPiece = kVectorPiece<scalar_t, kBlock>;
-  static_assert(kInterleavedLanes == 0 || kPiece < kBlock, "interleaving takes blocks of several pieces");
-  // From piece k of a lane's block to piece k + 1, in channels.
-  static constexpr int kPieceStride = kInterleavedLanes > 0 ? kInterleavedLanes * kPiece : kPiece;
   int lane, lanes;
   bool stores;
 
@@ -113,9 +103,7 @@ struct ChannelLanePixelValues : GlobalPixelValues<true, scalar_t, index_t, param
                                     int lanes_, bool stores_)
       : Base(p, n, pixel, KH, KW, grads), lane(lane_), lanes(lanes_), stores(stores_) {}
 
-  __device__ index_t first_channel(index_t c_begin) const {
-    return c_begin + index_t(lane) * (kInterleavedLanes > 0 ? kPiece : kBlock);
-  }
+  __device__ index_t first_channel(index_t c_begin) const { return c_begin + index_t(lane) * kBlock; }
   __device__ index_t channel_step() const { return index_t(lanes) * kBlock; }
   template <typename acc_t>
   __device__ void sum_over_threads(acc_t& a, acc_t& b, acc_t& c) const {
@@ -507,9 +495,8 @@ __global__ void __launch_bounds__(kTileThreads,
 // GlobalAtomicAdd, or FixedPointAtomicAdd when deterministic). The per-pixel gradients come with the
 // first pass. Lanes of pixels past the end compute a real pixel's values (the shuffles need every lane)
 // and add and store nothing.
-// kInterleavedLanes: see ChannelLanePixelValues (0, or 1 << lanes_log2).
 template <int kBlock, int kKernelH, int kKernelW, int kMaxWidth, typename scalar_t, typename GlobalAdd,
-          typename param_t, int kInterleavedLanes>
+          typename param_t>
 __global__ void __launch_bounds__(kTileThreads)
     deform_sepconv_backward_lane_tile_cuda_kernel(const DeformSepconvParams<scalar_t, int32_t, param_t> p,
                                                   const scalar_t* __restrict__ grad_output,
@@ -561,8 +548,8 @@ __global__ void __launch_bounds__(kTileThreads)
     // The parameter gradients need every channel once: on the first pass only.
     const DeformSepconvParamGrads<param_t> pass_grads =
         c0 == 0 ? param_grads : DeformSepconvParamGrads<param_t>{nullptr, nullptr, nullptr, nullptr, nullptr};
-    ChannelLanePixelValues<kBlock, scalar_t, index_t, param_t, kInterleavedLanes> values(
-        p, n, pixel, KH, KW, pass_grads, lane, lanes, active);
+    ChannelLanePixelValues<kBlock, scalar_t, index_t, param_t> values(p, n, pixel, KH, KW, pass_grads, lane, lanes,
+                                                                      active);
     deform_sepconv_backward_pixel_with<kBlock, kKernelH, kKernelW, kMaxWidth, true, scalar_t, acc_t>(
         p, values, grad_output, add, c0, active ? c0 + pass_channels : c0, n, y_in, x_in);
     __syncthreads();

@@ -55,16 +55,10 @@ void launch_deform_sepconv_backward(const DeformSepconvCall& call, const CudaBac
           const int64_t tile_w = kWarpSize >> plan.lanes_log2;
           const int64_t tiles =
               f.batch * ((f.height_out + kTileH - 1) / kTileH) * ((f.width_out + tile_w - 1) / tile_w);
-          constexpr int kInterleavedLanes = K::variant.interleaved_lanes;
-          constexpr int kRound = std::max(kInterleavedLanes, 1) * K::variant.channel_block;  // interleaved channels
-          EDSC_CHECK(kInterleavedLanes == 0 || ((1 << plan.lanes_log2) == kInterleavedLanes &&
-                                                footprint.channels_per_pass % kRound == 0 && f.channels % kRound == 0),
-                     "backward: the interleaved lane tile was planned for a call it does not take");
           with_global_add(input_grad_layout<true>(p), [&](auto add) {
             const auto kernel =
                 deform_sepconv_backward_lane_tile_cuda_kernel<K::variant.channel_block, K::kKernelH, K::kKernelW,
-                                                              kMaxWidth, scalar_t, decltype(add), param_t,
-                                                              kInterleavedLanes>;
+                                                              kMaxWidth, scalar_t, decltype(add), param_t>;
             opt_in_dynamic_shared_once(kernel, shared);
             kernel<<<static_cast<unsigned int>(tiles), kTileThreads, shared, stream>>>(
                 p, go, param_grads, add, static_cast<int32_t>(footprint.rows), static_cast<int32_t>(footprint.cols),

@@ -204,16 +204,8 @@ CudaBackwardPlan plan_cuda_backward(const CallFacts& c, const CudaDeviceFacts& d
       plan.footprint = lane_footprint;
       plan.tile_shared_bytes = lane_footprint.channels_per_pass * lane_footprint.rows * lane_footprint.cols *
                                tile_element_bytes(c.element_size);
-      // float32 blocks are two 16-byte pieces: on 4 lanes, where every pass is whole rounds of the 4 lanes'
-      // blocks, the lanes' pieces interleave (each load instruction reads whole sectors).
-      const int64_t round = (int64_t(1) << lanes_log2) * kPixelVectorBlock;
-      const int interleaved_lanes = c.element_size == 4 && lanes_log2 == 2 && c.channels % round == 0 &&
-                                            lane_footprint.channels_per_pass % round == 0
-                                        ? 4
-                                        : 0;
-      plan.variant = find_variant(kLaneTileVariants, c, [&](const LaneTileVariant& v) {
-        return v.channel_block == kPixelVectorBlock && v.interleaved_lanes == interleaved_lanes;
-      });
+      plan.variant = find_variant(kLaneTileVariants, c,
+                                  [](const LaneTileVariant& v) { return v.channel_block == kPixelVectorBlock; });
       return plan;
     }
     const bool lanes = lane_shape && !(c.input_grad() && c.deterministic) &&

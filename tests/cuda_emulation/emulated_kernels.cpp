@@ -175,8 +175,7 @@ int emulated_backward(const Geometry& g, const KernelPolicy& policy, const Tenso
         constexpr int kMaxWidth = K::kKernelW > 0 ? K::kKernelW : static_cast<int>(kMaxKernelWidth);
         const auto kernel =
             deform_sepconv_backward_lane_tile_cuda_kernel<K::variant.channel_block, K::kKernelH, K::kKernelW, kMaxWidth,
-                                                          scalar_t, std::decay_t<decltype(add)>, scalar_t,
-                                                          K::variant.interleaved_lanes>;
+                                                          scalar_t, std::decay_t<decltype(add)>, scalar_t>;
         edsc_emulation::launch(dim3(tiles_of(kWarpSize >> plan.lanes_log2)), dim3(kTileThreads), shared,
                                [&] { kernel(p, t.grad_output, kernel_grads, add, rows, cols, pass, plan.lanes_log2); });
       });
