@@ -91,15 +91,17 @@ def run_every_path(dtypes) -> None:
                 out.sum().backward()
                 # channels_last with 8 channels: whole blocks of 4, each corner's block read with one
                 # vector load (float32 and the half types), the far offsets' corners outside included.
-                wide = torch.cat([cl[0].detach()] * 2, 1)[:, :8].contiguous(memory_format=torch.channels_last)
+                # (The wider frames below are the first 8, 24 and 32 channels of one repeat of the frame.)
+                repeated = torch.cat([cl[0].detach()] * 7, 1)
+                wide = repeated[:, :8].contiguous(memory_format=torch.channels_last)
                 edsc_ext.deform_sepconv(wide.requires_grad_(), *cl[1:], padding=pad, dilation=dil,
                                         padding_mode=mode).sum().backward()
                 # The channel lanes backward (the default policy): 8 channels one lane a pixel (the call
                 # above); 24 channels three blocks on four lanes, one idle, the last warp partly past the
                 # last pixel; 32 channels on four lanes, every lane busy; and the NCHW copies they replace
                 # (channel_lanes=False).
-                wider = torch.cat([cl[0].detach()] * 5, 1)[:, :24].contiguous(memory_format=torch.channels_last)
-                four_lanes = torch.cat([cl[0].detach()] * 7, 1)[:, :32].contiguous(memory_format=torch.channels_last)
+                wider = repeated[:, :24].contiguous(memory_format=torch.channels_last)
+                four_lanes = repeated[:, :32].contiguous(memory_format=torch.channels_last)
                 for frame, lanes in ((wider, True), (four_lanes, True), (wide.detach(), False)):
                     with edsc_ext.kernel_policy(channel_lanes=lanes):
                         out = edsc_ext.deform_sepconv(frame.requires_grad_(), *cl[1:], padding=pad, dilation=dil,
@@ -107,7 +109,7 @@ def run_every_path(dtypes) -> None:
                         out.backward(torch.randn_like(out))
                 # The lane tile (kernel_policy(lane_tile=True)): the same 24, 32 and 8 channels, the input
                 # gradient through the shared-memory tile.
-                for frame in (wider, four_lanes.detach(), wide.detach()):
+                for frame in (wider, four_lanes, wide.detach()):
                     with edsc_ext.kernel_policy(lane_tile=True):
                         out = edsc_ext.deform_sepconv(frame.requires_grad_(), *cl[1:], padding=pad, dilation=dil,
                                                       padding_mode=mode)
