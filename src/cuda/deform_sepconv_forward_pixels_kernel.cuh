@@ -13,13 +13,14 @@ namespace {
 // blocks (3 blocks); the cap costs a few spilled bytes and was faster on the H200 in both
 // (BENCHMARKS.md); in bfloat16 RGB it also beats the staged kernel, so RGB takes this kernel there.
 constexpr int kBlocksPerMultiprocessor = 4;
-// Blocks of 8 channels (vector loads) hold twice the accumulators and corner values: their budget is
-// the compiler's.
+// Blocks of 8 channels (vector loads) hold twice the accumulators and corner values: 3 blocks (80
+// registers, where the compiler chose 98-105 and 2 blocks; 64 registers spill 160-190 bytes), since
+// their gathers wait on latency at 2 blocks (ncu: long-scoreboard stalls).
+constexpr int kVectorBlocksPerMultiprocessor = 3;
 template <int kChannelBlock, typename scalar_t, typename index_t>
 constexpr int min_blocks_per_multiprocessor() {
-  return std::is_same_v<index_t, int32_t> && sizeof(scalar_t) <= 4 && kChannelBlock <= kPixelChannelBlock
-             ? kBlocksPerMultiprocessor
-             : 0;
+  if constexpr (!std::is_same_v<index_t, int32_t> || sizeof(scalar_t) > 4) return 0;
+  return kChannelBlock <= kPixelChannelBlock ? kBlocksPerMultiprocessor : kVectorBlocksPerMultiprocessor;
 }
 
 // kPrefetch (NCHW, 5x5, one block of channels, 32-bit indices): each warp first prefetches all its

@@ -203,6 +203,20 @@ __device__ void scatter_corners(const BilinearSample<float, index_t>& s, float v
   add.add_at(element + 1, bottom * lx);
 }
 
+// The rare path out of line: taps whose corners leave the footprint (the kernel's code then fits the
+// instruction cache). (The CUDA emulation compiles this file with a host compiler.)
+#if defined(__CUDACC__)
+#define EDSC_NOINLINE __noinline__
+#else
+#define EDSC_NOINLINE __attribute__((noinline))
+#endif
+template <int kCount, typename index_t, typename GlobalAdd, int kWords>
+__device__ EDSC_NOINLINE void scatter_corner_block_outside(const BilinearSample<float, index_t> s,
+                                                           const float (&value)[kCount], index_t c0,
+                                                           const FixedPointTileAdd<index_t, GlobalAdd, kWords> add) {
+  scatter_corner_block<kCount, float, index_t, const FixedPointTileAdd<index_t, GlobalAdd, kWords> >(s, value, c0, add);
+}
+
 // scatter_corner_block for the fixed-point tile (the channel lanes' tile): when all four corners fall
 // inside the footprint, their four elements are found once and each channel of the block adds to the
 // same four elements of its own plane. As scatter_corners above, corners outside the image are added
@@ -212,7 +226,7 @@ __device__ void scatter_corner_block(const BilinearSample<float, index_t>& s, co
                                      FixedPointTileAdd<index_t, GlobalAdd, kWords>& add) {
   const index_t r = s.y.lo - add.row0, q = s.x.lo - add.col0;
   if (!(add.enabled && r >= 0 && r + 1 < add.rows && q >= 0 && q + 1 < add.cols)) {
-    scatter_corner_block<kCount, float, index_t, FixedPointTileAdd<index_t, GlobalAdd, kWords> >(s, value, c0, add);
+    scatter_corner_block_outside(s, value, c0, add);
     return;
   }
   const float ly = s.y.frac, lx = s.x.frac;
