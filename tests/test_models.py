@@ -749,6 +749,31 @@ print("ok")
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
 
 
+def test_the_networks_first_pass_imports_no_dynamo():
+    """A network's first inference pass (the video tool's start-up) leaves torch._dynamo unimported: its
+    import (sympy and the rest) cost seconds of the tool's first frame on a cold disk when the fused
+    conv2d_relu op was a torch.library.custom_op, whose kernel wrapper imports Dynamo on its first call.
+    Once Dynamo is imported, torch.compile still keeps out of the op's kernel (one graph, the op in it)."""
+    script = """
+import sys
+import torch
+from edsc_ext.models import EDSC_s
+model = EDSC_s().eval()
+first, second = torch.rand(1, 3, 32, 64), torch.rand(1, 3, 32, 64)
+with torch.no_grad():
+    out = model(first, second)
+assert "torch._dynamo" not in sys.modules, "the first pass imported torch._dynamo"
+from torch._dynamo.testing import CompileCounter
+counter = CompileCounter()
+with torch.no_grad():
+    compiled = torch.compile(model, backend=counter, fullgraph=True)(first, second)
+assert counter.frame_count == 1 and torch.equal(compiled, out), (counter.frame_count, (compiled - out).abs().max())
+print("ok")
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
+
+
 def test_model_benchmark_recipe_reports_families_flops_and_the_gemm_peak(tmp_path, capsys):
     """--recipe: each case in the recipe's precision (float16 inference, bfloat16 training; here the
     eager fused network, which the CPU can run: the compiled-and-replayed recipe needs CUDA), profiled:

@@ -168,8 +168,33 @@ def _stride_order_equal(a: Sequence[int], b: Sequence[int], shape: Sequence[int]
     return all(x == y for x, y, n in zip(a, b, shape) if n > 1)
 
 
-@torch.library.custom_op("edsc_ext_models::conv2d_relu", mutates_args=())
-def _conv2d_relu_op(input: Tensor, weight: Tensor, bias: Tensor, padding: int, groups: int) -> Tensor:
+# The op is defined with torch.library.Library rather than torch.library.custom_op: custom_op wraps its
+# kernel in torch._disable_dynamo, whose first call imports torch._dynamo (sympy and the rest), seconds of
+# the video tool's start-up on a cold disk that no compilation asked for. _outside_dynamo keeps the kernel
+# out of Dynamo's tracing as that wrapper does, once Dynamo is there to trace.
+_MODELS_LIBRARY = torch.library.Library("edsc_ext_models", "DEF")
+_MODELS_LIBRARY.define("conv2d_relu(Tensor input, Tensor weight, Tensor bias, SymInt padding, SymInt groups) -> Tensor",
+                       tags=(torch.Tag.pt2_compliant_tag,))
+
+
+def _outside_dynamo(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """``fn`` run as a kernel that Dynamo does not trace into (``torch.compiler.disable``), without
+    importing Dynamo: while torch._dynamo is not imported, nothing is compiling, so ``fn`` runs as it is."""
+    disabled = None
+
+    def kernel(*args, **kwargs):
+        nonlocal disabled
+        if disabled is None:
+            if "torch._dynamo" not in sys.modules:
+                return fn(*args, **kwargs)
+            disabled = torch.compiler.disable(fn, recursive=True)
+        return disabled(*args, **kwargs)
+
+    kernel.__name__, kernel.__qualname__, kernel.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
+    return kernel
+
+
+def _conv2d_relu_kernel(input: Tensor, weight: Tensor, bias: Tensor, padding: int, groups: int) -> Tensor:
     """relu(conv2d(input, weight, bias)), stride 1: on CUDA cuDNN's fused convolution, bias and ReLU
     (``torch.cudnn_convolution_relu``: one kernel, no separate ReLU pass over the output); elsewhere the
     two operators. The output is in the input's memory format (as :func:`_conv2d_relu_fake` says).
@@ -190,7 +215,19 @@ def _conv2d_relu_op(input: Tensor, weight: Tensor, bias: Tensor, padding: int, g
     return out.contiguous(memory_format=memory_format)
 
 
-@_conv2d_relu_op.register_fake
+_MODELS_LIBRARY.impl("conv2d_relu", _outside_dynamo(_conv2d_relu_kernel), "CompositeExplicitAutograd")
+_conv2d_relu_op = torch.ops.edsc_ext_models.conv2d_relu.default
+
+
+def _conv2d_relu_backward(ctx, grad: Tensor):
+    raise RuntimeError("edsc_ext_models::conv2d_relu has no gradient: it is for inference (the networks call it "
+                       "only without gradients); for training use F.relu(F.conv2d(...))")
+
+
+torch.library.register_autograd("edsc_ext_models::conv2d_relu", _conv2d_relu_backward, lib=_MODELS_LIBRARY)
+
+
+@torch.library.register_fake("edsc_ext_models::conv2d_relu", lib=_MODELS_LIBRARY)
 def _conv2d_relu_fake(input: Tensor, weight: Tensor, bias: Tensor, padding: int, groups: int) -> Tensor:
     n, _, h, w = input.shape
     out_h, out_w = h + 2 * padding - weight.shape[2] + 1, w + 2 * padding - weight.shape[3] + 1
