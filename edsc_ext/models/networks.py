@@ -38,6 +38,7 @@ tools) and :func:`compile_edsc`'s ``cudnn_benchmark``, ``freezing`` and ``max_au
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.abc
 import importlib.util
 import os
@@ -182,6 +183,7 @@ def _outside_dynamo(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
     importing Dynamo: while torch._dynamo is not imported, nothing is compiling, so ``fn`` runs as it is."""
     disabled = None
 
+    @functools.wraps(fn)
     def kernel(*args, **kwargs):
         nonlocal disabled
         if disabled is None:
@@ -190,7 +192,6 @@ def _outside_dynamo(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
             disabled = torch.compiler.disable(fn, recursive=True)
         return disabled(*args, **kwargs)
 
-    kernel.__name__, kernel.__qualname__, kernel.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
     return kernel
 
 

@@ -204,16 +204,11 @@ __device__ void scatter_corners(const BilinearSample<float, index_t>& s, float v
 }
 
 // The rare path out of line: taps whose corners leave the footprint (the kernel's code then fits the
-// instruction cache). (The CUDA emulation compiles this file with a host compiler.)
-#if defined(__CUDACC__)
-#define EDSC_NOINLINE __noinline__
-#else
-#define EDSC_NOINLINE __attribute__((noinline))
-#endif
+// instruction cache).
 template <int kCount, typename index_t, typename GlobalAdd, int kWords>
-__device__ EDSC_NOINLINE void scatter_corner_block_outside(const BilinearSample<float, index_t> s,
-                                                           const float (&value)[kCount], index_t c0,
-                                                           const FixedPointTileAdd<index_t, GlobalAdd, kWords> add) {
+__device__ __noinline__ void scatter_corner_block_outside(const BilinearSample<float, index_t> s,
+                                                          const float (&value)[kCount], index_t c0,
+                                                          const FixedPointTileAdd<index_t, GlobalAdd, kWords> add) {
   scatter_corner_block<kCount, float, index_t, const FixedPointTileAdd<index_t, GlobalAdd, kWords> >(s, value, c0, add);
 }
 
