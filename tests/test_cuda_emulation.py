@@ -301,15 +301,19 @@ def test_the_fixed_point_tile_holds_the_doubled_borders_worst_case(harness, c, c
     (24, 5, "edsc", 4, 1),    # three blocks on four lanes: one lane idle
     (32, 5, "border", 4, 1),  # the feat case's channels
     (32, 5, "zeros", 4, 5),   # a 35 x 35 footprint: four passes of 8 channels through the tile
-    (64, 5, "zeros", 8, 1),   # 8 lanes: the lane tile leaves them to the channel lanes
+    (40, 3, "edsc", 8, 1),    # five blocks: the lane tile's lane 0 takes two
+    (64, 5, "zeros", 8, 1),   # eight blocks: the lane tile's four lanes take two each
+    (72, 3, "border", 16, 1),  # nine blocks: more than the lane tile takes, the channel lanes
 ])
 def test_the_channel_lanes_compute_what_the_cpu_op_does(harness, c, k, mode, lanes, dilation, lane_tile):
     """The channels_last backward of many channels, with the input gradient through global atomics (the
-    channel lanes) or, for at most 4 lanes, through the fixed-point tile (policy lane_tile)."""
+    channel lanes) or, for 8 to 64 channels, through the fixed-point tile on at most 4 lanes (policy
+    lane_tile)."""
     args, grad_out, padding, expected = _case(c, k, mode, True, 2000 + c * 10 + k + dilation, dilation=dilation)
     plan, grads = _emulated_backward(harness, *args, grad_out, padding, mode, True, lane_tile=lane_tile,
                                      dilation=dilation)
-    assert plan == f"{'lane_tile' if lane_tile and lanes <= 4 else 'channel_lanes'}{lanes}", plan
+    wanted = f"lane_tile{min(lanes, 4)}" if lane_tile and c <= 64 else f"channel_lanes{lanes}"
+    assert plan == wanted, plan
     _assert_grads_match(grads, expected)
 
 

@@ -671,7 +671,7 @@ NON_FINITE_CONFIGS = {"3x3-c2": ((2, 2, 6, 7, 3, 3, 1, 1), "contiguous", ("tiled
                       "5x5-rgb": ((2, 3, 8, 9, 5, 5, 2, 1), "contiguous",
                                   ("tiled_rgb_lean_prefetch", "tiled_rgb_prefetch")),
                       "3x3-c8-cl": ((2, 8, 6, 7, 3, 3, 1, 1), "channels_last", ("lane_tile", "nchw_copies")),
-                      "3x3-c40-cl": ((2, 40, 6, 7, 3, 3, 1, 1), "channels_last", ("channel_lanes", "nchw_copies"))}
+                      "3x3-c72-cl": ((2, 72, 6, 7, 3, 3, 1, 1), "channels_last", ("channel_lanes", "nchw_copies"))}
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -406,6 +406,11 @@ def _lanes(config):
     return min(32, 1 << (config[1] // 8 - 1).bit_length())
 
 
+def _tile_lanes(config):
+    """The lane tile's lanes a pixel: the channel lanes', at most 4 (a lane then takes up to two blocks)."""
+    return min(4, _lanes(config))
+
+
 def _many_channel_cases(gen, config, dtype, per_pixel, absent_horizontal=False):
     """The channels_last calls of the many-channel backward tests, on CUDA: every padding mode, absent
     tensors, each gradient alone; yields (case, present, which, padding_mode, grad_output, and the float64
@@ -429,7 +434,7 @@ def _many_channel_cases(gen, config, dtype, per_pixel, absent_horizontal=False):
 # The CUDA channels_last backward of a multiple of 8 channels (kernel_policy(channel_lanes=True), the
 # default) takes the channel lanes: 2^k adjacent threads share a pixel's channels in blocks of 8
 # read with vector loads, sum each tap's sums through shuffles and take turns storing the pixel's
-# gradients; the input gradient goes through vector atomics (the lane tile off, which takes 8 to 32 channels).
+# gradients; the input gradient goes through vector atomics (the lane tile off, which takes 8 to 64 channels).
 # 8 channels: one lane a pixel; 16: two; 24: three blocks on four lanes (one idle); 64: eight;
 # 320 (40 blocks): 32 lanes, some with two blocks. The 5x5 specialisation and a dilated run-time
 # 3x4 kernel (outputs whose last warp is partial), every padding mode, float32, the half types and
@@ -476,25 +481,27 @@ def test_channels_last_channel_lanes(gen, config, dtype, per_pixel):
     assert_grads_close(leaves.grads()[:3] + (offset_grad, leaves.mask.grad), expected_grads, dtype)
 
 
-# The lane tile (kernel_policy(lane_tile=True), the default): the channel lanes' calls of 8 to 32 channels
+# The lane tile (kernel_policy(lane_tile=True), the default): the channel lanes' calls of 8 to 64 channels
 # with the input gradient add it into a fixed-point tile in shared memory, flushed once per tile and pass of
-# channels (c32 with a dilation of 5 takes four passes of 8; c16 a dilated run-time 3x4 kernel). The
+# channels (c32 with a dilation of 5 takes four passes of 8; c16 a dilated run-time 3x4 kernel), on at most 4
+# lanes a pixel (40 and 64 channels: a lane then takes two blocks, one lane of 40's, every lane of 64's). The
 # float64 reference as for the lanes; without the input gradient the lanes stay; a deterministic input
 # gradient takes the tile too (flushed into the fixed-point sums), and repeats bit for bit.
 @pytest.mark.cuda
 @requires_cuda
 @pytest.mark.parametrize("dtype, per_pixel", PER_PIXEL_DTYPES, ids=PER_PIXEL_IDS)
 @pytest.mark.parametrize("config", [(2, 8, 9, 37, 5, 5, 2, 1), (1, 24, 7, 13, 5, 5, 2, 1), (2, 32, 7, 19, 5, 5, 2, 1),
-                                    (1, 32, 6, 11, 5, 5, 10, 5), (1, 16, 10, 21, 3, 4, (1, 2), (2, 1))],
-                         ids=["c8-5x5", "c24-5x5", "c32-5x5", "c32-5x5-dil5", "c16-3x4-dil"])
+                                    (1, 32, 6, 11, 5, 5, 10, 5), (1, 16, 10, 21, 3, 4, (1, 2), (2, 1)),
+                                    (1, 40, 6, 11, 3, 4, (1, 2), (2, 1)), (2, 64, 7, 19, 5, 5, 2, 1)],
+                         ids=["c8-5x5", "c24-5x5", "c32-5x5", "c32-5x5-dil5", "c16-3x4-dil", "c40-3x4-dil", "c64-5x5"])
 def test_channels_last_lane_tile(gen, config, dtype, per_pixel):
     as_cl = lambda t: t.contiguous(memory_format=torch.channels_last)  # noqa: E731
-    lanes = _lanes(config)
+    lanes, tile_lanes = _lanes(config), _tile_lanes(config)
     for case, present, which, padding_mode, grad_output, expected, expected_grads in _many_channel_cases(
             gen, config, dtype, per_pixel):
         with edsc_ext.kernel_policy(lane_tile=True):
             backward = plans_of(case, padding_mode, which=which).backward
-            wanted = f"lane_tile{lanes}" if "input" in which else f"channel_lanes{lanes}"
+            wanted = f"lane_tile{tile_lanes}" if "input" in which else f"channel_lanes{lanes}"
             assert backward == wanted, (present, which, padding_mode, backward)
             out, grads = forward_and_grads(OP, case, padding_mode, as_cl(grad_output), which=which)
         for name, g in zip(ARG_NAMES, grads):
@@ -510,7 +517,7 @@ def test_channels_last_lane_tile(gen, config, dtype, per_pixel):
     torch.use_deterministic_algorithms(True)
     try:
         with edsc_ext.kernel_policy(lane_tile=True):
-            assert plans_of(case, "border").backward == f"lane_tile{lanes}+fixed_point"
+            assert plans_of(case, "border").backward == f"lane_tile{tile_lanes}+fixed_point"
             runs = [forward_and_grads(OP, case, "border", grad_output) for _ in range(3)]
     finally:
         torch.use_deterministic_algorithms(enabled)

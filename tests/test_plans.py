@@ -224,7 +224,7 @@ def test_policy_changes_plan(keyword, value, call, device, default, changed):
     (64, F32, "channel_lanes8"), (256, F32, "channel_lanes32"), (320, F32, "channel_lanes32"),
     (12, F32, "nchw_copies+tiled_prefetch"), (32, F64, "nchw_copies+tiled_prefetch")])
 def test_channel_lanes_plans(channels, dtype, expected):
-    """With kernel_policy(channel_lanes=True) (the default) and the lane tile off (which takes 8 to 32
+    """With kernel_policy(channel_lanes=True) (the default) and the lane tile off (which takes 8 to 64
     channels with the input gradient, below), the H200 plan of a channels_last backward of a
     multiple of 8 channels (float32 or a half type) gives a pixel one thread per block of 8 channels,
     rounded up to a power of two, at most a warp; other counts and float64 run on NCHW copies. A
@@ -232,7 +232,7 @@ def test_channel_lanes_plans(channels, dtype, expected):
     input gradient the lanes stay."""
     with edsc_ext.kernel_policy(lane_tile=False):
         channel_lanes_plans(channels, dtype, expected)
-    if channels > 32:  # the lane tile's default stops at 4 lanes
+    if channels > 64:  # the lane tile's default stops at 4 lanes of two blocks
         channel_lanes_plans(channels, dtype, expected)
 
 
@@ -257,18 +257,21 @@ def channel_lanes_plans(channels, dtype, expected):
 SM75 = CudaDeviceFacts(7, 5, 65536)
 
 
-@pytest.mark.parametrize("channels, dtype, lanes", [(8, F32, 1), (16, BF16, 2), (24, F16, 4), (32, F32, 4)])
-def test_lane_tile_plans(channels, dtype, lanes):
-    """kernel_policy(lane_tile=True), the default: the channel lanes' calls of at most 4 lanes (8 to 32
-    channels) that want the input gradient take the lane tile, deterministic ones too (its fixed point);
-    without the input gradient the lanes stay; on a device with 64 KB of shared memory a block too (fewer
-    channels a pass), but not where one block of channels does not fit (a wide dilation)."""
+@pytest.mark.parametrize("channels, dtype, lanes, tile_lanes", [
+    (8, F32, 1, 1), (16, BF16, 2, 2), (24, F16, 4, 4), (32, F32, 4, 4), (40, F32, 8, 4), (64, F32, 8, 4),
+    (64, BF16, 8, 4)])
+def test_lane_tile_plans(channels, dtype, lanes, tile_lanes):
+    """kernel_policy(lane_tile=True), the default: the channel lanes' calls of 8 to 64 channels that want
+    the input gradient take the lane tile on at most 4 lanes a pixel (beyond 32 channels a lane takes two
+    blocks of 8), deterministic ones too (its fixed point); without the input gradient the lanes stay; on
+    a device with 64 KB of shared memory a block too (fewer channels a pass), but not where one block of
+    channels does not fit (a wide dilation)."""
     call = meta_call(FEAT, dtype, channels_last=True, channels=channels)
     assert edsc_ext.current_kernel_policy().lane_tile
     with edsc_ext.kernel_policy(lane_tile=True):
-        assert plans(call, H200).backward == f"lane_tile{lanes}"
-        assert plans(call, H200, deterministic=True).backward == f"lane_tile{lanes}+fixed_point"
-        assert plans(call, SM75).backward == f"lane_tile{lanes}"
+        assert plans(call, H200).backward == f"lane_tile{tile_lanes}"
+        assert plans(call, H200, deterministic=True).backward == f"lane_tile{tile_lanes}+fixed_point"
+        assert plans(call, SM75).backward == f"lane_tile{tile_lanes}"
         (frame, *rest), kwargs = call
         frame.requires_grad_(False)
         assert plans(((frame, *rest), kwargs), H200).backward == f"channel_lanes{lanes}"
@@ -276,10 +279,11 @@ def test_lane_tile_plans(channels, dtype, lanes):
         assert plans(wide, SM75).backward == f"channel_lanes{lanes}"
 
 
-@pytest.mark.parametrize("channels, lanes", [(40, 8), (64, 8), (256, 32)])
-def test_the_lane_tile_leaves_8_lanes_and_more_to_the_channel_lanes(channels, lanes):
-    """With 8 lanes a pixel the lane tile's tiles are 4 pixels wide: their halo cost more than the
-    atomics saved (1.35-1.45x the channel lanes' time at 64 channels), so the planner keeps the lanes."""
+@pytest.mark.parametrize("channels, lanes", [(72, 16), (128, 16), (256, 32)])
+def test_the_lane_tile_leaves_more_than_64_channels_to_the_channel_lanes(channels, lanes):
+    """The lane tile takes at most 4 lanes a pixel (with 8 its tiles are 4 pixels wide: their halo cost
+    more than the atomics saved, 1.35-1.45x the channel lanes' time at 64 channels) of at most two blocks
+    of 8 channels each: more channels keep the channel lanes."""
     call = meta_call(FEAT, F32, channels_last=True, channels=channels)
     with edsc_ext.kernel_policy(lane_tile=True):
         assert plans(call, H200).backward == f"channel_lanes{lanes}"

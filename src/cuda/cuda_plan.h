@@ -82,9 +82,11 @@ constexpr int64_t kFixedPointMaxTaps = (int64_t(1) << 16) / kTileThreads;
 constexpr int64_t kLaneTileSharedBytes = 96 * 1024;
 // Its static shared memory: the bound's per-warp sums.
 constexpr int64_t kLaneTileStaticBytes = 4 * (kTileThreads / kWarpSize);
-// The most channel lanes a pixel for which the planner takes the lane tile: with 8 lanes its tiles are 4
-// pixels wide and their halo costs more than the global atomics it saves (BENCHMARKS.md, lane tile).
+// The most channel lanes a pixel the lane tile takes: with 8 lanes its tiles are 4 pixels wide and their
+// halo costs more than the global atomics it saves (BENCHMARKS.md, lane tile); more blocks of channels
+// than lanes go round the lanes, at most kLaneTileMaxBlocksPerLane a lane (beyond: the channel lanes).
 constexpr int kLaneTileMaxLanesLog2 = 2;
+constexpr int64_t kLaneTileMaxBlocksPerLane = 2;
 
 // Static shared memory of the warp-staged backward tile (WarpStagedBuffers<scalar_t, 5> per warp
 // and the bound's per-warp sums; deform_sepconv_backward_bilinear_kernels.cuh checks it against the kernel).

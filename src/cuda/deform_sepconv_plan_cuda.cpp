@@ -182,15 +182,18 @@ CudaBackwardPlan plan_cuda_backward(const CallFacts& c, const CudaDeviceFacts& d
                             c.use_32bit_indexing && c.input_alignment >= piece && c.grad_output_alignment >= piece &&
                             c.output_pixels() > 0;
     // The lane tile (policy.lane_tile), where the input gradient is wanted: fixed point, so deterministic
-    // calls too; at most 4 lanes a pixel (kLaneTileMaxLanesLog2: 8 to 32 channels), whole blocks of channels
-    // a pass in its shared-memory budget, at most kFixedPointMaxTaps taps, the tiles within one grid.
+    // calls too; at most 4 lanes a pixel (kLaneTileMaxLanesLog2), each with at most
+    // kLaneTileMaxBlocksPerLane blocks (8 to 64 channels), whole blocks of channels a pass in its
+    // shared-memory budget, at most kFixedPointMaxTaps taps, the tiles within one grid.
+    const int tile_lanes_log2 = std::min(lanes_log2, kLaneTileMaxLanesLog2);
+    const int64_t blocks_per_lane = (blocks + (int64_t(1) << tile_lanes_log2) - 1) >> tile_lanes_log2;
     TileFootprint lane_footprint;
     int64_t lane_tiles = 0;
-    if (lane_shape && policy.lane_tile && c.input_grad() && lanes_log2 <= kLaneTileMaxLanesLog2) {
+    if (lane_shape && policy.lane_tile && c.input_grad() && blocks_per_lane <= kLaneTileMaxBlocksPerLane) {
       const int64_t budget =
           std::min(kLaneTileSharedBytes, device.shared_memory_per_block_optin - kLaneTileStaticBytes);
-      lane_footprint = lane_tile_footprint(c, lanes_log2, budget);
-      const int64_t tile_w = kWarpSize >> lanes_log2;
+      lane_footprint = lane_tile_footprint(c, tile_lanes_log2, budget);
+      const int64_t tile_w = kWarpSize >> tile_lanes_log2;
       lane_tiles = c.batch * ((c.height_out + kTileH - 1) / kTileH) * ((c.width_out + tile_w - 1) / tile_w);
     }
     if (lane_footprint.channels_per_pass >= kPixelVectorBlock && c.kernel_h * c.kernel_w <= kFixedPointMaxTaps &&
@@ -200,7 +203,7 @@ CudaBackwardPlan plan_cuda_backward(const CallFacts& c, const CudaDeviceFacts& d
       plan.kernel_input_grad = true;
       plan.kernel_param_grads = c.any_per_pixel_grad();
       plan.deterministic = c.deterministic;
-      plan.lanes_log2 = lanes_log2;
+      plan.lanes_log2 = tile_lanes_log2;
       plan.footprint = lane_footprint;
       plan.tile_shared_bytes = lane_footprint.channels_per_pass * lane_footprint.rows * lane_footprint.cols *
                                tile_element_bytes(c.element_size);
